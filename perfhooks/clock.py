@@ -1,0 +1,76 @@
+"""Timestamps for phase and step boundaries, on the host or on the CUDA stream.
+
+A :class:`Mark` always carries the host time (``time.perf_counter_ns``). On CUDA it also
+carries an event recorded on the current stream; intervals between two such marks are read
+later, once both events have completed (``Event.query()`` never blocks), so timing a step
+never stalls the GPU. Only :meth:`CudaClock.wait` blocks, and the engine calls it at flush time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class Mark:
+    host_ns: int
+    event: Any = None  # torch.cuda.Event on CUDA
+
+
+class HostClock:
+    """Times intervals with ``time.perf_counter_ns``; every mark is ready at once."""
+
+    device_timed = False
+
+    def mark(self) -> Mark:
+        return Mark(time.perf_counter_ns())
+
+    def ready(self, mark: Mark) -> bool:
+        return True
+
+    def elapsed_ms(self, start: Mark, end: Mark) -> float:
+        return (end.host_ns - start.host_ns) / 1e6
+
+    def release(self, mark: Mark) -> None:
+        pass
+
+    def wait(self, mark: Mark) -> None:
+        pass
+
+
+class CudaClock(HostClock):
+    """Times intervals on the device timeline with CUDA events, recycled through a pool."""
+
+    device_timed = True
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._pool: list[Any] = []
+
+    def mark(self) -> Mark:
+        event = self._pool.pop() if self._pool else self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return Mark(time.perf_counter_ns(), event)
+
+    def ready(self, mark: Mark) -> bool:
+        return mark.event.query()
+
+    def elapsed_ms(self, start: Mark, end: Mark) -> float:
+        return start.event.elapsed_time(end.event)
+
+    def release(self, mark: Mark) -> None:
+        if mark.event is not None and len(self._pool) < 4096:
+            self._pool.append(mark.event)
+            mark.event = None
+
+    def wait(self, mark: Mark) -> None:
+        """Block until ``mark`` has completed on the device (flush time only)."""
+        mark.event.synchronize()
+
+
+def host_ms(start: Mark, end: Mark) -> float:
+    return (end.host_ns - start.host_ns) / 1e6

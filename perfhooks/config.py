@@ -1,0 +1,88 @@
+"""Settings shared by every integration, validated when the callback is constructed."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, fields
+from typing import Any
+
+from perfhooks.schedule import Schedule
+
+DEFAULT_SCHEDULE = Schedule()
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "Schedule()"
+
+
+#: Marks "use the default schedule" so that ``schedule=None`` can mean "no scheduled windows".
+DEFAULT: Any = _Default()
+
+
+@dataclass
+class PerfConfig:
+    """What perfhooks measures and writes. Every integration takes these as keyword arguments.
+
+    Args:
+        output_dir: folder for ``report.json`` and ``traces/``; the integration picks a default.
+        schedule: a :class:`perfhooks.Schedule` for capture windows, or ``None`` for none
+            (phase timing, NVTX and the on-demand trigger stay on).
+        max_traces: most trace files kept per rank; the oldest are deleted first.
+        max_trace_bytes: most bytes of traces kept per rank.
+        record_shapes / profile_memory / with_stack: passed to ``torch.profiler.profile``.
+        nvtx: emit NVTX ranges for phases (free when no NVTX tool is attached).
+        module_ranges: also emit an NVTX range per module forward (forward pre/post hooks).
+        nsys_capture: call ``torch.cuda.profiler.start()/stop()`` around windows, for
+            ``nsys profile --capture-range=cudaProfilerApi``. CUDA only.
+        on_demand: open a window when ``<output_dir>/TRIGGER`` appears or on SIGUSR2.
+        on_demand_active: recorded steps in an on-demand window.
+        trigger_poll_s: seconds between looks for the trigger file.
+        console: print a summary table when training ends (rank 0).
+    """
+
+    output_dir: str | os.PathLike[str] | None = None
+    schedule: Schedule | None = DEFAULT
+    max_traces: int = 5
+    max_trace_bytes: int = 512 * 2**20
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
+    nvtx: bool = True
+    module_ranges: bool = False
+    nsys_capture: bool = False
+    on_demand: bool = True
+    on_demand_active: int = 3
+    trigger_poll_s: float = 1.0
+    console: bool = True
+
+    def __post_init__(self) -> None:
+        if self.schedule is DEFAULT:
+            self.schedule = DEFAULT_SCHEDULE
+        if self.schedule is not None and not isinstance(self.schedule, Schedule):
+            raise TypeError(f"schedule must be a perfhooks.Schedule or None, got {type(self.schedule).__name__}")
+        if self.output_dir is not None and not isinstance(self.output_dir, (str, os.PathLike)):
+            raise TypeError(f"output_dir must be a path (str or os.PathLike) or None, "
+                            f"got {type(self.output_dir).__name__}")
+        for name in ("max_traces", "max_trace_bytes", "on_demand_active"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("record_shapes", "profile_memory", "with_stack", "nvtx", "module_ranges",
+                     "nsys_capture", "on_demand", "console"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        poll = self.trigger_poll_s
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0:
+            raise ValueError(f"trigger_poll_s must be a finite number of seconds > 0, got {poll!r}")
+
+    @classmethod
+    def from_kwargs(cls, owner: str, kwargs: dict[str, Any]) -> PerfConfig:
+        """Build from an integration's keyword arguments; unknown names get a ``TypeError`` listing the known."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"{owner} got unknown argument(s) {', '.join(unknown)}; "
+                            f"allowed: {', '.join(sorted(known))}")
+        return cls(**kwargs)

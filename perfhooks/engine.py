@@ -1,0 +1,236 @@
+"""The profiling engine: a small state machine fed by training-loop events.
+
+Integrations translate their framework's hooks into these calls and nothing else:
+
+- :meth:`Engine.step_start` / :meth:`Engine.step_end`: one optimizer step (a step opens by
+  itself at the first phase);
+- :meth:`Engine.phase_start` / :meth:`Engine.phase_end`: ``data_wait``, ``forward``,
+  ``backward``, ``optimizer`` (exclusive: starting one ends the one open);
+- :meth:`Engine.idle`: what follows until the next phase is no step's time (evaluation, ...);
+- :meth:`Engine.exception`: the user's error is on its way out; save what we have.
+
+Every event is guarded: a fault inside perfhooks is reported once per kind and training goes
+on. Nothing here synchronizes the host with the GPU except :meth:`Engine.close`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perfhooks import ranks
+from perfhooks.annotate import NvtxRanges, ProfilerLabels
+from perfhooks.clock import CudaClock, HostClock
+from perfhooks.config import PerfConfig
+from perfhooks.device import describe_device
+from perfhooks.faults import FaultLog, Once, guarded
+from perfhooks.hooks import HookHandles, add_module_ranges
+from perfhooks.phases import DATA_WAIT, FORWARD, PHASES
+from perfhooks.report import build_report, write_report
+from perfhooks.schedule import Action, OnDemandWindow
+from perfhooks.sinks.console import format_table
+from perfhooks.timeline import PendingSteps, PhaseStatistics, StepRecord
+from perfhooks.trigger import OnDemandTrigger
+from perfhooks.windows import CaptureWindows, WindowSettings
+from perfhooks.writer import BackgroundWriter
+
+
+class Engine:
+    """Times phases, annotates them, opens capture windows and writes the report for one run."""
+
+    def __init__(self, config: PerfConfig, output_dir: str | Path, framework: str,
+                 device: torch.device | str | None = None, start_step: int = 0) -> None:
+        self.config = config
+        self.output_dir = Path(output_dir)
+        self.framework = framework
+        self.faults = FaultLog()
+        self.once = Once()
+        self.step = start_step
+        self.rank = ranks.rank()
+        self.world_size = ranks.world_size()
+        self.device = describe_device(device)
+        on_cuda = self.device["type"] == "cuda"
+        self.clock: HostClock = CudaClock() if on_cuda else HostClock()
+        self.stats = PhaseStatistics()
+        self.pending = PendingSteps(self.clock)
+        self.nvtx = NvtxRanges(enabled=config.nvtx)
+        self.labels = ProfilerLabels()
+        self.writer = BackgroundWriter(self.faults)
+        self.hooks = HookHandles()
+        if config.nsys_capture and not on_cuda:
+            self.once.warn("nsys_cpu", "nsys_capture needs CUDA; it is off for this run")
+        self.windows = CaptureWindows(
+            self.output_dir / "traces", self.rank, self.world_size, self.action, WindowSettings(
+                record_shapes=config.record_shapes, profile_memory=config.profile_memory,
+                with_stack=config.with_stack, cuda=on_cuda and torch.cuda.is_available(),
+                nsys_capture=config.nsys_capture, max_traces=config.max_traces,
+                max_trace_bytes=config.max_trace_bytes),
+            self.writer, self.faults, self.once, on_saved=self._save_report_async)
+        self.trigger = OnDemandTrigger(self.output_dir, config.trigger_poll_s) if config.on_demand else None
+        self.diagnoses: list[dict[str, Any]] = []
+        self.status = "running"
+        self.error: dict[str, Any] | None = None
+        self._on_demand: OnDemandWindow | None = None
+        self._record: StepRecord | None = None
+        self._phase: tuple[str, Any] | None = None
+        self._windows_at: int | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- schedule
+    def action(self, step: int) -> Action:
+        """The capture action at ``step``: an on-demand window first, then the schedule (pure in the step)."""
+        if self._on_demand is not None:
+            action = self._on_demand(step)
+            if action is not Action.NONE:
+                return action
+        schedule = self.config.schedule
+        return schedule(step) if schedule is not None else Action.NONE
+
+    # ----------------------------------------------------------------- events
+    @guarded("step_start")
+    def step_start(self) -> None:
+        if self._record is not None or self._closed:
+            return
+        step = self.step
+        if self._windows_at != step:  # a step discarded by idle() has driven the windows already
+            self._windows_at = step
+            self._drive_windows(step)
+        self._record = StepRecord(step, self.clock.mark())
+
+    @guarded("phase_start")
+    def phase_start(self, name: str) -> None:
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+        if self._closed:
+            return
+        if self._record is None:
+            self.step_start()
+            if self._record is None:
+                return
+        if self._phase is not None:
+            if self._phase[0] == name:
+                return
+            self._close_phase()
+        if name == FORWARD:
+            self._record.micro_batches += 1
+        mark = self._record.start if name == DATA_WAIT and not self._record.intervals else self.clock.mark()
+        self.nvtx.push(name)
+        self.labels.enter(name)
+        self._phase = (name, mark)
+
+    @guarded("phase_end")
+    def phase_end(self, name: str) -> None:
+        if self._phase is not None and self._phase[0] == name:
+            self._close_phase()
+
+    @guarded("step_end")
+    def step_end(self) -> None:
+        record = self._record
+        if record is None:
+            return
+        if self._phase is not None:
+            self._close_phase()
+        record.end = self.clock.mark()
+        self._record = None
+        self.step += 1
+        self.pending.push(record)
+        self.pending.drain(self.stats)
+
+    @guarded("idle")
+    def idle(self) -> None:
+        """Time from now until the next phase belongs to no step (evaluation, checkpoints, epoch ends)."""
+        if self._phase is not None:
+            self._close_phase()
+        record = self._record
+        if record is not None and all(name == DATA_WAIT for name, _, _ in record.intervals):
+            self._record = None  # only waited so far: that wait was not for a training batch
+            self.pending._release(record)
+
+    @guarded("exception")
+    def exception(self, error: BaseException) -> None:
+        """The user's error is on its way out: close ranges, save the partial window and the report."""
+        self.status = "failed"
+        self.error = {"type": type(error).__name__, "message": str(error)[:500], "step": self.step,
+                      "phase": self._phase[0] if self._phase else None}
+        self.close()
+
+    # ----------------------------------------------------------------- model hooks
+    @guarded("watch_model")
+    def watch_model(self, model: torch.nn.Module) -> None:
+        """Per-module NVTX ranges when ``module_ranges`` is on."""
+        if self.config.module_ranges:
+            add_module_ranges(model, self.nvtx, self.hooks)
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state.get("step", self.step))
+
+    # ----------------------------------------------------------------- output
+    def report(self) -> dict[str, Any]:
+        return build_report(framework=self.framework, status=self.status, rank=self.rank,
+                            world_size=self.world_size, device=self.device, stats=self.stats,
+                            windows=self.windows.snapshot(), diagnoses=self.diagnoses,
+                            faults=self.faults.as_list(), error=self.error)
+
+    def close(self) -> dict[str, Any] | None:
+        """End of training: flush pending timings (the one host sync), write the report, print the table."""
+        if self._closed:
+            return None
+        self._closed = True
+        if self.status == "running":
+            self.status = "completed"
+        report = None
+        try:
+            if self._phase is not None:
+                self._close_phase()
+            if self._record is not None:  # a step cut short (end of data or an error) is not counted
+                self.pending._release(self._record)
+                self._record = None
+            self._guarded_call("window_close", self.windows.close)
+            self._guarded_call("flush_timings", lambda: self.pending.drain(self.stats, block=True))
+            self.hooks.remove()
+            if self.trigger is not None:
+                self.trigger.close()
+            self.writer.close()
+            report = self.report()
+            self._guarded_call("report_write", lambda: write_report(self.output_dir, report))
+            if self.config.console and self.rank == 0:
+                print(format_table(report), file=sys.stderr)
+        except Exception as error:  # noqa: BLE001 - never break training on the way out
+            self.faults.report("close", error)
+        return report
+
+    # ----------------------------------------------------------------- internals
+    def _close_phase(self) -> None:
+        assert self._phase is not None and self._record is not None
+        name, start = self._phase
+        self._phase = None
+        self.labels.exit()
+        self.nvtx.pop()
+        self._record.intervals.append((name, start, self.clock.mark()))
+
+    def _drive_windows(self, step: int) -> None:
+        trigger = "schedule"
+        if self.trigger is not None and self.trigger.poll():
+            if self.windows.is_open or self.action(step) is not Action.NONE:
+                self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
+            else:
+                self._on_demand = OnDemandWindow(step, warmup=1, active=self.config.on_demand_active)
+                trigger = "on_demand"
+        self._guarded_call("window", lambda: self.windows.at_step(step, trigger))
+
+    def _save_report_async(self) -> None:
+        report = self.report()
+        self.writer.submit("report_write", lambda: write_report(self.output_dir, report))
+
+    def _guarded_call(self, kind: str, fn: Any) -> None:
+        try:
+            fn()
+        except Exception as error:  # noqa: BLE001
+            self.faults.report(kind, error)

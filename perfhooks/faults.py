@@ -1,0 +1,66 @@
+"""Faults inside perfhooks are reported once per kind and never stop training."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+log = logging.getLogger("perfhooks")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PerfhooksWarning(UserWarning):
+    """Something in perfhooks failed or stepped aside; training goes on."""
+
+
+class FaultLog:
+    """Counts faults by kind; warns the first time each kind occurs."""
+
+    def __init__(self) -> None:
+        self._faults: dict[str, dict[str, Any]] = {}
+
+    def report(self, kind: str, error: BaseException | str) -> None:
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        entry = self._faults.get(kind)
+        if entry is None:
+            self._faults[kind] = {"kind": kind, "count": 1, "message": message}
+            warnings.warn(f"perfhooks: {kind} failed and was skipped ({message}); training goes on",
+                          PerfhooksWarning, stacklevel=3)
+        else:
+            entry["count"] += 1
+
+    def as_list(self) -> list[dict[str, Any]]:
+        return [dict(entry) for entry in self._faults.values()]
+
+
+def guarded(kind: str) -> Callable[[F], F]:
+    """Run a method of an object with a ``faults: FaultLog``; report an ``Exception`` instead of raising it."""
+
+    def decorate(method: F) -> F:
+        @functools.wraps(method)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, *args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - a perfhooks fault must not stop training
+                self.faults.report(kind, error)
+                return None
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+class Once:
+    """Warn about a condition once per instance (not a fault: e.g. a feature stepping aside)."""
+
+    def __init__(self) -> None:
+        self._said: set[str] = set()
+
+    def warn(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            warnings.warn(f"perfhooks: {message}", PerfhooksWarning, stacklevel=3)

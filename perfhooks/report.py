@@ -1,0 +1,99 @@
+"""The ``report.json`` document: the public contract, built by this module alone.
+
+Schema version 1 (README, "The report"). Keys are only ever added within a version; a key
+that changes meaning or goes away bumps ``schema_version``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from perfhooks import __version__
+from perfhooks.files import atomic_write_json
+from perfhooks.phases import OTHER, PHASES
+from perfhooks.timeline import PhaseStatistics
+
+SCHEMA_VERSION = 1
+REPORT_FILE = "report.json"
+
+#: Top-level keys every version-1 report has.
+REQUIRED_KEYS: tuple[str, ...] = (
+    "schema_version", "perfhooks_version", "framework", "status", "rank", "world_size", "device",
+    "steps", "micro_batches", "step_ms", "phases", "coverage", "windows", "diagnoses", "faults",
+)
+#: Keys of each ``diagnoses`` entry.
+DIAGNOSIS_KEYS: tuple[str, ...] = ("id", "severity", "title", "evidence", "recommendation")
+SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
+
+
+def build_report(*, framework: str, status: str, rank: int, world_size: int, device: dict[str, Any],
+                 stats: PhaseStatistics, windows: list[dict[str, Any]],
+                 diagnoses: list[dict[str, Any]] | None = None,
+                 faults: list[dict[str, Any]] | None = None,
+                 error: dict[str, Any] | None = None) -> dict[str, Any]:
+    step = stats.step.summary()
+    phases = {}
+    for name in (*PHASES, OTHER):
+        phase = stats.phases[name].summary("_ms")
+        phase.pop("count")
+        phase["share"] = round(stats.share(name), 6)
+        phases[name] = phase
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "perfhooks_version": __version__,
+        "framework": framework,
+        "status": status,
+        "rank": rank,
+        "world_size": world_size,
+        "device": device,
+        "steps": stats.steps,
+        "micro_batches": stats.micro_batches,
+        "step_ms": {"mean": step["mean"], "p50": step["p50"], "p95": step["p95"], "max": step["max"]},
+        "phases": phases,
+        "coverage": round(stats.coverage, 6),
+        "windows": windows,
+        "diagnoses": list(diagnoses or []),
+        "faults": list(faults or []),
+    }
+    if error is not None:
+        report["error"] = error
+    return report
+
+
+def report_path(output_dir: Path, rank: int, world_size: int) -> Path:
+    """``report.json`` for a single process; ``report.rank{R}.json`` per rank in a multi-process run."""
+    return output_dir / (REPORT_FILE if world_size <= 1 else f"report.rank{rank}.json")
+
+
+def write_report(output_dir: Path, report: dict[str, Any]) -> Path:
+    path = report_path(output_dir, report["rank"], report["world_size"])
+    atomic_write_json(path, report)
+    return path
+
+
+def validate_report(report: dict[str, Any]) -> list[str]:
+    """Problems that make ``report`` break the version-1 contract (empty when it holds)."""
+    problems = [f"missing key {key!r}" for key in REQUIRED_KEYS if key not in report]
+    if report.get("schema_version") != SCHEMA_VERSION:
+        problems.append(f"schema_version is {report.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+    for key in ("mean", "p50", "p95", "max"):
+        if not isinstance(report.get("step_ms", {}).get(key), (int, float)):
+            problems.append(f"step_ms.{key} is not a number")
+    for name in (*PHASES, OTHER):
+        phase = report.get("phases", {}).get(name)
+        if not isinstance(phase, dict):
+            problems.append(f"phases.{name} is missing")
+            continue
+        for key in ("mean_ms", "p50_ms", "p95_ms", "max_ms", "share"):
+            if not isinstance(phase.get(key), (int, float)):
+                problems.append(f"phases.{name}.{key} is not a number")
+    for window in report.get("windows", []):
+        for key in ("path", "first_step", "last_step"):
+            if key not in window:
+                problems.append(f"a window lacks {key!r}")
+    for diagnosis in report.get("diagnoses", []):
+        problems += [f"a diagnosis lacks {key!r}" for key in DIAGNOSIS_KEYS if key not in diagnosis]
+        if diagnosis.get("severity") not in SEVERITIES:
+            problems.append(f"diagnosis severity {diagnosis.get('severity')!r} is not one of {SEVERITIES}")
+    return problems

@@ -1,0 +1,55 @@
+"""Open a capture window on demand: touch ``<output_dir>/TRIGGER`` or send SIGUSR2."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+TRIGGER_FILE = "TRIGGER"
+
+
+class OnDemandTrigger:
+    """Polls for the trigger file at most every ``poll_s`` seconds; SIGUSR2 sets a flag at once."""
+
+    def __init__(self, output_dir: Path, poll_s: float = 1.0, use_signal: bool = True) -> None:
+        self.path = output_dir / TRIGGER_FILE
+        self.poll_s = poll_s
+        self._flag = threading.Event()
+        self._next_poll_ns = 0
+        self._previous_handler: Any = None
+        self._installed = False
+        if use_signal and hasattr(signal, "SIGUSR2") and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGUSR2, self._on_signal)
+            self._installed = True
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._flag.set()
+        if callable(self._previous_handler):
+            self._previous_handler(signum, frame)
+
+    def fire(self) -> None:
+        """Ask for a window from code (what the file and the signal do)."""
+        self._flag.set()
+
+    def poll(self) -> bool:
+        """True once per request; removes the trigger file it found."""
+        if self._flag.is_set():
+            self._flag.clear()
+            return True
+        now = time.monotonic_ns()
+        if now < self._next_poll_ns:
+            return False
+        self._next_poll_ns = now + int(self.poll_s * 1e9)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._installed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR2, self._previous_handler or signal.SIG_DFL)
+            self._installed = False

@@ -1,0 +1,196 @@
+"""Capture windows: ``torch.profiler`` sessions opened and closed by the engine's schedule.
+
+One ``torch.profiler.profile`` lives for one window (or back-to-back cycles). It is driven by
+the engine's own pure schedule function, so ``ProfilerStep#N`` in the trace is the global
+optimizer step N. Traces are exported at the window's end, then gzipped, renamed into place
+and pruned to ``max_traces`` files and ``max_trace_bytes`` on the background writer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from perfhooks.annotate import profiler_recording
+from perfhooks.faults import FaultLog, Once
+from perfhooks.files import atomic_gzip_file
+from perfhooks.schedule import Action
+from perfhooks.writer import BackgroundWriter
+
+ActionFn = Callable[[int], Action]
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
+    cuda: bool = False
+    nsys_capture: bool = False
+    max_traces: int = 5
+    max_trace_bytes: int = 512 * 2**20
+
+
+def trace_name(rank: int, first_step: int) -> str:
+    return f"rank{rank}.step{first_step}.pt.trace.json.gz"
+
+
+_TRACE_RE = re.compile(r"^rank(\d+)\.step(\d+)\.pt\.trace\.json\.gz$")
+
+
+class CaptureWindows:
+    """Opens, steps and closes ``torch.profiler`` sessions as the action function says."""
+
+    def __init__(self, traces_dir: Path, rank: int, world_size: int, action_fn: ActionFn,
+                 settings: WindowSettings, writer: BackgroundWriter, faults: FaultLog, once: Once,
+                 on_saved: Callable[[], None] = lambda: None) -> None:
+        self.traces_dir = traces_dir
+        self.rank = rank
+        self.world_size = world_size
+        self.action_fn = action_fn
+        self.settings = settings
+        self.writer = writer
+        self.faults = faults
+        self.once = once
+        self.on_saved = on_saved
+        self.windows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._profiler: Any = None
+        self._first_step: int | None = None
+        self._last_step: int | None = None
+        self._trigger = "schedule"
+        self._nsys_running = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._profiler is not None
+
+    def at_step(self, step: int, trigger: str = "schedule") -> None:
+        """Called once per step, at its start, before any of its work."""
+        action = self.action_fn(step)
+        if self._profiler is None:
+            if action is Action.NONE:
+                return
+            if profiler_recording():
+                self.once.warn("other_profiler", "another torch.profiler session is already running; "
+                               "perfhooks opens no second one (phase timing and NVTX continue)")
+                return
+            self._open(step, action, trigger)
+        else:
+            self._profiler.step()  # may save the previous cycle through _on_trace_ready
+            if action is Action.NONE:
+                self._profiler.stop()
+                self._profiler = None
+        if action.recording:
+            if self._first_step is None:
+                self._first_step = step
+                self._nsys(start=True)
+            self._last_step = step
+
+    def close(self) -> None:
+        """Stop an open window; a partially recorded one is saved."""
+        profiler, self._profiler = self._profiler, None
+        if profiler is not None:
+            profiler.stop()
+        self._nsys(start=False)
+
+    def _open(self, step: int, action: Action, trigger: str) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.settings.cuda:
+            activities.append(ProfilerActivity.CUDA)
+        profiler = profile(activities=activities, schedule=self._torch_action,
+                           on_trace_ready=self._on_trace_ready, record_shapes=self.settings.record_shapes,
+                           profile_memory=self.settings.profile_memory, with_stack=self.settings.with_stack)
+        # Number the profiler's steps as the run's steps, so ProfilerStep#N is optimizer step N.
+        profiler.step_num = step
+        profiler.current_action = self._torch_action(step)
+        if hasattr(profiler, "_prev_schedule_action"):  # torch >= 2.8 tracks the raw schedule output
+            profiler._prev_schedule_action = profiler.current_action
+        self._add_rank_metadata(profiler)
+        self._trigger = trigger
+        profiler.start()
+        self._profiler = profiler
+
+    def _torch_action(self, step: int) -> Any:
+        from torch.profiler import ProfilerAction
+
+        return {
+            Action.NONE: ProfilerAction.NONE,
+            Action.WARMUP: ProfilerAction.WARMUP,
+            Action.ACTIVE: ProfilerAction.RECORD,
+            Action.ACTIVE_AND_SAVE: ProfilerAction.RECORD_AND_SAVE,
+        }[self.action_fn(step)]
+
+    def _add_rank_metadata(self, profiler: Any) -> None:
+        """torch adds ``distributedInfo`` only under torch.distributed; add it always, for HTA and friends."""
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return
+        if hasattr(profiler, "preset_metadata_json"):
+            info = {"backend": "none", "rank": self.rank, "world_size": self.world_size}
+            profiler.preset_metadata_json("distributedInfo", json.dumps(info))
+
+    def _nsys(self, start: bool) -> None:
+        if not (self.settings.nsys_capture and self.settings.cuda) or start == self._nsys_running:
+            return
+        if start:
+            torch.cuda.profiler.start()
+        else:
+            torch.cuda.profiler.stop()
+        self._nsys_running = start
+
+    def _on_trace_ready(self, profiler: Any) -> None:
+        first = self._first_step if self._first_step is not None else profiler.step_num
+        last = self._last_step if self._last_step is not None else first
+        self._first_step = self._last_step = None
+        self._nsys(start=False)
+        self.traces_dir.mkdir(parents=True, exist_ok=True)
+        final = self.traces_dir / trace_name(self.rank, first)
+        temp = self.traces_dir / f".{final.name}.{os.getpid()}.json"
+        profiler.export_chrome_trace(str(temp))
+        record = {"path": str(final), "first_step": first, "last_step": last, "trigger": self._trigger,
+                  "pruned": False}
+        with self._lock:
+            self.windows.append(record)
+        self.writer.submit("trace_export", lambda: self._finish(temp, final))
+        self.on_saved()
+
+    def _finish(self, temp: Path, final: Path) -> None:
+        atomic_gzip_file(temp, final)
+        self._prune()
+
+    def _prune(self) -> None:
+        """Keep at most ``max_traces`` of this rank's traces, oldest deleted first, under the byte cap."""
+        ours = []
+        for path in self.traces_dir.iterdir():
+            match = _TRACE_RE.match(path.name)
+            if match and int(match.group(1)) == self.rank:
+                ours.append((int(match.group(2)), path, path.stat().st_size))
+        ours.sort()
+        total = sum(size for _, _, size in ours)
+        while ours and (len(ours) > self.settings.max_traces or total > self.settings.max_trace_bytes):
+            _, path, size = ours.pop(0)
+            if not ours and size > self.settings.max_trace_bytes:
+                self.once.warn("trace_over_cap", f"trace {path.name} ({size} bytes) is over max_trace_bytes "
+                               f"({self.settings.max_trace_bytes}) and was deleted; shorten the window")
+            path.unlink(missing_ok=True)
+            total -= size
+            with self._lock:
+                for window in self.windows:
+                    if window["path"] == str(path):
+                        window["pruned"] = True
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(window) for window in self.windows]
