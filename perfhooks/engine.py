@@ -42,7 +42,8 @@ class Engine:
     """Times phases, annotates them, opens capture windows and writes the report for one run."""
 
     def __init__(self, config: PerfConfig, output_dir: str | Path, framework: str,
-                 device: torch.device | str | None = None, start_step: int = 0) -> None:
+                 device: torch.device | str | None = None, start_step: int = 0,
+                 clock: HostClock | None = None) -> None:
         self.config = config
         self.output_dir = Path(output_dir)
         self.framework = framework
@@ -53,7 +54,7 @@ class Engine:
         self.world_size = ranks.world_size()
         self.device = describe_device(device)
         on_cuda = self.device["type"] == "cuda"
-        self.clock: HostClock = CudaClock() if on_cuda else HostClock()
+        self.clock: HostClock = clock or (CudaClock() if on_cuda else HostClock())
         self.stats = PhaseStatistics()
         self.pending = PendingSteps(self.clock)
         self.nvtx = NvtxRanges(enabled=config.nvtx)
@@ -217,12 +218,15 @@ class Engine:
 
     def _drive_windows(self, step: int) -> None:
         trigger = "schedule"
-        if self.trigger is not None and self.trigger.poll():
-            if self.windows.is_open or self.action(step) is not Action.NONE:
-                self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
-            else:
-                self._on_demand = OnDemandWindow(step, warmup=1, active=self.config.on_demand_active)
-                trigger = "on_demand"
+        try:
+            if self.trigger is not None and self.trigger.poll():
+                if self.windows.is_open or self.action(step) is not Action.NONE:
+                    self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
+                else:
+                    self._on_demand = OnDemandWindow(step, warmup=1, active=self.config.on_demand_active)
+                    trigger = "on_demand"
+        except Exception as error:  # noqa: BLE001
+            self.faults.report("trigger", error)
         self._guarded_call("window", lambda: self.windows.at_step(step, trigger))
 
     def _save_report_async(self) -> None:

@@ -45,7 +45,7 @@ class OnDemandTrigger:
         self._next_poll_ns = now + int(self.poll_s * 1e9)
         try:
             self.path.unlink()
-        except FileNotFoundError:
+        except OSError:  # absent, or the folder is not there/readable: no request
             return False
         return True
 

@@ -1,0 +1,53 @@
+"""Shared fixtures: the hardware gate, the NVTX recorder library, tiny Lightning models."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+sys.path.insert(0, str(TESTS))
+sys.path.insert(0, str(REPO / "examples"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """One hardware gate: ``cuda``-marked tests skip cleanly without a GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+def nvtx_include_dir() -> Path | None:
+    """The NVTX headers shipped by the ``nvidia-nvtx`` wheel (a dev dependency)."""
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in nvidia.__path__:
+        for header in sorted(Path(root).glob("*/include/nvtx3/nvToolsExt.h")):
+            return header.parent.parent
+    return None
+
+
+@pytest.fixture(scope="session")
+def nvtx_recorder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the NVTX injection library with gcc; the path to the ``.so``."""
+    include = nvtx_include_dir()
+    if include is None:
+        pytest.fail("NVTX headers not found: install the dev extra (pip install -e '.[dev]'), it brings nvidia-nvtx")
+    compiler = shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        pytest.fail("no C compiler (gcc) to build the NVTX injection library")
+    library = tmp_path_factory.mktemp("nvtx") / "libnvtx_recorder.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-Wall", f"-I{include}", "-o", str(library),
+                    str(TESTS / "nvtx_injection" / "nvtx_recorder.c"), "-lpthread"], check=True)
+    return library

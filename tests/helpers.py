@@ -1,0 +1,118 @@
+"""Tiny real models and runs for the tests (no mocks: real Trainer, real torch.profiler)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from perfhooks.clock import HostClock, Mark
+
+
+class ManualClock(HostClock):
+    """A clock the test moves by hand, for exact timing asserts."""
+
+    def __init__(self) -> None:
+        self.now_ns = 0
+
+    def advance(self, ms: float) -> None:
+        self.now_ns += int(ms * 1e6)
+
+    def mark(self) -> Mark:
+        return Mark(self.now_ns)
+
+
+def random_loader(batches: int, batch_size: int = 8, features: int = 32, seed: int = 0) -> DataLoader:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batches * batch_size, features, generator=generator)
+    y = torch.randn(batches * batch_size, 1, generator=generator)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size)
+
+
+def mlp(features: int = 32, hidden: int = 64) -> nn.Module:
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+
+def lightning_mlp(manual: bool = False, fail_at_step: int | None = None, features: int = 32):
+    """A small regression LightningModule; ``manual`` uses manual optimization."""
+    import lightning as L
+
+    class TinyModule(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp(features)
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | None:
+            if fail_at_step is not None and self.global_step == fail_at_step:
+                raise RuntimeError(f"user error at step {fail_at_step}")
+            x, y = batch
+            loss = nn.functional.mse_loss(self.net(x), y)
+            if not manual:
+                return loss
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+            return None
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", nn.functional.mse_loss(self.net(x), y))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    return TinyModule()
+
+
+def quiet_trainer(**overrides: Any):
+    """A CPU Trainer with no logger, checkpoint, progress bar or summary."""
+    import lightning as L
+
+    settings: dict[str, Any] = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                    enable_progress_bar=False, enable_model_summary=False)
+    settings.update(overrides)
+    return L.Trainer(**settings)
+
+
+def read_report(output_dir: Path) -> dict[str, Any]:
+    return json.loads((output_dir / "report.json").read_text())
+
+
+def plain_loop(engine: Any, steps: int, accumulate: int = 1, before_step: Any = None) -> None:
+    """A hand-written training loop feeding the engine its events (what an integration does)."""
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = iter(random_loader(steps * accumulate))
+    for step in range(steps):
+        if before_step is not None:
+            before_step(step)
+        for _ in range(accumulate):
+            engine.phase_start("data_wait")
+            x, y = next(batches)
+            engine.phase_start("forward")
+            loss = nn.functional.mse_loss(model(x), y)
+            engine.phase_start("backward")
+            loss.backward()
+            engine.phase_end("backward")
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad()
+        engine.phase_end("optimizer")
+        engine.step_end()
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    import gzip
+
+    with gzip.open(path, "rt") as handle:
+        return json.load(handle)
+
+
+def annotation_names(trace: dict[str, Any]) -> list[str]:
+    return [event["name"] for event in trace["traceEvents"] if event.get("cat") == "user_annotation"]

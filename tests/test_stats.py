@@ -1,0 +1,64 @@
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from perfhooks.stats import StreamingStats
+
+durations = st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False),
+                     min_size=1, max_size=400)
+
+
+def brute_quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+@given(durations, st.sampled_from([0.0, 0.5, 0.95, 0.99, 1.0]))
+def test_quantiles_within_one_percent_of_brute_force(values: list[float], q: float) -> None:
+    stats = StreamingStats()
+    for value in values:
+        stats.add(value)
+    exact = brute_quantile(values, q)
+    assert stats.quantile(q) == pytest.approx(exact, rel=0.0101, abs=1e-6)
+
+
+@given(durations)
+def test_count_mean_max_are_exact(values: list[float]) -> None:
+    stats = StreamingStats()
+    for value in values:
+        stats.add(value)
+    assert stats.count == len(values)
+    assert stats.mean == pytest.approx(sum(values) / len(values), rel=1e-9, abs=1e-9)
+    assert stats.maximum == max(values)
+
+
+@given(durations, durations)
+def test_merge_equals_one_stream(left: list[float], right: list[float]) -> None:
+    a, b, both = StreamingStats(), StreamingStats(), StreamingStats()
+    for value in left:
+        a.add(value)
+        both.add(value)
+    for value in right:
+        b.add(value)
+        both.add(value)
+    a.merge(b)
+    assert a.count == both.count and a.maximum == both.maximum
+    for q in (0.5, 0.95):
+        assert a.quantile(q) == both.quantile(q)
+
+
+def test_memory_is_bounded_by_spread_not_length() -> None:
+    stats = StreamingStats()
+    for i in range(200_000):
+        stats.add(10.0 + (i % 1000) / 100.0)  # 10..20 ms
+    assert stats.count == 200_000
+    assert len(stats._buckets) <= 40  # log(2)/log(1.02) ~ 35 buckets
+
+
+def test_summary_keys_and_empty() -> None:
+    assert StreamingStats().summary("_ms") == {"count": 0, "mean_ms": 0.0, "p50_ms": 0.0, "p95_ms": 0.0,
+                                               "max_ms": 0.0}
+    with pytest.raises(ValueError, match="quantile q"):
+        StreamingStats().quantile(1.5)

@@ -1,0 +1,113 @@
+import os
+import signal
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import annotation_names, load_trace, plain_loop
+
+from perfhooks import Engine, PerfConfig, PerfhooksWarning, Schedule
+
+
+def engine_for(tmp_path: Path, **settings) -> Engine:
+    settings.setdefault("console", False)
+    return Engine(PerfConfig(**settings), tmp_path, "test")
+
+
+def trace_files(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "traces").iterdir())
+
+
+def test_scheduled_window_writes_a_standard_trace(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=2, wait=0, warmup=1, active=2, repeat=1))
+    plain_loop(engine, steps=7)
+    engine.writer.flush()
+    assert (tmp_path / "report.json").exists(), "the report is written at the window's end, before close"
+    report = engine.close()
+    assert trace_files(tmp_path) == ["rank0.step3.pt.trace.json.gz"]
+    trace = load_trace(tmp_path / "traces" / "rank0.step3.pt.trace.json.gz")
+    assert trace["distributedInfo"]["rank"] == 0
+    names = annotation_names(trace)
+    assert sorted(n for n in names if n.startswith("ProfilerStep#")) == ["ProfilerStep#3", "ProfilerStep#4"]
+    for phase in ("data_wait", "forward", "backward", "optimizer"):
+        assert names.count(phase) == 2, phase
+    assert report["windows"] == [{"path": str(tmp_path / "traces" / "rank0.step3.pt.trace.json.gz"),
+                                  "first_step": 3, "last_step": 4, "trigger": "schedule", "pruned": False}]
+
+
+def test_repeat_cycles_respect_max_traces(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, max_traces=2,
+                        schedule=Schedule(skip_first=0, wait=1, warmup=0, active=1, repeat=0))
+    plain_loop(engine, steps=10)
+    report = engine.close()
+    assert trace_files(tmp_path) == ["rank0.step7.pt.trace.json.gz", "rank0.step9.pt.trace.json.gz"]
+    assert [w["first_step"] for w in report["windows"]] == [1, 3, 5, 7, 9]
+    assert [w["pruned"] for w in report["windows"]] == [True, True, True, False, False]
+
+
+def test_byte_cap_deletes_traces_over_it(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, max_trace_bytes=1, schedule=Schedule(skip_first=0, warmup=0, active=1))
+    with pytest.warns(PerfhooksWarning, match="over max_trace_bytes"):
+        plain_loop(engine, steps=3)
+        engine.close()
+    assert trace_files(tmp_path) == []
+
+
+def test_trigger_file_opens_one_window_and_is_removed(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, schedule=None, trigger_poll_s=1e-6, on_demand_active=2)
+    trigger = tmp_path / "TRIGGER"
+    plain_loop(engine, steps=8, before_step=lambda step: step == 2 and trigger.touch())
+    report = engine.close()
+    assert not trigger.exists()
+    assert report["windows"][0]["first_step"] == 3 and report["windows"][0]["last_step"] == 4
+    assert report["windows"][0]["trigger"] == "on_demand"
+    assert trace_files(tmp_path) == ["rank0.step3.pt.trace.json.gz"]
+
+
+def test_sigusr2_opens_a_window(tmp_path: Path) -> None:
+    previous = signal.getsignal(signal.SIGUSR2)
+    engine = engine_for(tmp_path, schedule=None, on_demand_active=1)
+    plain_loop(engine, steps=5, before_step=lambda step: step == 1 and os.kill(os.getpid(), signal.SIGUSR2))
+    report = engine.close()
+    assert [(w["first_step"], w["trigger"]) for w in report["windows"]] == [(2, "on_demand")]
+    assert signal.getsignal(signal.SIGUSR2) == previous, "the previous handler is restored at close"
+
+
+def test_schedule_none_keeps_timing_and_writes_no_trace(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, schedule=None, on_demand=False)
+    plain_loop(engine, steps=4)
+    report = engine.close()
+    assert report["steps"] == 4 and report["windows"] == []
+    assert not (tmp_path / "traces").exists()
+
+
+def test_another_profiler_running_is_detected_once(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=0, warmup=0, active=2, repeat=0))
+    with pytest.warns(PerfhooksWarning, match="another torch.profiler session") as caught, \
+            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as theirs:
+        plain_loop(engine, steps=4)
+    report = engine.close()
+    assert len([w for w in caught if "another torch.profiler" in str(w.message)]) == 1
+    assert report["steps"] == 4 and report["windows"] == []
+    assert "forward" in {e.name for e in theirs.events()}, "phase labels go into the user's own trace"
+
+
+def test_no_temporary_files_are_left(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=0, warmup=1, active=1, repeat=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerfhooksWarning)
+        plain_loop(engine, steps=6)
+        engine.close()
+    leftovers = [p.name for p in tmp_path.rglob("*") if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_exception_in_a_window_saves_the_partial_window(tmp_path: Path) -> None:
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=1, warmup=0, active=5))
+    plain_loop(engine, steps=3)
+    engine.phase_start("forward")
+    engine.exception(KeyboardInterrupt())
+    assert trace_files(tmp_path) == ["rank0.step1.pt.trace.json.gz"]
+    names = annotation_names(load_trace(tmp_path / "traces" / "rank0.step1.pt.trace.json.gz"))
+    assert {"ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"} <= set(names)
