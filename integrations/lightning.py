@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.profilers import PyTorchProfiler
 from lightning.pytorch.trainer.states import TrainerFn
 
 from perfhooks.config import PerfConfig
@@ -60,6 +61,8 @@ class PerfCallback(Callback):
         engine = Engine(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device)
         if self._resume_state is not None:
             engine.load_state_dict(self._resume_state)
+        if isinstance(trainer.profiler, PyTorchProfiler):
+            engine.windows.defer_to("Lightning's PyTorchProfiler")
         self.engine = engine
         self._global_step = trainer.global_step
         watch_optimizer_steps(trainer.optimizers, self._after_optimizer_step, self._hooks)

@@ -68,6 +68,17 @@ class CaptureWindows:
         self._last_step: int | None = None
         self._trigger = "schedule"
         self._nsys_running = False
+        self._external: str | None = None
+
+    def defer_to(self, owner: str) -> None:
+        """Another ``torch.profiler`` user (e.g. Lightning's PyTorchProfiler) is configured: open no window.
+
+        Two Kineto sessions at once crash the process, and a session in warmup cannot be seen
+        from Python, so integrations that know of one say so up front.
+        """
+        self._external = owner
+        self.once.warn("other_profiler", f"another torch.profiler session ({owner}) is configured; perfhooks "
+                       "opens no second one (phase timing and NVTX continue)")
 
     @property
     def is_open(self) -> bool:
@@ -77,7 +88,7 @@ class CaptureWindows:
         """Called once per step, at its start, before any of its work."""
         action = self.action_fn(step)
         if self._profiler is None:
-            if action is Action.NONE:
+            if action is Action.NONE or self._external is not None:
                 return
             if profiler_recording():
                 self.once.warn("other_profiler", "another torch.profiler session is already running; "
