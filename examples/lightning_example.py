@@ -16,10 +16,9 @@ import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tutorial_transformer import lightning_module, make_dataloader  # noqa: E402
-
-import perfhooks  # noqa: E402
-from perfhooks.integrations.lightning import PerfCallback  # noqa: E402
+import perfhooks
+from perfhooks.integrations.lightning import PerfCallback
+from tutorial_transformer import lightning_module, make_dataloader
 
 
 def main(argv: list[str] | None = None) -> int:

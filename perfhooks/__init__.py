@@ -2,10 +2,10 @@
 
 __version__ = "0.1.0"
 
-from perfhooks.config import PerfConfig  # noqa: E402
-from perfhooks.engine import Engine  # noqa: E402
-from perfhooks.faults import PerfhooksWarning  # noqa: E402
-from perfhooks.phases import PHASES  # noqa: E402
-from perfhooks.schedule import Action, Schedule  # noqa: E402
+from perfhooks.config import PerfConfig
+from perfhooks.engine import Engine
+from perfhooks.faults import PerfhooksWarning
+from perfhooks.phases import PHASES
+from perfhooks.schedule import Action, Schedule
 
 __all__ = ["PHASES", "Action", "Engine", "PerfConfig", "PerfhooksWarning", "Schedule", "__version__"]

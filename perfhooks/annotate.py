@@ -62,6 +62,10 @@ class ProfilerLabels:
     def __init__(self) -> None:
         self._open: Any = None
 
+    @property
+    def is_open(self) -> bool:
+        return self._open is not None
+
     def enter(self, name: str) -> None:
         if self._open is None and autograd_profiler._is_profiler_enabled:
             label = autograd_profiler.record_function(name)

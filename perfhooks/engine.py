@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.autograd.profiler as autograd_profiler
 
 from perfhooks import ranks
 from perfhooks.annotate import NvtxRanges, ProfilerLabels
@@ -36,6 +37,8 @@ from perfhooks.timeline import PendingSteps, PhaseStatistics, StepRecord
 from perfhooks.trigger import OnDemandTrigger
 from perfhooks.windows import CaptureWindows, WindowSettings
 from perfhooks.writer import BackgroundWriter
+
+_PHASE_NAMES = frozenset(PHASES)
 
 
 class Engine:
@@ -58,6 +61,7 @@ class Engine:
         self.stats = PhaseStatistics()
         self.pending = PendingSteps(self.clock)
         self.nvtx = NvtxRanges(enabled=config.nvtx)
+        self._nvtx_on = self.nvtx.active
         self.labels = ProfilerLabels()
         self.writer = BackgroundWriter(self.faults)
         self.hooks = HookHandles()
@@ -93,52 +97,67 @@ class Engine:
     # ----------------------------------------------------------------- events
     @guarded("step_start")
     def step_start(self) -> None:
-        if self._record is not None or self._closed:
-            return
+        if self._record is None and not self._closed:
+            self._open_step()
+
+    def _open_step(self) -> None:
         step = self.step
         if self._windows_at != step:  # a step discarded by idle() has driven the windows already
             self._windows_at = step
             self._drive_windows(step)
         self._record = StepRecord(step, self.clock.mark())
 
-    @guarded("phase_start")
+    # The four events below run several times per step: the fault guard is inlined (no wrapper
+    # frame) and NVTX/label calls are skipped when neither is on.
     def phase_start(self, name: str) -> None:
-        if name not in PHASES:
-            raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
-        if self._closed:
-            return
-        if self._record is None:
-            self.step_start()
-            if self._record is None:
+        """Start phase ``name``: ends the open phase, opens a step if none is open."""
+        try:
+            if self._closed:
                 return
-        if self._phase is not None:
-            if self._phase[0] == name:
-                return
-            self._close_phase()
-        if name == FORWARD:
-            self._record.micro_batches += 1
-        mark = self._record.start if name == DATA_WAIT and not self._record.intervals else self.clock.mark()
-        self.nvtx.push(name)
-        self.labels.enter(name)
-        self._phase = (name, mark)
+            if name not in _PHASE_NAMES:
+                raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+            record = self._record
+            if record is None:
+                self._open_step()
+                record = self._record
+                mark = record.start
+            elif self._phase is not None:
+                if self._phase[0] == name:
+                    return
+                mark = self._close_phase()
+            else:
+                mark = self.clock.mark()
+            if name == FORWARD:
+                record.micro_batches += 1
+            if self._nvtx_on:
+                self.nvtx.push(name)
+            if autograd_profiler._is_profiler_enabled:
+                self.labels.enter(name)
+            self._phase = (name, mark)
+        except Exception as error:
+            self.faults.report("phase_start", error)
 
-    @guarded("phase_end")
     def phase_end(self, name: str) -> None:
-        if self._phase is not None and self._phase[0] == name:
-            self._close_phase()
+        """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
+        try:
+            if self._phase is not None and self._phase[0] == name:
+                self._close_phase()
+        except Exception as error:
+            self.faults.report("phase_end", error)
 
-    @guarded("step_end")
     def step_end(self) -> None:
-        record = self._record
-        if record is None:
-            return
-        if self._phase is not None:
-            self._close_phase()
-        record.end = self.clock.mark()
-        self._record = None
-        self.step += 1
-        self.pending.push(record)
-        self.pending.drain(self.stats)
+        """End the open step (and its open phase); its timings are read once the device is done."""
+        try:
+            record = self._record
+            if record is None:
+                return
+            record.end = self._close_phase() if self._phase is not None else self.clock.mark()
+            self._record = None
+            self.step += 1
+            self.pending.push(record)
+            self.pending.drain(self.stats)
+        except Exception as error:
+            self.faults.report("step_end", error)
 
     @guarded("idle")
     def idle(self) -> None:
@@ -203,18 +222,22 @@ class Engine:
             self._guarded_call("report_write", lambda: write_report(self.output_dir, report))
             if self.config.console and self.rank == 0:
                 print(format_table(report), file=sys.stderr)
-        except Exception as error:  # noqa: BLE001 - never break training on the way out
+        except Exception as error:
             self.faults.report("close", error)
         return report
 
     # ----------------------------------------------------------------- internals
-    def _close_phase(self) -> None:
-        assert self._phase is not None and self._record is not None
-        name, start = self._phase
+    def _close_phase(self) -> Any:
+        """Close the open phase; its end mark (which the next phase may start from)."""
+        name, start = self._phase  # type: ignore[misc]
         self._phase = None
-        self.labels.exit()
-        self.nvtx.pop()
-        self._record.intervals.append((name, start, self.clock.mark()))
+        if self.labels.is_open:
+            self.labels.exit()
+        if self._nvtx_on:
+            self.nvtx.pop()
+        end = self.clock.mark()
+        self._record.intervals.append((name, start, end))  # type: ignore[union-attr]
+        return end
 
     def _drive_windows(self, step: int) -> None:
         trigger = "schedule"
@@ -225,9 +248,12 @@ class Engine:
                 else:
                     self._on_demand = OnDemandWindow(step, warmup=1, active=self.config.on_demand_active)
                     trigger = "on_demand"
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             self.faults.report("trigger", error)
-        self._guarded_call("window", lambda: self.windows.at_step(step, trigger))
+        try:
+            self.windows.at_step(step, trigger)
+        except Exception as error:
+            self.faults.report("window", error)
 
     def _save_report_async(self) -> None:
         report = self.report()
@@ -236,5 +262,5 @@ class Engine:
     def _guarded_call(self, kind: str, fn: Any) -> None:
         try:
             fn()
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             self.faults.report(kind, error)

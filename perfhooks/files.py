@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -60,7 +61,5 @@ def atomic_gzip_file(source: Path, path: Path) -> None:
 
 
 def _remove_quietly(path: str | Path) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -44,10 +45,8 @@ class BackgroundWriter:
     def close(self, timeout_s: float = 60.0) -> None:
         self.flush(timeout_s)
         if self._thread is not None:
-            try:
+            with contextlib.suppress(queue.Full):
                 self._queue.put(None, timeout=1.0)
-            except queue.Full:
-                pass
             self._thread.join(timeout=1.0)
             self._thread = None
 
@@ -59,5 +58,5 @@ class BackgroundWriter:
             kind, job = item
             try:
                 job()
-            except Exception as error:  # noqa: BLE001 - reported, never raised into training
+            except Exception as error:
                 self.faults.report(kind, error)

@@ -3,8 +3,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from helpers import ManualClock
 
+from helpers import ManualClock
 from perfhooks import Engine, PerfConfig, PerfhooksWarning
 from perfhooks.report import validate_report
 

@@ -40,7 +40,6 @@ def test_default_schedule_opens_one_window_early_after_warmup() -> None:
 def test_steps_are_optimizer_steps_under_gradient_accumulation() -> None:
     """The schedule sees optimizer steps; 4 micro-batches per step do not move it (engine counts steps)."""
     from helpers import ManualClock
-
     from perfhooks import Engine, PerfConfig
 
     engine = Engine(PerfConfig(schedule=None, on_demand=False, console=False), "/nonexistent-unused",

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import annotation_names, load_trace, plain_loop
 
+from helpers import annotation_names, load_trace, plain_loop
 from perfhooks import Engine, PerfConfig, PerfhooksWarning, Schedule
 
 

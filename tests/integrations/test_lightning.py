@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import annotation_names, lightning_mlp, load_trace, quiet_trainer, random_loader, read_report
 
+from helpers import annotation_names, lightning_mlp, load_trace, quiet_trainer, random_loader, read_report
 from perfhooks import PerfhooksWarning, Schedule
 from perfhooks.integrations.lightning import PerfCallback
 from perfhooks.report import validate_report
