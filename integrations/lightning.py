@@ -58,11 +58,13 @@ class PerfCallback(Callback):
 
     # --------------------------------------------------------------- lifecycle
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        engine = Engine(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device)
+        engine = Engine.start(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device)
+        if engine is None:
+            return
         if self._resume_state is not None:
             engine.load_state_dict(self._resume_state)
         if isinstance(trainer.profiler, PyTorchProfiler):
-            engine.windows.defer_to("Lightning's PyTorchProfiler")
+            engine.defer_windows_to("Lightning's PyTorchProfiler")
         self.engine = engine
         self._global_step = trainer.global_step
         watch_optimizer_steps(trainer.optimizers, self._after_optimizer_step, self._hooks)

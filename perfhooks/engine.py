@@ -84,6 +84,19 @@ class Engine:
         self._windows_at: int | None = None
         self._closed = False
 
+    @classmethod
+    def start(cls, config: PerfConfig, output_dir: str | Path, framework: str, **kwargs: Any) -> Engine | None:
+        """Build an engine for an integration; on a fault, warn once and return ``None`` (training goes on)."""
+        try:
+            return cls(config, output_dir, framework, **kwargs)
+        except Exception as error:
+            FaultLog().report("engine_start", error)
+            return None
+
+    def defer_windows_to(self, owner: str) -> None:
+        """Another ``torch.profiler`` user is configured (e.g. Lightning's PyTorchProfiler): open no window."""
+        self.windows.defer_to(owner)
+
     # ----------------------------------------------------------------- schedule
     def action(self, step: int) -> Action:
         """The capture action at ``step``: an on-demand window first, then the schedule (pure in the step)."""
@@ -167,7 +180,7 @@ class Engine:
         record = self._record
         if record is not None and all(name == DATA_WAIT for name, _, _ in record.intervals):
             self._record = None  # only waited so far: that wait was not for a training batch
-            self.pending._release(record)
+            self.pending.discard(record)
 
     @guarded("exception")
     def exception(self, error: BaseException) -> None:
@@ -210,7 +223,7 @@ class Engine:
             if self._phase is not None:
                 self._close_phase()
             if self._record is not None:  # a step cut short (end of data or an error) is not counted
-                self.pending._release(self._record)
+                self.pending.discard(self._record)
                 self._record = None
             self._guarded_call("window_close", self.windows.close)
             self._guarded_call("flush_timings", lambda: self.pending.drain(self.stats, block=True))

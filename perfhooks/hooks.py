@@ -27,9 +27,14 @@ class HookHandles:
 
 def watch_optimizer_steps(optimizers: Iterable[torch.optim.Optimizer], on_after_step: Callable[[], None],
                           handles: HookHandles) -> None:
-    """Call ``on_after_step`` after each ``optimizer.step()`` (torch's step post-hook)."""
+    """Call ``on_after_step`` after each ``optimizer.step()`` (torch's step post-hook).
+
+    An optimizer without torch's hook API is skipped: its phase then ends with the step.
+    """
     for optimizer in optimizers:
-        handles.add(optimizer.register_step_post_hook(lambda *_: on_after_step()))
+        register = getattr(optimizer, "register_step_post_hook", None)
+        if register is not None:
+            handles.add(register(lambda *_: on_after_step()))
 
 
 def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookHandles) -> None:

@@ -108,7 +108,7 @@ class PendingSteps:
     def push(self, record: StepRecord) -> None:
         self._queue.append(record)
         if len(self._queue) > self.limit:
-            self._release(self._queue.popleft())
+            self.discard(self._queue.popleft())
             self.dropped += 1
 
     def __len__(self) -> int:
@@ -125,7 +125,7 @@ class PendingSteps:
                 return
             self._queue.popleft()
             stats.add(self._resolve(record))
-            self._release(record)
+            self.discard(record)
 
     def _resolve(self, record: StepRecord) -> StepTiming:
         clock = self.clock
@@ -142,7 +142,7 @@ class PendingSteps:
         phase_ms[OTHER] = max(0.0, step_ms - covered)
         return StepTiming(record.step, step_ms, phase_ms, record.micro_batches)
 
-    def _release(self, record: StepRecord) -> None:
+    def discard(self, record: StepRecord) -> None:
         """Return a step's CUDA events to the pool (host marks hold nothing)."""
         if not self.clock.device_timed:
             return

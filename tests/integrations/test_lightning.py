@@ -119,6 +119,20 @@ def test_the_users_exception_propagates_unchanged(tmp_path: Path) -> None:
     assert report["steps"] == 2
 
 
+def test_a_failing_engine_start_warns_and_training_completes(tmp_path: Path, monkeypatch) -> None:
+    from perfhooks import engine as engine_module
+
+    def broken_describe_device(device):
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(engine_module, "describe_device", broken_describe_device)
+    model = lightning_mlp()
+    with pytest.warns(PerfhooksWarning, match="engine_start failed .*injected fault"):
+        callback = fit(tmp_path, steps=3, model=model)
+    assert callback.engine is None
+    assert model.global_step == 3
+
+
 def test_lightning_pytorch_profiler_alongside(tmp_path: Path) -> None:
     callback = PerfCallback(output_dir=tmp_path, console=False,
                             schedule=Schedule(skip_first=0, wait=0, warmup=0, active=2, repeat=0))
