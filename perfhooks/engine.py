@@ -27,6 +27,7 @@ from perfhooks.annotate import NvtxRanges, ProfilerLabels
 from perfhooks.clock import CudaClock, HostClock
 from perfhooks.config import PerfConfig
 from perfhooks.device import describe_device
+from perfhooks.exit_guard import ExitGuard
 from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.hooks import HookHandles, add_module_ranges
 from perfhooks.phases import DATA_WAIT, FORWARD, PHASES
@@ -83,6 +84,7 @@ class Engine:
         self._phase: tuple[str, Any] | None = None
         self._windows_at: int | None = None
         self._closed = False
+        self._exit_guard = ExitGuard(self)
 
     @classmethod
     def start(cls, config: PerfConfig, output_dir: str | Path, framework: str, **kwargs: Any) -> Engine | None:
@@ -228,6 +230,7 @@ class Engine:
             self._guarded_call("window_close", self.windows.close)
             self._guarded_call("flush_timings", lambda: self.pending.drain(self.stats, block=True))
             self.hooks.remove()
+            self._exit_guard.remove()
             if self.trigger is not None:
                 self.trigger.close()
             self.writer.close()

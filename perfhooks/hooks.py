@@ -25,16 +25,53 @@ class HookHandles:
             handle.remove()
 
 
-def watch_optimizer_steps(optimizers: Iterable[torch.optim.Optimizer], on_after_step: Callable[[], None],
-                          handles: HookHandles) -> None:
-    """Call ``on_after_step`` after each ``optimizer.step()`` (torch's step post-hook).
+def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[[], None], handles: HookHandles,
+                          on_before_step: Callable[[], None] | None = None) -> None:
+    """Call ``on_after_step`` (and ``on_before_step``) around each ``optimizer.step()``, via torch's step hooks.
 
-    An optimizer without torch's hook API is skipped: its phase then ends with the step.
+    Wrappers such as accelerate's ``AcceleratedOptimizer`` are unwrapped to the torch optimizer,
+    whose hooks fire only when it really steps (not on accumulation micro-batches). An optimizer
+    without torch's hook API is skipped: its phase then ends with the step.
     """
     for optimizer in optimizers:
-        register = getattr(optimizer, "register_step_post_hook", None)
-        if register is not None:
-            handles.add(register(lambda *_: on_after_step()))
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if not isinstance(inner, torch.optim.Optimizer):
+            inner = optimizer
+        register_post = getattr(inner, "register_step_post_hook", None)
+        if register_post is not None:
+            handles.add(register_post(lambda *_: on_after_step()))
+        register_pre = getattr(inner, "register_step_pre_hook", None)
+        if on_before_step is not None and register_pre is not None:
+            handles.add(register_pre(lambda *_: on_before_step()))
+
+
+def watch_training_forward(model: torch.nn.Module, on_start: Callable[[], None],
+                           on_end: Callable[[], None] | None, handles: HookHandles) -> None:
+    """Call ``on_start``/``on_end`` around the model's training forward passes.
+
+    Only forwards on the thread that registered the hooks, in training mode, with grad enabled
+    and outside a backward pass count: evaluation and activation-checkpoint recomputation (which
+    runs inside backward, possibly on autograd's threads) are ignored.
+    """
+    import threading
+
+    training_thread = threading.get_ident()
+
+    def training_forward(module: torch.nn.Module) -> bool:
+        return (module.training and torch.is_grad_enabled() and threading.get_ident() == training_thread
+                and torch._C._current_graph_task_id() == -1)
+
+    def pre(module: torch.nn.Module, _args: Any) -> None:
+        if training_forward(module):
+            on_start()
+
+    handles.add(model.register_forward_pre_hook(pre))
+    if on_end is not None:
+        def post(module: torch.nn.Module, _args: Any, _output: Any) -> None:
+            if training_forward(module):
+                on_end()
+
+        handles.add(model.register_forward_hook(post))
 
 
 def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookHandles) -> None:

@@ -97,3 +97,23 @@ def validate_report(report: dict[str, Any]) -> list[str]:
         if diagnosis.get("severity") not in SEVERITIES:
             problems.append(f"diagnosis severity {diagnosis.get('severity')!r} is not one of {SEVERITIES}")
     return problems
+
+
+def headline_metrics(report: dict[str, Any], top: int = 3) -> dict[str, float]:
+    """The report's headline figures as flat numbers, for a trainer's logs and tracker panels.
+
+    Keys: ``perf/step_ms``, ``perf/step_p95_ms``, ``perf/coverage``, ``perf/phase/<name>_ms``,
+    ``perf/phase/<name>_share`` (0..1), and ``perf/diagnosis/<id>`` = estimated gain (0..1) for
+    the top diagnoses (numbers only, so every logging integration accepts them).
+    """
+    metrics: dict[str, float] = {
+        "perf/step_ms": report["step_ms"]["mean"],
+        "perf/step_p95_ms": report["step_ms"]["p95"],
+        "perf/coverage": report["coverage"],
+    }
+    for name, phase in report["phases"].items():
+        metrics[f"perf/phase/{name}_ms"] = phase["mean_ms"]
+        metrics[f"perf/phase/{name}_share"] = phase["share"]
+    for diagnosis in report["diagnoses"][:top]:
+        metrics[f"perf/diagnosis/{diagnosis['id']}"] = float(diagnosis.get("estimated_gain", 0.0))
+    return metrics

@@ -14,6 +14,7 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(TESTS / "integrations"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

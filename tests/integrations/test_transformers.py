@@ -1,0 +1,99 @@
+"""The transformers adapter with a real Trainer on a tiny GPT-2 built from a config."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from hf_trainer_example import build_trainer
+from runners import RUNNERS
+from transformers import TrainerCallback
+
+from perfhooks.integrations.transformers import PerfTrainerCallback
+
+
+class LogRecorder(TrainerCallback):
+    """Stands in for a report_to integration: records every logs dict it is given."""
+
+    def __init__(self) -> None:
+        self.logs: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append(dict(logs or {}))
+
+
+def test_headline_figures_reach_callbacks_listed_before_it(tmp_path: Path) -> None:
+    recorder = LogRecorder()
+    perf = PerfTrainerCallback(schedule=None, console=False)
+    trainer = build_trainer(str(tmp_path), steps=6, batch_size=2, callback=perf, logging_steps=2)
+    trainer.callback_handler.add_callback(recorder)
+    handler = trainer.callback_handler
+    handler.callbacks.remove(recorder)
+    handler.callbacks.insert(1, recorder)  # before ours, like the report_to integrations
+    trainer.train()
+    step_logs = [logs for logs in recorder.logs if "loss" in logs]
+    assert len(step_logs) == 3
+    for logs in step_logs:
+        assert logs["perf/step_ms"] > 0
+        assert 0 < logs["perf/phase/forward_share"] < 1
+        assert {"perf/coverage", "perf/phase/data_wait_ms", "perf/phase/optimizer_share"} <= set(logs)
+    assert handler.callbacks[0] is perf
+
+
+def test_default_output_dir_is_under_args_output_dir(tmp_path: Path) -> None:
+    trainer = build_trainer(str(tmp_path), steps=2, batch_size=2,
+                            callback=PerfTrainerCallback(schedule=None, console=False))
+    trainer.train()
+    report = json.loads((tmp_path / "perfhooks" / "report.json").read_text())
+    assert report["framework"] == "transformers" and report["steps"] == 2
+
+
+def test_evaluation_stays_out_of_training_steps(tmp_path: Path) -> None:
+    from hf_trainer_example import SyntheticTokens
+
+    class SlowEval(TrainerCallback):
+        def on_prediction_step(self, args, state, control, **kwargs):
+            time.sleep(0.05)
+
+    trainer = build_trainer(str(tmp_path), steps=6, batch_size=2, eval_strategy="steps", eval_steps=2,
+                            per_device_eval_batch_size=2, eval_dataset=SyntheticTokens(8, seed=1),
+                            callback=PerfTrainerCallback(schedule=None, console=False))
+    trainer.add_callback(SlowEval())
+    trainer.train()
+    report = json.loads((tmp_path / "perfhooks" / "report.json").read_text())
+    evaluations = [entry for entry in trainer.state.log_history if "eval_runtime" in entry]
+    assert len(evaluations) == 3 and min(e["eval_runtime"] for e in evaluations) >= 0.2
+    assert report["steps"] == 6
+    assert report["step_ms"]["max"] < 150, "four 50 ms evaluation batches ran between steps"
+
+
+def test_resume_keeps_the_schedule_aligned(tmp_path: Path) -> None:
+    from perfhooks import Schedule
+
+    first = build_trainer(str(tmp_path), steps=4, batch_size=2, save_strategy="steps", save_steps=4,
+                          callback=PerfTrainerCallback(schedule=None, console=False))
+    first.train()
+    checkpoint = next(tmp_path.glob("checkpoint-*"))
+    callback = PerfTrainerCallback(output_dir=tmp_path / "resumed", console=False,
+                                   schedule=Schedule(skip_first=5, wait=0, warmup=0, active=1))
+    build_trainer(str(tmp_path), steps=8, batch_size=2, callback=callback).train(resume_from_checkpoint=str(checkpoint))
+    report = json.loads((tmp_path / "resumed" / "report.json").read_text())
+    assert report["steps"] == 4
+    assert [w["first_step"] for w in report["windows"]] == [5]
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"max_traces": -1}, ValueError, "max_traces must be an integer >= 1"),
+    ({"schedul": None}, TypeError, r"PerfTrainerCallback got unknown argument\(s\) schedul"),
+])
+def test_bad_arguments_fail_at_construction(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        PerfTrainerCallback(**kwargs)
+
+
+def test_accumulation_sums_micro_batches_into_one_step(tmp_path: Path) -> None:
+    RUNNERS["transformers"].run(tmp_path, steps=2, accumulate=4, schedule=None)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 2 and report["micro_batches"] == 8
