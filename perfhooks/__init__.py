@@ -1,11 +1,31 @@
-"""perfhooks: make a PyTorch training run explain its own performance."""
+"""perfhooks: make a PyTorch training run explain its own performance.
+
+Names are imported lazily, so ``perfhooks analyze`` starts without importing torch.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
 
-from perfhooks.config import PerfConfig
-from perfhooks.engine import Engine
-from perfhooks.faults import PerfhooksWarning
-from perfhooks.phases import PHASES
-from perfhooks.schedule import Action, Schedule
+_EXPORTS = {
+    "Action": "perfhooks.schedule",
+    "Schedule": "perfhooks.schedule",
+    "PerfConfig": "perfhooks.config",
+    "Engine": "perfhooks.engine",
+    "PerfhooksWarning": "perfhooks.faults",
+    "PHASES": "perfhooks.phases",
+    "Thresholds": "perfhooks.analysis.diagnoses",
+}
+__all__ = [*sorted(_EXPORTS), "__version__"]
 
-__all__ = ["PHASES", "Action", "Engine", "PerfConfig", "PerfhooksWarning", "Schedule", "__version__"]
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'perfhooks' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

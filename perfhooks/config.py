@@ -40,6 +40,8 @@ class PerfConfig:
         on_demand_active: recorded steps in an on-demand window.
         trigger_poll_s: seconds between looks for the trigger file.
         console: print a summary table when training ends (rank 0).
+        analyze_windows: analyse each window's trace off the training thread and add its diagnoses.
+        thresholds: a :class:`perfhooks.analysis.diagnoses.Thresholds` for the diagnosis rules.
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -56,6 +58,8 @@ class PerfConfig:
     on_demand_active: int = 3
     trigger_poll_s: float = 1.0
     console: bool = True
+    analyze_windows: bool = True
+    thresholds: Any = None
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -69,8 +73,15 @@ class PerfConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        from perfhooks.analysis.diagnoses import Thresholds
+
+        if self.thresholds is None:
+            self.thresholds = Thresholds()
+        elif not isinstance(self.thresholds, Thresholds):
+            raise TypeError(f"thresholds must be a perfhooks.analysis.diagnoses.Thresholds or None, "
+                            f"got {type(self.thresholds).__name__}")
         for name in ("record_shapes", "profile_memory", "with_stack", "nvtx", "module_ranges",
-                     "nsys_capture", "on_demand", "console"):
+                     "nsys_capture", "on_demand", "console", "analyze_windows"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         poll = self.trigger_poll_s

@@ -74,9 +74,11 @@ class Engine:
                 with_stack=config.with_stack, cuda=on_cuda and torch.cuda.is_available(),
                 nsys_capture=config.nsys_capture, max_traces=config.max_traces,
                 max_trace_bytes=config.max_trace_bytes),
-            self.writer, self.faults, self.once, on_saved=self._save_report_async)
+            self.writer, self.faults, self.once, on_saved=self._save_report_async,
+            on_written=self._analyze_window if config.analyze_windows else None)
         self.trigger = OnDemandTrigger(self.output_dir, config.trigger_poll_s) if config.on_demand else None
-        self.diagnoses: list[dict[str, Any]] = []
+        #: Diagnoses from the latest analysed window (trace rules); live rules are added at report time.
+        self.trace_diagnoses: list[dict[str, Any]] = []
         self.status = "running"
         self.error: dict[str, Any] | None = None
         self._on_demand: OnDemandWindow | None = None
@@ -210,7 +212,7 @@ class Engine:
     def report(self) -> dict[str, Any]:
         return build_report(framework=self.framework, status=self.status, rank=self.rank,
                             world_size=self.world_size, device=self.device, stats=self.stats,
-                            windows=self.windows.snapshot(), diagnoses=self.diagnoses,
+                            windows=self.windows.snapshot(), diagnoses=self.diagnoses(),
                             faults=self.faults.as_list(), error=self.error)
 
     def close(self) -> dict[str, Any] | None:
@@ -270,6 +272,34 @@ class Engine:
             self.windows.at_step(step, trigger)
         except Exception as error:
             self.faults.report("window", error)
+
+    def diagnoses(self) -> list[dict[str, Any]]:
+        """Live diagnoses (from phase timings) merged with the latest window's, ranked by estimated gain."""
+        from perfhooks.analysis.diagnoses import diagnose_live, rank
+
+        try:
+            live = diagnose_live(self.stats, self.config.thresholds)
+        except Exception as error:
+            self.faults.report("live_diagnoses", error)
+            live = []
+        return rank(live + self.trace_diagnoses)
+
+    def _analyze_window(self, path: Path, window: dict[str, Any]) -> None:
+        """On the writer thread, after a window's trace is written: its metrics and diagnoses."""
+        from perfhooks.analysis.analyze import analyze_trace
+        from perfhooks.analysis.model import load_trace
+
+        try:
+            result = analyze_trace(load_trace(path), self.config.thresholds)
+        except Exception as error:
+            self.faults.report("window_analysis", error)
+            return
+        metrics = result["metrics"]
+        self.windows.update(window, metrics={key: metrics.get(key) for key in (
+            "gpu_utilization", "sm_efficiency", "achieved_occupancy")})
+        for diagnosis in result["diagnoses"]:
+            diagnosis["step"] = window["first_step"]
+        self.trace_diagnoses = result["diagnoses"]
 
     def _save_report_async(self) -> None:
         report = self.report()

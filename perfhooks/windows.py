@@ -51,7 +51,8 @@ class CaptureWindows:
 
     def __init__(self, traces_dir: Path, rank: int, world_size: int, action_fn: ActionFn,
                  settings: WindowSettings, writer: BackgroundWriter, faults: FaultLog, once: Once,
-                 on_saved: Callable[[], None] = lambda: None) -> None:
+                 on_saved: Callable[[], None] = lambda: None,
+                 on_written: Callable[[Path, dict[str, Any]], None] | None = None) -> None:
         self.traces_dir = traces_dir
         self.rank = rank
         self.world_size = world_size
@@ -61,6 +62,7 @@ class CaptureWindows:
         self.faults = faults
         self.once = once
         self.on_saved = on_saved
+        self.on_written = on_written
         self.windows: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._profiler: Any = None
@@ -174,12 +176,15 @@ class CaptureWindows:
                   "pruned": False}
         with self._lock:
             self.windows.append(record)
-        self.writer.submit("trace_export", lambda: self._finish(temp, final))
+        self.writer.submit("trace_export", lambda: self._finish(temp, final, record))
         self.on_saved()
 
-    def _finish(self, temp: Path, final: Path) -> None:
+    def _finish(self, temp: Path, final: Path, record: dict[str, Any]) -> None:
+        """On the writer thread: compress and place the trace, prune old ones, then hand it to analysis."""
         atomic_gzip_file(temp, final)
         self._prune()
+        if self.on_written is not None and final.exists():
+            self.on_written(final, record)
 
     def _prune(self) -> None:
         """Keep at most ``max_traces`` of this rank's traces, oldest deleted first, under the byte cap."""
@@ -201,6 +206,11 @@ class CaptureWindows:
                 for window in self.windows:
                     if window["path"] == str(path):
                         window["pruned"] = True
+
+    def update(self, record: dict[str, Any], **fields: Any) -> None:
+        """Add fields to a window's record (from the writer thread), under the lock that snapshots take."""
+        with self._lock:
+            record.update(fields)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:

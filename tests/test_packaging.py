@@ -16,7 +16,9 @@ def test_wheel_holds_core_and_integrations(tmp_path: Path) -> None:
                    check=True, timeout=600)
     wheel = next(tmp_path.glob("perfhooks-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"perfhooks/engine.py", "perfhooks/sinks/console.py", "perfhooks/integrations/lightning.py"} <= names
+    assert {"perfhooks/engine.py", "perfhooks/sinks/console.py", "perfhooks/analysis/analyze.py",
+            "perfhooks/integrations/lightning.py", "perfhooks/integrations/transformers.py",
+            "perfhooks/integrations/accelerate.py", "perfhooks/cli.py"} <= names
     assert not any(name.startswith(("tests/", "examples/", "integrations/")) for name in names)
 
 

@@ -32,8 +32,13 @@ def test_scheduled_window_writes_a_standard_trace(tmp_path: Path) -> None:
     assert sorted(n for n in names if n.startswith("ProfilerStep#")) == ["ProfilerStep#3", "ProfilerStep#4"]
     for phase in ("data_wait", "forward", "backward", "optimizer"):
         assert names.count(phase) == 2, phase
-    assert report["windows"] == [{"path": str(tmp_path / "traces" / "rank0.step3.pt.trace.json.gz"),
-                                  "first_step": 3, "last_step": 4, "trigger": "schedule", "pruned": False}]
+    window = report["windows"][0]
+    assert len(report["windows"]) == 1
+    assert {key: window[key] for key in ("path", "first_step", "last_step", "trigger", "pruned")} == {
+        "path": str(tmp_path / "traces" / "rank0.step3.pt.trace.json.gz"), "first_step": 3, "last_step": 4,
+        "trigger": "schedule", "pruned": False}
+    assert window["metrics"] == {"gpu_utilization": None, "sm_efficiency": None, "achieved_occupancy": None}, \
+        "the window was analysed (a CPU trace has no GPU metrics)"
 
 
 def test_repeat_cycles_respect_max_traces(tmp_path: Path) -> None:

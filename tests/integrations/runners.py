@@ -59,9 +59,9 @@ class TransformersRunner:
     def run(self, out: Path, steps: int, accumulate: int = 1, fail_with: BaseException | None = None,
             **settings: Any) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from hf_trainer_example import SyntheticTokens
         from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+        from hf_trainer_example import SyntheticTokens
         from perfhooks.integrations.transformers import PerfTrainerCallback
 
         settings.setdefault("console", False)

@@ -9,11 +9,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from runners import RUNNERS
 
 from helpers import annotation_names, load_trace
 from perfhooks import Schedule
 from perfhooks.report import validate_report
+from runners import RUNNERS
 
 TESTS = Path(__file__).resolve().parents[1]
 INTEGRATIONS = sorted(RUNNERS)

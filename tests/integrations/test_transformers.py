@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 import pytest
-from hf_trainer_example import build_trainer
-from runners import RUNNERS
 from transformers import TrainerCallback
 
+from hf_trainer_example import build_trainer
 from perfhooks.integrations.transformers import PerfTrainerCallback
+from runners import RUNNERS
 
 
 class LogRecorder(TrainerCallback):

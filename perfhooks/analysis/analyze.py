@@ -1,0 +1,154 @@
+"""Parse once, analyse many: every analyzer over a trace, then the diagnoses, as a report document."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from perfhooks.analysis import ranges
+from perfhooks.analysis.diagnoses import Thresholds, diagnose_ranks, diagnose_trace, rank
+from perfhooks.analysis.host import compilation, host_synchronizations
+from perfhooks.analysis.kernels import attention_kernels, kernel_breakdown, launch_statistics, tensor_core_use
+from perfhooks.analysis.model import Trace, TraceError, load_trace
+from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, top_operators
+from perfhooks.analysis.overview import Overview, compute_overview
+from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
+from perfhooks.analysis.transfers import communication_summary, memcpy_summary
+from perfhooks.phases import PHASES
+from perfhooks.report import build_report
+from perfhooks.timeline import PhaseStatistics, StepTiming
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, Any]:
+    """Every analyzer's output for one trace (the ``metrics`` section of the report)."""
+    overview = overview or compute_overview(trace)
+    steps = len(overview.steps)
+    window = ranges.merge((start, end) for _, start, end in overview.steps)
+    devices = sorted(overview.gpu_utilization)
+    first = devices[0] if devices else None
+    step_spans = [end - start for _, start, end in overview.steps]
+    p50 = statistics.median(step_spans) if step_spans else 0.0
+    metrics: dict[str, Any] = {
+        "steps": steps,
+        "step_us": overview.step_us,
+        "gpu_utilization": overview.gpu_utilization.get(first) if first is not None else None,
+        "sm_efficiency": overview.sm_efficiency.get(first) if first is not None else None,
+        "achieved_occupancy": overview.achieved_occupancy.get(first) if first is not None else None,
+        "breakdown": overview.breakdown_us,
+        "devices": {str(d): {"name": trace.device_name(d), "gpu_utilization": overview.gpu_utilization[d],
+                             "sm_efficiency": overview.sm_efficiency[d],
+                             "achieved_occupancy": overview.achieved_occupancy[d]} for d in devices},
+        "temporal": temporal_breakdown(trace, window),
+        "idle": idle_breakdown(trace, window),
+        "kernels": kernel_breakdown(trace),
+        "tensor_cores": tensor_core_use(trace),
+        "eligible_precision": eligible_precision(trace),
+        "attention": attention_kernels(trace),
+        "compile": compilation(trace),
+        "host_sync": host_synchronizations(trace, steps),
+        "launch": launch_statistics(trace, steps),
+        "memcpy": memcpy_summary(trace, steps),
+        "communication": communication_summary(trace, window),
+        "top_operators": top_operators(trace),
+        "misaligned_gemms": misaligned_gemms(trace),
+        "step_us_p95_over_p50": (_quantile(step_spans, 0.95) / p50) if p50 and len(step_spans) >= 5 else None,
+    }
+    return metrics
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def phase_statistics(trace: Trace, steps: list[tuple[int, float, float]]) -> PhaseStatistics:
+    """Per-step phase times from perfhooks' own labels in the trace (zeros when the trace has none)."""
+    stats = PhaseStatistics()
+    labels = sorted((a for a in trace.annotations if a.get("name") in PHASES), key=lambda a: a["ts"])
+    i = 0
+    for number, start, end in steps:
+        phase_ms: dict[str, float] = {}
+        while i < len(labels) and labels[i]["ts"] < start:
+            i += 1
+        j = i
+        while j < len(labels) and labels[j]["ts"] < end:
+            name = labels[j]["name"]
+            phase_ms[name] = phase_ms.get(name, 0.0) + labels[j]["dur"] / 1e3
+            j += 1
+        step_ms = (end - start) / 1e3
+        phase_ms["other"] = max(0.0, step_ms - sum(phase_ms.values()))
+        stats.add(StepTiming(number, step_ms, phase_ms, phase_ms.get("forward", 0.0) and 1))
+    return stats
+
+
+def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    """A version-1 report for one trace: the metrics, and the diagnoses ranked by estimated gain."""
+    overview = compute_overview(trace)
+    metrics = trace_metrics(trace, overview)
+    stats = phase_statistics(trace, overview.steps)
+    devices = metrics["devices"]
+    device = ({"type": "cuda", "name": next(iter(devices.values()))["name"]} if devices
+              else {"type": "cpu", "name": "cpu"})
+    report = build_report(framework="trace", status="completed", rank=trace.rank or 0,
+                          world_size=trace.world_size or 1, device=device, stats=stats, windows=[],
+                          diagnoses=rank(diagnose_trace(metrics, thresholds or Thresholds())))
+    report["source"] = {"path": trace.path, "events": trace.events, "warnings": trace.warnings}
+    report["metrics"] = metrics
+    return report
+
+
+def _analyze_file(path: str) -> dict[str, Any]:
+    return analyze_trace(load_trace(path))
+
+
+def find_traces(paths: list[str | Path]) -> list[str]:
+    """Trace files named directly or found (recursively) in folders, in a stable order."""
+    found: list[str] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found += sorted(str(p) for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+        elif path.exists():
+            found.append(str(path))
+        else:
+            raise TraceError(f"{path}: no such file or folder")
+    if not found:
+        raise TraceError(f"{', '.join(map(str, paths))}: no trace files (*.json, *.json.gz) found")
+    return found
+
+
+def analyze_paths(paths: list[str | Path], workers: int | None = None) -> dict[str, Any]:
+    """Analyse files or folders; several traces are one multi-rank run, analysed in parallel processes."""
+    files = find_traces(paths)
+    if len(files) == 1:
+        return _analyze_file(files[0])
+    workers = workers or min(len(files), os.cpu_count() or 1)
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            reports = list(pool.map(_analyze_file, files))
+    else:
+        reports = [_analyze_file(f) for f in files]
+    return merge_ranks(reports)
+
+
+def merge_ranks(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run from per-rank reports: rank 0's (or the first) as the base, a ``ranks`` section and cross-rank rules."""
+    by_rank = sorted(reports, key=lambda r: r["rank"])
+    base = dict(by_rank[0])
+    step_us = {r["rank"]: r["metrics"]["step_us"] for r in by_rank if r["metrics"]["step_us"]}
+    values = list(step_us.values())
+    base["ranks"] = {
+        "count": len(by_rank),
+        "step_us": {str(k): v for k, v in step_us.items()},
+        "spread": (max(values) - min(values)) / statistics.median(values) if values else 0.0,
+        "per_rank": [{"rank": r["rank"], "path": r["source"]["path"], "step_us": r["metrics"]["step_us"],
+                      "gpu_utilization": r["metrics"]["gpu_utilization"],
+                      "diagnoses": [d["id"] for d in r["diagnoses"]]} for r in by_rank],
+    }
+    merged = [d for r in by_rank for d in r["diagnoses"]] + diagnose_ranks(step_us)
+    base["diagnoses"] = rank(merged)
+    return base

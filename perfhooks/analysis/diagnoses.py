@@ -1,0 +1,323 @@
+"""Verdicts from measurements: each rule says what fired, by how much, what fixing it could gain, and how.
+
+Every diagnosis is a dict with ``id`` (stable, documented in the README), ``severity``
+(``critical``, ``warning``, ``info``), ``title``, ``evidence`` (the numbers that fired and
+the thresholds they crossed), ``measured`` (those numbers), ``estimated_gain`` (an
+Amdahl-style upper bound on the fraction 0..1 of step time saved if fixed),
+``recommendation`` (a concrete fix, with code where it helps) and ``docs`` (a link).
+Rules read the trace metrics (:func:`diagnose_trace`), the live phase statistics
+(:func:`diagnose_live`) or several ranks (:func:`diagnose_ranks`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When each rule fires. Shares and utilizations are fractions 0..1; occupancy is percent."""
+
+    dataloader_share: float = 0.10
+    dataloader_critical_share: float = 0.25
+    gpu_utilization: float = 0.60
+    short_kernel_share: float = 0.50
+    host_wait_share: float = 0.50
+    syncs_per_step: float = 1.0
+    fp32_eligible_share: float = 0.10
+    tensor_core_share: float = 0.10
+    unfused_attention_share: float = 0.02
+    occupancy_percent: float = 15.0
+    pageable_share: float = 0.50
+    memcpy_share: float = 0.01
+    optimizer_share: float = 0.15
+    communication_exposed_share: float = 0.05
+    straggler_spread: float = 0.10
+    step_p95_over_p50: float = 1.5
+    warmup_slowdown: float = 3.0
+    warmup_share: float = 0.05
+    memory_fraction: float = 0.90
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+                raise ValueError(f"Thresholds.{item.name} must be a number >= 0, got {value!r}")
+
+
+#: Speed-up assumed for Tensor-Core-eligible FP32 work under bf16 autocast (conservative; up to ~8x on A100).
+BF16_SPEEDUP = 3.0
+#: ... and for TF32 work, which already runs on Tensor Cores.
+TF32_TO_BF16_SPEEDUP = 1.5
+
+DOCS = {
+    "dataloader_bound": "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading",
+    "low_gpu_utilization": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
+    "launch_bound": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
+    "host_sync": "https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html",
+    "fp32_matmul": "https://pytorch.org/docs/stable/amp.html",
+    "unfused_attention": "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
+    "low_occupancy": "https://docs.nvidia.com/cuda/cuda-c-best-practices-guide/index.html#occupancy",
+    "memcpy_heavy": "https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html",
+    "memory_near_limit": "https://pytorch.org/docs/stable/torch_cuda_memory.html",
+    "memory_fragmentation": "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf",
+    "compile_warmup": "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    "optimizer_heavy": "https://pytorch.org/docs/stable/optim.html#algorithms",
+    "communication_heavy": "https://pytorch.org/docs/stable/notes/ddp.html",
+    "straggler": "https://pytorch.org/docs/stable/distributed.html",
+    "step_time_variance": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
+    "tensor_core_alignment": "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/",
+}
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def make(id: str, severity: str, title: str, evidence: str, gain: float, recommendation: str,
+         **measured: Any) -> dict[str, Any]:
+    return {"id": id, "severity": severity, "title": title, "evidence": evidence,
+            "estimated_gain": round(max(0.0, min(1.0, gain)), 4), "recommendation": recommendation,
+            "docs": DOCS[id], "measured": measured}
+
+
+def rank(diagnoses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Largest estimated gain first; severity breaks ties; one entry per id (the larger gain)."""
+    best: dict[str, dict[str, Any]] = {}
+    for diagnosis in diagnoses:
+        kept = best.get(diagnosis["id"])
+        if kept is None or diagnosis["estimated_gain"] > kept["estimated_gain"]:
+            best[diagnosis["id"]] = diagnosis
+    return sorted(best.values(), key=lambda d: (-d["estimated_gain"], SEVERITY_ORDER[d["severity"]], d["id"]))
+
+
+def pct(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+    """Rules that read one trace's metrics (see :func:`perfhooks.analysis.analyze.trace_metrics`)."""
+    out: list[dict[str, Any]] = []
+    step_us = metrics.get("step_us") or 0.0
+    breakdown = metrics.get("breakdown") or {}
+
+    def share(role: str) -> float:
+        return breakdown.get(role, 0.0) / step_us if step_us else 0.0
+
+    dataloader = share("dataloader")
+    if dataloader >= t.dataloader_share:
+        out.append(make(
+            "dataloader_bound", "critical" if dataloader >= t.dataloader_critical_share else "warning",
+            "Input pipeline holds the step back",
+            f"DataLoader takes {pct(dataloader)} of the step ({breakdown['dataloader'] / 1e3:.1f} ms of "
+            f"{step_us / 1e3:.1f} ms); threshold {pct(t.dataloader_share)}",
+            dataloader,
+            "Load batches in worker processes and keep them ahead of the GPU: "
+            "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2).",
+            dataloader_share=dataloader))
+    utilization = metrics.get("gpu_utilization")
+    if utilization is not None and utilization < t.gpu_utilization:
+        out.append(make(
+            "low_gpu_utilization", "critical" if utilization < t.gpu_utilization / 2 else "warning",
+            "The GPU is idle for much of each step",
+            f"GPU utilization {pct(utilization)} (kernels running ÷ step time); threshold {pct(t.gpu_utilization)}",
+            1 - utilization,
+            "Find what the GPU waits for in the idle breakdown and the diagnoses above; then raise the work per "
+            "step (a larger batch) so launch and host overheads are amortized.",
+            gpu_utilization=utilization))
+    launch = metrics.get("launch") or {}
+    idle = metrics.get("idle") or {}
+    temporal = metrics.get("temporal") or {}
+    launch_heavy = launch.get("short_kernel_share", 0.0) >= t.short_kernel_share
+    # GPU idle time spent waiting on the host, less what the DataLoader already explains
+    launch_gain = temporal.get("idle", 0.0) * idle.get("host_wait", 0.0) - dataloader
+    if (launch_heavy and idle.get("host_wait", 0.0) >= t.host_wait_share and launch_gain >= 0.05
+            and utilization is not None and utilization < 0.8):
+        gain = launch_gain
+        out.append(make(
+            "launch_bound", "warning", "Kernel launches cannot keep the GPU fed",
+            f"{pct(launch['short_kernel_share'])} of kernels run < 10 µs ({launch['kernels_per_step']:.0f} per step) "
+            f"and {pct(idle['host_wait'])} of GPU idle time waits on the host; thresholds "
+            f"{pct(t.short_kernel_share)} and {pct(t.host_wait_share)}",
+            gain,
+            "Cut per-kernel launch cost: model = torch.compile(model, mode=\"reduce-overhead\") (CUDA graphs), "
+            "fuse small ops, or raise the batch size.",
+            short_kernel_share=launch["short_kernel_share"], host_wait_share=idle["host_wait"]))
+    syncs = metrics.get("host_sync") or {}
+    if syncs.get("per_step", 0.0) >= t.syncs_per_step:
+        sites = ", ".join(s["site"] for s in syncs.get("call_sites", [])[:2])
+        kinds = ", ".join(f"{name} {count:.1f}" for name, count in syncs.get("by_kind_per_step", {}).items())
+        sync_gain = syncs.get("time_us_per_step", 0.0) / step_us if step_us else 0.0
+        out.append(make(
+            "host_sync", "warning" if sync_gain >= 0.01 else "info", "The host waits for the GPU inside the step",
+            f"{syncs['per_step']:.1f} synchronizations per step ({kinds or 'cuda_sync events'}); threshold "
+            f"{t.syncs_per_step:g}" + (f"; from {sites}" if sites else ""),
+            sync_gain,
+            "Remove .item(), .cpu(), print(tensor) and torch.cuda.synchronize() from the step; log scalars every "
+            "N steps. torch.cuda.set_sync_debug_mode(\"warn\") points at each one.",
+            syncs_per_step=syncs["per_step"]))
+    tensor = metrics.get("tensor_cores") or {}
+    precision = metrics.get("eligible_precision") or {}
+    steps = max(metrics.get("steps", 1), 1)
+    eligible_fp32 = max(tensor.get("fp32_simt_gemm_share", 0.0) * share("kernel"),
+                        precision.get("fp32", 0.0) / steps / step_us if step_us else 0.0)
+    tf32 = tensor.get("tf32_share", 0.0) * (breakdown.get("kernel", 0.0) / step_us if step_us else 0.0)
+    if tensor and tensor.get("tensor_core_share", 0.0) - tensor.get("tf32_share", 0.0) < t.tensor_core_share:
+        if eligible_fp32 >= t.fp32_eligible_share:
+            out.append(make(
+                "fp32_matmul", "warning", "Matmuls and convolutions run in FP32 without Tensor Cores",
+                f"{pct(tensor['tensor_core_share'])} of compute-kernel time is on Tensor Cores; FP32 GEMM/conv "
+                f"kernels take {pct(eligible_fp32)} of the step; thresholds {pct(t.tensor_core_share)} and "
+                f"{pct(t.fp32_eligible_share)}",
+                eligible_fp32 * (1 - 1 / BF16_SPEEDUP),
+                "Run the forward pass under autocast: with torch.autocast(\"cuda\", dtype=torch.bfloat16): "
+                "loss = model(batch) (Lightning: Trainer(precision=\"bf16-mixed\"); HF: TrainingArguments(bf16=True)).",
+                tensor_core_share=tensor["tensor_core_share"], fp32_eligible_share=eligible_fp32))
+        elif tf32 >= t.fp32_eligible_share:
+            out.append(make(
+                "fp32_matmul", "info", "Matmuls run in TF32; bf16 would be faster still",
+                f"TF32 Tensor Core kernels take {pct(tf32)} of the step; threshold {pct(t.fp32_eligible_share)}",
+                tf32 * (1 - 1 / TF32_TO_BF16_SPEEDUP),
+                "Use bf16 autocast: with torch.autocast(\"cuda\", dtype=torch.bfloat16): loss = model(batch).",
+                tf32_share=tf32))
+    attention = metrics.get("attention") or {}
+    slow = attention.get("unfused", 0.0) + attention.get("math", 0.0)
+    fast = attention.get("flash", 0.0) + attention.get("memory_efficient", 0.0) + attention.get("cudnn", 0.0)
+    slow_share = slow / max(metrics.get("steps", 1), 1) / step_us if step_us else 0.0
+    if slow_share >= t.unfused_attention_share and slow > fast:
+        out.append(make(
+            "unfused_attention", "warning", "Attention runs unfused",
+            f"unfused/math attention takes {pct(slow_share)} of the step and no flash or memory-efficient kernel "
+            f"ran; threshold {pct(t.unfused_attention_share)}",
+            slow_share * 0.5,
+            "Call torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) with fp16/bf16 inputs "
+            "so PyTorch picks flash or memory-efficient kernels (HF: attn_implementation=\"sdpa\").",
+            unfused_share=slow_share))
+    occupancy = metrics.get("achieved_occupancy")
+    if occupancy is not None and occupancy < t.occupancy_percent and (utilization or 0) >= 0.5:
+        out.append(make(
+            "low_occupancy", "info", "Kernels keep few warps resident per SM",
+            f"estimated achieved occupancy {occupancy:.1f}%; threshold {t.occupancy_percent:g}%",
+            share("kernel") * (1 - occupancy / t.occupancy_percent) * 0.25,
+            "Larger batches or hidden sizes give kernels more blocks; check the top kernels' launch shapes.",
+            achieved_occupancy=occupancy))
+    memcpy = metrics.get("memcpy") or {}
+    if memcpy.get("pageable_share", 0.0) >= t.pageable_share and share("memcpy") >= t.memcpy_share:
+        out.append(make(
+            "memcpy_heavy", "warning", "Host-to-device copies from pageable memory",
+            f"{pct(memcpy['pageable_share'])} of host-device copy time is from pageable memory and copies take "
+            f"{pct(share('memcpy'))} of the step; thresholds {pct(t.pageable_share)} and {pct(t.memcpy_share)}",
+            share("memcpy"),
+            "Pin and overlap: DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True).",
+            pageable_share=memcpy["pageable_share"], memcpy_share=share("memcpy")))
+    compiled = metrics.get("compile") or {}
+    if compiled.get("compiling_in_window"):
+        out.append(make(
+            "compile_warmup", "info", "torch.compile was compiling inside the captured window",
+            "compiler events (dynamo/inductor) inside the window: the window's timings include compilation",
+            0.0,
+            "Capture after warm-up (a larger Schedule(skip_first=...)); if it recompiles every step, check "
+            "torch._dynamo.explain(model)(batch) for graph breaks and dynamic shapes.",
+            compiling_in_window=True))
+    communication = metrics.get("communication") or {}
+    if communication.get("exposed_share", 0.0) >= t.communication_exposed_share:
+        out.append(make(
+            "communication_heavy", "warning", "Communication is not hidden behind compute",
+            f"communication takes {pct(communication['share'])} of the step, {pct(communication['overlap'])} "
+            f"overlapped; {pct(communication['exposed_share'])} exposed; threshold "
+            f"{pct(t.communication_exposed_share)}",
+            communication["exposed_share"],
+            "Overlap gradient all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view=True), "
+            "accumulate gradients with no_sync(), or use a compression hook.",
+            communication_share=communication["share"], overlap=communication["overlap"]))
+    misaligned = metrics.get("misaligned_gemms") or []
+    if misaligned:
+        out.append(make(
+            "tensor_core_alignment", "info", "Half-precision GEMMs with dimensions not multiples of 8",
+            "; ".join(f"{m['op']} ×{m['count']}" for m in misaligned[:3]),
+            0.0,
+            "Pad hidden sizes, vocabulary and sequence lengths to multiples of 8 (64 is better), e.g. "
+            "model.resize_token_embeddings(n, pad_to_multiple_of=64).",
+            gemms=len(misaligned)))
+    variance = metrics.get("step_us_p95_over_p50")
+    if variance is not None and variance >= t.step_p95_over_p50:
+        out.append(make(
+            "step_time_variance", "info", "Step times vary within the window",
+            f"p95/p50 of step time {variance:.2f}; threshold {t.step_p95_over_p50:g}",
+            1 - 1 / variance, "Look for periodic work (logging, checkpointing, GC, data stalls) in the slow steps.",
+            p95_over_p50=variance))
+    return out
+
+
+def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10) -> list[dict[str, Any]]:
+    """Rules that need no trace: they read the engine's per-phase statistics on every run."""
+    if stats.steps < min_steps:
+        return []
+    out = []
+    wait = stats.share("data_wait")
+    if wait >= t.dataloader_share:
+        out.append(make(
+            "dataloader_bound", "critical" if wait >= t.dataloader_critical_share else "warning",
+            "The training loop waits for data",
+            f"data_wait takes {pct(wait)} of step time (mean {stats.phases['data_wait'].mean:.2f} ms); "
+            f"threshold {pct(t.dataloader_share)}",
+            wait,
+            "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2); "
+            "move decoding/augmentation off the training process.",
+            data_wait_share=wait))
+    optimizer = stats.share("optimizer")
+    if optimizer >= t.optimizer_share:
+        out.append(make(
+            "optimizer_heavy", "warning", "The optimizer step takes a large share of each step",
+            f"optimizer takes {pct(optimizer)} of step time; threshold {pct(t.optimizer_share)}",
+            optimizer * 0.5,
+            "Use a fused or foreach optimizer: torch.optim.AdamW(params, lr=..., fused=True) (CUDA), or "
+            "foreach=True.",
+            optimizer_share=optimizer))
+    p50 = stats.step.quantile(0.5)
+    p95 = stats.step.quantile(0.95)
+    if p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
+        out.append(make(
+            "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
+            "Some steps take much longer than the rest",
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms; threshold {t.step_p95_over_p50:g}×",
+            max(0.0, 1 - p50 / stats.step.mean) if stats.step.mean else 0.0,
+            "Look at what the slow steps do (periodic logging, checkpoints, evaluation, GC, data stalls); the "
+            "per-phase p95 in the report shows which phase spikes.",
+            p95_over_p50=p95 / p50))
+    recent = list(stats.recent)
+    if len(recent) >= min_steps:
+        first = [timing.step_ms for timing in recent[:3]]
+        steady = statistics.median(timing.step_ms for timing in recent[3:])
+        excess = sum(max(0.0, ms - steady) for ms in first)
+        total = sum(timing.step_ms for timing in recent)
+        if steady > 0 and statistics.fmean(first) >= t.warmup_slowdown * steady and excess / total >= t.warmup_share:
+            out.append(make(
+                "compile_warmup", "info", "The first steps are much slower than steady state",
+                f"the first 3 steps average {statistics.fmean(first):.1f} ms vs a steady {steady:.1f} ms "
+                f"({excess / total:.1%} of the run's time); thresholds {t.warmup_slowdown:g}× and "
+                f"{pct(t.warmup_share)}",
+                excess / total,
+                "Expected with torch.compile, cudnn.benchmark or lazy init; if it recurs, look for recompilation "
+                "(torch._logging.set_logs(recompiles=True)).",
+                first_steps_ms=statistics.fmean(first), steady_ms=steady))
+    return out
+
+
+def diagnose_ranks(step_us_by_rank: dict[int, float], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+    """Rules across the ranks of one run."""
+    if len(step_us_by_rank) < 2:
+        return []
+    median = statistics.median(step_us_by_rank.values())
+    slowest, worst = max(step_us_by_rank.items(), key=lambda item: item[1])
+    spread = (worst - median) / median if median else 0.0
+    if spread < t.straggler_spread:
+        return []
+    return [make(
+        "straggler", "warning", f"Rank {slowest} is slower than the others",
+        f"rank {slowest} steps take {worst / 1e3:.1f} ms vs a median of {median / 1e3:.1f} ms (+{pct(spread)}); "
+        f"threshold +{pct(t.straggler_spread)}",
+        (worst - median) / worst,
+        f"Every rank waits for rank {slowest} at each collective: check its data shard, host load "
+        "(other processes, CPU affinity), GPU clocks and thermals.",
+        slowest_rank=slowest, spread=spread)]

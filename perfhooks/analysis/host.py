@@ -1,0 +1,63 @@
+"""Host behaviour: synchronizations that stall the GPU queue, and compilation inside the window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfhooks.analysis.model import Trace
+
+SYNC_RUNTIME = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
+                "hipStreamSynchronize", "hipEventSynchronize")
+SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
+COMPILE_MARKERS = ("torch/_dynamo", "torch._dynamo", "compile_fx", "_compile.compile_inner", "OutputGraph",
+                   "async_compile", "triton.compiler", "CompilationFunction", "inductor", "TorchDynamo")
+COMPILED_REGION_MARKERS = ("Torch-Compiled Region", "CompiledFunction", "CompiledFxGraph")
+
+
+def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
+    """Syncs per step by kind, their total host time, and call sites when stacks were recorded."""
+    counts: dict[str, int] = {}
+    time_us = 0.0
+    sites: dict[str, int] = {}
+    for event in trace.runtimes:
+        name = event.get("name") or ""
+        if name.startswith(SYNC_RUNTIME):
+            counts[name] = counts.get(name, 0) + 1
+            time_us += event["dur"]
+    for op in trace.cpu_ops:
+        name = op.get("name") or ""
+        if name in SYNC_OPS:
+            counts[name] = counts.get(name, 0) + 1
+            if name == "aten::item":
+                time_us += op["dur"]
+            stack = (op.get("args") or {}).get("Call stack")
+            if isinstance(stack, str) and stack:
+                site = _user_frame(stack)
+                sites[site] = sites.get(site, 0) + 1
+    syncs = sum(counts.values())
+    per_step = max(steps, 1)
+    return {
+        "per_step": syncs / per_step,
+        "by_kind_per_step": {name: count / per_step for name, count in sorted(counts.items())},
+        "time_us_per_step": time_us / per_step,
+        "call_sites": [{"site": site, "count": count} for site, count in
+                       sorted(sites.items(), key=lambda kv: -kv[1])[:5]],
+        "cuda_sync_events": len(trace.syncs),
+    }
+
+
+def _user_frame(stack: str) -> str:
+    frames = [frame for frame in stack.split(";") if frame]
+    for frame in frames:
+        if "site-packages/torch" not in frame and "/torch/" not in frame:
+            return frame
+    return frames[0] if frames else "?"
+
+
+def compilation(trace: Trace) -> dict[str, bool]:
+    """Whether a ``torch.compile``d region ran and whether compilation itself fell in the window."""
+    names = {e.get("name") or "" for e in trace.python + trace.annotations + trace.cpu_ops}
+    return {
+        "compiled_region": any(marker in name for name in names for marker in COMPILED_REGION_MARKERS),
+        "compiling_in_window": any(marker in name for name in names for marker in COMPILE_MARKERS),
+    }

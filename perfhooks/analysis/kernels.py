@@ -1,0 +1,123 @@
+"""What ran on the device: top kernels, Tensor Core use, attention implementations, launch behaviour."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from functools import lru_cache
+from typing import Any
+
+from perfhooks.analysis.model import Trace
+from perfhooks.analysis.overview import communication_ids, is_communication_kernel
+
+#: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels.
+TENSOR_CORE_KERNEL = re.compile(
+    r"884|1688|16816|16832|hmma|imma|xmma|wgmma|tensorop|_tc_|mma_|gmma|flash|fmha|"
+    r"bf16|fp16|f16f16|e4m3|e5m2|_MI\d+x\d+x\d+|mfma|cutlass.*(?:h|bf)16", re.IGNORECASE)
+#: Tensor Core kernels running TF32 (FP32 inputs on Tensor Cores).
+TF32_KERNEL = re.compile(r"tf32|s1688|s16816|s16832|xmma_gemm_f32f32_tf32", re.IGNORECASE)
+#: Kernels that are clearly plain FP32 SIMT math (no Tensor Cores).
+FP32_SIMT_KERNEL = re.compile(r"sgemm|scudnn|gemmSN_|implicit_convolve_sgemm|fp32|f32f32_f32f32_f32", re.IGNORECASE)
+
+ATTENTION_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("flash", re.compile(r"flash", re.IGNORECASE)),
+    ("memory_efficient", re.compile(r"fmha_cutlass|efficient_attention|mem_eff|attention_kernel_batched",
+                                    re.IGNORECASE)),
+    ("cudnn", re.compile(r"cudnn.*(?:sdpa|fmha|flash|attn)|sdpa.*cudnn", re.IGNORECASE)),
+)
+ATTENTION_OPS: dict[str, str] = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_flash_attention_forward": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "memory_efficient",
+    "aten::_efficient_attention_forward": "memory_efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_native_multi_head_attention": "unfused",
+}
+
+SHORT_KERNEL_US = 10.0
+
+
+def kernel_breakdown(trace: Trace, top: int = 10) -> dict[str, Any]:
+    """Top kernels by total device time: name, count, total and mean µs, share of kernel time."""
+    totals: dict[str, list[float]] = {}
+    for kernel in trace.kernels:
+        entry = totals.setdefault(kernel.get("name") or "?", [0, 0.0])
+        entry[0] += 1
+        entry[1] += kernel["dur"]
+    kernel_time = sum(entry[1] for entry in totals.values())
+    ranked = sorted(totals.items(), key=lambda item: item[1][1], reverse=True)[:top]
+    return {
+        "kernel_us": kernel_time,
+        "top": [{"name": name, "count": count, "total_us": total, "mean_us": total / count,
+                 "share": total / kernel_time if kernel_time else 0.0} for name, (count, total) in ranked],
+    }
+
+
+@lru_cache(maxsize=65536)
+def kernel_math(name: str) -> str:
+    """``tf32``, ``tensor_core``, ``fp32_simt`` or ``other``, from a kernel's name (cached: names repeat)."""
+    if TF32_KERNEL.search(name):
+        return "tf32"
+    if TENSOR_CORE_KERNEL.search(name):
+        return "tensor_core"
+    if FP32_SIMT_KERNEL.search(name):
+        return "fp32_simt"
+    return "other"
+
+
+@lru_cache(maxsize=65536)
+def attention_kind(name: str) -> str | None:
+    for kind, pattern in ATTENTION_KINDS:
+        if pattern.search(name):
+            return kind
+    return None
+
+
+def tensor_core_use(trace: Trace) -> dict[str, Any]:
+    """Share of compute-kernel time on Tensor Cores, TF32 told apart, judged from kernel names."""
+    comm = communication_ids(trace)
+    time = {"tf32": 0.0, "tensor_core": 0.0, "fp32_simt": 0.0, "other": 0.0}
+    for kernel in trace.kernels:
+        if not is_communication_kernel(kernel, comm):
+            time[kernel_math(kernel.get("name") or "")] += kernel["dur"]
+    total = sum(time.values())
+    tf32, tensor, simt = time["tf32"], time["tf32"] + time["tensor_core"], time["fp32_simt"]
+    if not total:
+        return {}
+    return {"tensor_core_share": tensor / total, "tf32_share": tf32 / total, "fp32_simt_gemm_share": simt / total,
+            "compute_kernel_us": total}
+
+
+def attention_kernels(trace: Trace) -> dict[str, float]:
+    """Device time (µs) per attention implementation, from kernel names and the launching ops."""
+    found: dict[str, float] = {}
+    for kernel in trace.kernels:
+        kind = attention_kind(kernel.get("name") or "")
+        if kind is not None:
+            found[kind] = found.get(kind, 0.0) + kernel["dur"]
+    for op in trace.cpu_ops:
+        kind = ATTENTION_OPS.get(op.get("name") or "")
+        if kind in ("math", "unfused"):
+            found[kind] = found.get(kind, 0.0) + op["dur"]
+    return found
+
+
+def launch_statistics(trace: Trace, steps: int) -> dict[str, float]:
+    """Kernels per step, share of kernels shorter than 10 µs, median launch-to-start gap (µs)."""
+    if not trace.kernels:
+        return {}
+    launches = trace.launch_ts
+    gaps = []
+    short = 0
+    for kernel in trace.kernels:
+        if kernel["dur"] < SHORT_KERNEL_US:
+            short += 1
+        launched = launches.get((kernel.get("args") or {}).get("correlation"))
+        if launched is not None:
+            gaps.append(kernel["ts"] - launched)
+    return {
+        "kernels_per_step": len(trace.kernels) / max(steps, 1),
+        "short_kernel_share": short / len(trace.kernels),
+        "median_launch_to_start_us": statistics.median(gaps) if gaps else float("nan"),
+    }

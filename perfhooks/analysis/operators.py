@@ -1,0 +1,87 @@
+"""Operators by the device time of the kernels they launched themselves, with input shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfhooks.analysis.model import Trace
+from perfhooks.analysis.overview import external_id
+
+#: Ops whose math Tensor Cores can run (GEMMs and convolutions, attention).
+TENSOR_CORE_ELIGIBLE = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
+                        "aten::conv", "aten::cudnn_convolution", "aten::convolution", "aten::_convolution",
+                        "aten::_scaled_dot_product", "aten::einsum", "aten::_scaled_mm")
+FP32_TYPES = ("float", "Float", "float32")
+HALF_TYPES = ("c10::Half", "c10::BFloat16", "Half", "BFloat16")
+
+
+def _args(event: dict[str, Any]) -> dict[str, Any]:
+    return event.get("args") or {}
+
+
+def device_time_by_op(trace: Trace) -> dict[Any, float]:
+    """External id -> device µs of the kernels it launched."""
+    by_id: dict[Any, float] = {}
+    for event in trace.device_events:
+        ext = external_id(event)
+        if ext is not None:
+            by_id[ext] = by_id.get(ext, 0.0) + event["dur"]
+    return by_id
+
+
+def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
+    by_id = device_time_by_op(trace)
+    groups: dict[tuple[str, str], list[float]] = {}
+    for op in trace.cpu_ops:
+        device = by_id.get(external_id(op))
+        if not device:
+            continue
+        args = _args(op)
+        shapes = args.get("Input Dims") or args.get("Input dims")
+        key = (op.get("name") or "?", str(shapes) if shapes else "")
+        entry = groups.setdefault(key, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += device
+        entry[2] += op["dur"]
+    ranked = sorted(groups.items(), key=lambda item: item[1][1], reverse=True)[:top]
+    return [{"name": name, "input_shapes": shapes, "count": count, "device_self_us": device, "host_us": host}
+            for (name, shapes), (count, device, host) in ranked]
+
+
+def eligible_precision(trace: Trace) -> dict[str, float]:
+    """Device time (µs) of Tensor-Core-eligible ops by input dtype: ``fp32``, ``half`` (fp16/bf16), ``unknown``."""
+    by_id = device_time_by_op(trace)
+    out = {"fp32": 0.0, "half": 0.0, "unknown": 0.0}
+    for op in trace.cpu_ops:
+        name = op.get("name") or ""
+        if not name.startswith(TENSOR_CORE_ELIGIBLE):
+            continue
+        device = by_id.get(external_id(op), 0.0)
+        if not device:
+            continue
+        types = _args(op).get("Input type") or []
+        if any(str(t) in HALF_TYPES for t in types):
+            out["half"] += device
+        elif any(str(t) in FP32_TYPES for t in types):
+            out["fp32"] += device
+        else:
+            out["unknown"] += device
+    return out
+
+
+def misaligned_gemms(trace: Trace) -> list[dict[str, Any]]:
+    """Half-precision GEMMs whose dimensions are not multiples of 8 (Tensor Cores pad or fall back)."""
+    found: dict[str, int] = {}
+    for op in trace.cpu_ops:
+        name = op.get("name") or ""
+        if name not in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"):
+            continue
+        args = _args(op)
+        types = [str(t) for t in args.get("Input type") or []]
+        if not any(t in HALF_TYPES for t in types):
+            continue
+        dims = [d for d in args.get("Input Dims") or [] if isinstance(d, list) and len(d) >= 2]
+        if any(size % 8 for d in dims for size in d[-2:] if isinstance(size, int)):
+            key = f"{name} {dims}"
+            found[key] = found.get(key, 0) + 1
+    return [{"op": key, "count": count} for key, count in sorted(found.items(), key=lambda kv: -kv[1])[:5]]

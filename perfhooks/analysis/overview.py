@@ -1,0 +1,243 @@
+"""The TensorBoard profiler plugin's overview, from its published definitions.
+
+(kineto ``tb_plugin/docs/gpu_utilization.md`` and the plugin's step and breakdown rules.)
+
+- **Steps** are the ``ProfilerStep#N`` spans, moved to the device side: a step ends when
+  the last device activity launched from inside it ends, and starts no earlier than the
+  previous step ends. Trailing steps whose device work was not fully captured are dropped.
+- **Breakdown**: each step's time goes to the first role that covers it, in the order
+  kernel, memcpy, memset, communication, runtime, DataLoader, CPU exec; the rest is other.
+- **GPU utilization**: time with at least one kernel running ÷ all steps time.
+- **Est. SM efficiency**: Σ min(blocks per SM, 1) × kernel time ÷ all steps time (kernels
+  that overlap add up, capped at 1).
+- **Est. achieved occupancy**: kernel-time-weighted mean of the kernels' estimated
+  achieved occupancy (percent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfhooks.analysis import ranges
+from perfhooks.analysis.model import Trace
+
+ROLES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec",
+                          "other")
+COMMUNICATION_OPS = ("nccl:", "gloo:", "rccl:", "c10d::", "record_param_comms")
+COMMUNICATION_KERNELS = ("nccl", "rccl", "ncclDevKernel", "ncclKernel")
+DATALOADER_PREFIX = "enumerate(DataLoader)#"
+
+
+@dataclass
+class Overview:
+    steps: list[tuple[int, float, float]]
+    #: Mean time per step of each role, µs.
+    breakdown_us: dict[str, float]
+    step_us: float
+    gpu_utilization: dict[int, float] = field(default_factory=dict)
+    sm_efficiency: dict[int, float | None] = field(default_factory=dict)
+    achieved_occupancy: dict[int, float | None] = field(default_factory=dict)
+
+    def share(self, role: str) -> float:
+        return self.breakdown_us[role] / self.step_us if self.step_us else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "steps": len(self.steps),
+            "step_us": self.step_us,
+            "breakdown_us": dict(self.breakdown_us),
+            "gpu_utilization": {str(k): v for k, v in self.gpu_utilization.items()},
+            "sm_efficiency": {str(k): v for k, v in self.sm_efficiency.items()},
+            "achieved_occupancy": {str(k): v for k, v in self.achieved_occupancy.items()},
+        }
+
+
+def external_id(event: dict[str, Any]) -> Any:
+    args = event.get("args") or {}
+    value = args.get("External id")
+    return args.get("external id") if value is None else value
+
+
+def communication_ids(trace: Trace) -> set[Any]:
+    """External ids of communication collectives (NCCL, RCCL, gloo); computed once per trace."""
+    cached = trace.__dict__.get("_communication_ids")
+    if cached is not None:
+        return cached
+    ids = set()
+    for event in trace.cpu_ops + trace.annotations:
+        name = event.get("name") or ""
+        if name.startswith(COMMUNICATION_OPS):
+            ext = external_id(event)
+            if ext is not None:
+                ids.add(ext)
+    trace.__dict__["_communication_ids"] = ids
+    return ids
+
+
+def is_communication_kernel(kernel: dict[str, Any], comm_ids: set[Any]) -> bool:
+    return (kernel.get("name") or "").startswith(COMMUNICATION_KERNELS) or external_id(kernel) in comm_ids
+
+
+def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
+    """``ProfilerStep#N`` spans moved to the device side (the plugin's rule), tail steps trimmed."""
+    steps = list(trace.steps)
+    if not steps:
+        host = trace.cpu_ops + trace.python
+        if not host:
+            return []
+        return [(0, min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host))]
+    devices_by_correlation: dict[Any, list[dict[str, Any]]] = {}
+    for event in trace.device_events:
+        correlation = (event.get("args") or {}).get("correlation")
+        if correlation is not None:
+            devices_by_correlation.setdefault(correlation, []).append(event)
+    if not devices_by_correlation:
+        return steps
+    runtimes = sorted((r for r in trace.runtimes if (r.get("args") or {}).get("correlation") in devices_by_correlation),
+                      key=lambda r: r["ts"])
+    device_span: list[tuple[float, float] | None] = []
+    launched = [0] * len(steps)
+    matched: set[int] = set()
+    r = 0
+    for index, (_, start, end) in enumerate(steps):
+        low, high = float("inf"), float("-inf")
+        while r < len(runtimes) and runtimes[r]["ts"] < start:
+            r += 1
+        k = r
+        while k < len(runtimes) and runtimes[k]["ts"] < end:
+            runtime = runtimes[k]
+            if runtime["ts"] + runtime["dur"] <= end:
+                for device in devices_by_correlation[runtime["args"]["correlation"]]:
+                    low = min(low, device["ts"])
+                    high = max(high, device["ts"] + device["dur"])
+                    matched.add(id(device))
+                    launched[index] += 1
+            k += 1
+        r = k
+        device_span.append((low, high) if launched[index] else None)
+    if not matched:
+        return steps
+    previous_end = steps[0][1]
+    if device_span[0] is not None:
+        first_device_start = device_span[0][0]
+        for event in trace.device_events:
+            event_end = event["ts"] + event["dur"]
+            if id(event) not in matched and event_end < first_device_start:
+                previous_end = max(previous_end, event_end)
+    adjusted = []
+    for (number, start, end), span in zip(steps, device_span, strict=True):
+        start = max(previous_end, start)
+        end = max(end, span[1]) if span is not None else max(end, start)
+        end = max(end, start)
+        adjusted.append((number, start, end))
+        previous_end = end
+    keep = len(adjusted)
+    last = keep - 1
+    while last >= 0 and launched[last] == 0:
+        last -= 1
+    if last >= 0:
+        keep = last + 1
+        if last > 0 and launched[last - 1] * 0.8 > launched[last]:
+            keep = last
+    return adjusted[:keep] if len(adjusted) > 1 else adjusted
+
+
+def compute_overview(trace: Trace) -> Overview:
+    steps = device_steps(trace)
+    if not steps:
+        return Overview(steps=[], breakdown_us={role: 0.0 for role in ROLES}, step_us=0.0)
+    comm_ids = communication_ids(trace)
+    kernel_spans, comm_spans = [], []
+    for kernel in trace.kernels:
+        span = (kernel["ts"], kernel["ts"] + kernel["dur"])
+        (comm_spans if is_communication_kernel(kernel, comm_ids) else kernel_spans).append(span)
+    dataloader, cpu_exec = [], []
+    for op in trace.cpu_ops:
+        name = op.get("name") or ""
+        span = (op["ts"], op["ts"] + op["dur"])
+        if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):
+            dataloader.append(span)
+        else:
+            cpu_exec.append(span)
+    for annotation in trace.annotations:  # newer torch records the DataLoader as a user annotation
+        name = annotation.get("name") or ""
+        if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):
+            dataloader.append((annotation["ts"], annotation["ts"] + annotation["dur"]))
+    role_spans = {
+        "kernel": kernel_spans,
+        "memcpy": [(e["ts"], e["ts"] + e["dur"]) for e in trace.memcpys],
+        "memset": [(e["ts"], e["ts"] + e["dur"]) for e in trace.memsets],
+        "communication": comm_spans,
+        "runtime": [(e["ts"], e["ts"] + e["dur"]) for e in trace.runtimes],
+        "dataloader": dataloader,
+        "cpu_exec": cpu_exec,
+    }
+    free = ranges.merge((start, end) for _, start, end in steps)
+    assigned: dict[str, list[ranges.Span]] = {}
+    for role, spans in role_spans.items():
+        covered = ranges.intersect(free, ranges.merge(spans))
+        assigned[role] = covered
+        free = ranges.subtract(free, covered)
+    assigned["other"] = free
+    step_windows = ranges.merge((start, end) for _, start, end in steps)
+    totals = {role: ranges.total(ranges.intersect(step_windows, assigned[role])) for role in ROLES}
+    step_total = sum(end - start for _, start, end in steps)
+    count = len(steps)
+    overview = Overview(steps=steps, breakdown_us={role: value / count for role, value in totals.items()},
+                        step_us=step_total / count)
+    _gpu_metrics(trace, overview, steps[0][1], steps[-1][2])
+    return overview
+
+
+def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) -> None:
+    span = last - first
+    if span <= 0:
+        return
+    by_device: dict[int, list[dict[str, Any]]] = {}
+    for kernel in trace.kernels:
+        device = (kernel.get("args") or {}).get("device", kernel.get("pid"))
+        if isinstance(device, int):
+            by_device.setdefault(device, []).append(kernel)
+    window = [(first, last)]
+    for device, kernels in sorted(by_device.items()):
+        busy = ranges.intersect(ranges.merge((k["ts"], k["ts"] + k["dur"]) for k in kernels), window)
+        overview.gpu_utilization[device] = ranges.total(busy) / span
+        overview.sm_efficiency[device] = _sm_efficiency(kernels, first, last)
+        overview.achieved_occupancy[device] = _occupancy(kernels, first, last)
+
+
+def _sm_efficiency(kernels: list[dict[str, Any]], first: float, last: float) -> float | None:
+    """Σ over time of min(Σ blocks-per-SM of running kernels, 1), clipped to the steps, ÷ steps time."""
+    edges: list[tuple[float, int, float]] = []
+    for kernel in kernels:
+        blocks = (kernel.get("args") or {}).get("blocks per SM")
+        if isinstance(blocks, (int, float)) and blocks > 0:
+            edges.append((kernel["ts"], 0, blocks))
+            edges.append((kernel["ts"] + kernel["dur"], 1, -blocks))
+    if not edges:
+        return None
+    edges.sort(key=lambda edge: (edge[0], edge[1]))
+    weighted = 0.0
+    level = 0.0
+    previous = edges[0][0]
+    for time, _, delta in edges:
+        if time > previous and level > 0:
+            start, end = max(previous, first), min(time, last)
+            if end > start:
+                weighted += min(level, 1.0) * (end - start)
+        previous = time
+        level += delta
+    return weighted / (last - first)
+
+
+def _occupancy(kernels: list[dict[str, Any]], first: float, last: float) -> float | None:
+    weighted = time = 0.0
+    for kernel in kernels:
+        occupancy = (kernel.get("args") or {}).get("est. achieved occupancy %")
+        if isinstance(occupancy, (int, float)) and occupancy >= 0:
+            start, end = max(kernel["ts"], first), min(kernel["ts"] + kernel["dur"], last)
+            if end > start:
+                weighted += occupancy * (end - start)
+                time += end - start
+    return weighted / time if time else None

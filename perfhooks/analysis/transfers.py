@@ -1,0 +1,65 @@
+"""Data movement: memcpy direction and pageable vs pinned; communication and its overlap with compute."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfhooks.analysis import ranges
+from perfhooks.analysis.model import Trace
+from perfhooks.analysis.overview import communication_ids, is_communication_kernel
+
+DIRECTIONS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
+
+
+def memcpy_summary(trace: Trace, steps: int) -> dict[str, Any]:
+    """Per direction: count, bytes and µs per step; plus the pageable share of host-device copies."""
+    by_direction: dict[str, list[float]] = {}
+    pageable_us = host_device_us = 0.0
+    for copy in trace.memcpys:
+        name = copy.get("name") or ""
+        direction = next((d for d in DIRECTIONS if d in name), "other")
+        entry = by_direction.setdefault(direction, [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += (copy.get("args") or {}).get("bytes", 0) or 0
+        entry[2] += copy["dur"]
+        if direction in ("HtoD", "DtoH"):
+            host_device_us += copy["dur"]
+            if "Pageable" in name:
+                pageable_us += copy["dur"]
+    per_step = max(steps, 1)
+    return {
+        "by_direction": {
+            d: {"count_per_step": n / per_step, "bytes_per_step": b / per_step, "us_per_step": t / per_step}
+            for d, (n, b, t) in sorted(by_direction.items())},
+        "pageable_share": pageable_us / host_device_us if host_device_us else 0.0,
+        "pageable_us_per_step": pageable_us / per_step,
+    }
+
+
+def communication_summary(trace: Trace, window: list[ranges.Span]) -> dict[str, Any]:
+    """Communication kernel time as a share of step time, and the fraction of it hidden under compute."""
+    length = ranges.total(window)
+    if not length:
+        return {}
+    comm_ids = communication_ids(trace)
+    comm, compute = [], []
+    libraries = set()
+    for kernel in trace.kernels:
+        span = (kernel["ts"], kernel["ts"] + kernel["dur"])
+        if is_communication_kernel(kernel, comm_ids):
+            comm.append(span)
+            name = (kernel.get("name") or "").lower()
+            libraries.add("rccl" if "rccl" in name else "nccl")
+        else:
+            compute.append(span)
+    for op in trace.cpu_ops + trace.annotations:
+        if (op.get("name") or "").startswith("gloo:"):
+            libraries.add("gloo")
+            comm.append((op["ts"], op["ts"] + op["dur"]))
+    comm_time = ranges.intersect(ranges.merge(comm), window)
+    if not comm_time:
+        return {"share": 0.0, "overlap": 0.0, "libraries": sorted(libraries)}
+    hidden = ranges.intersect(comm_time, ranges.merge(compute))
+    total = ranges.total(comm_time)
+    return {"share": total / length, "overlap": ranges.total(hidden) / total, "libraries": sorted(libraries),
+            "exposed_share": (total - ranges.total(hidden)) / length}

@@ -1,0 +1,61 @@
+"""``perfhooks analyze PATH...``: what holds a training run back, from its torch.profiler traces.
+
+Exit status: 0 on success, 2 on bad input (one line on stderr naming the file and the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _analyze(args: argparse.Namespace) -> int:
+    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.analysis.model import TraceError
+    from perfhooks.files import atomic_write_bytes
+
+    try:
+        report = analyze_paths(args.paths, workers=args.workers)
+    except TraceError as error:
+        print(f"perfhooks: {error}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        text = json.dumps(report, indent=2, default=str)
+    elif args.format == "html":
+        from perfhooks.sinks.html import render_html
+
+        text = render_html(report)
+    else:
+        from perfhooks.sinks.text import format_analysis
+
+        text = format_analysis(report)
+    if args.output:
+        atomic_write_bytes(Path(args.output), (text + "\n").encode())
+    else:
+        print(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="perfhooks", description="Make a PyTorch training run explain its "
+                                     "own performance.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    analyze = commands.add_parser("analyze", help="analyse torch.profiler traces (files or folders)")
+    analyze.add_argument("paths", nargs="+", help="trace files (.json, .json.gz) or folders; a folder of per-rank "
+                         "traces is one multi-rank run")
+    analyze.add_argument("--format", choices=("text", "json", "html"), default="text")
+    analyze.add_argument("--output", "-o", help="write here instead of standard output")
+    analyze.add_argument("--workers", type=int, default=None, help="processes for multi-rank folders")
+    analyze.set_defaults(run=_analyze)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

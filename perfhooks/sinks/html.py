@@ -1,0 +1,101 @@
+"""A self-contained HTML page of a report: no scripts, fonts or images fetched, only inline CSS and SVG."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+COLORS = {"kernel": "#2e86de", "memcpy": "#e67e22", "memset": "#f1c40f", "communication": "#8e44ad",
+          "runtime": "#16a085", "dataloader": "#e8a317", "cpu_exec": "#7f8c8d", "other": "#bdc3c7",
+          "data_wait": "#e8a317", "forward": "#2e86de", "backward": "#8e44ad", "optimizer": "#27ae60"}
+STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1040px;color:#222}
+h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
+.diag{border-left:4px solid #999;padding:6px 12px;margin:10px 0;background:#fafafa}
+.critical{border-color:#c0392b}.warning{border-color:#e67e22}.info{border-color:#2e86de}
+.legend span{display:inline-block;margin-right:12px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px}
+code{background:#f0f0f0;padding:1px 3px}
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _stacked_bar(parts: dict[str, float], width: int = 1000, height: int = 28) -> str:
+    total = sum(v for v in parts.values() if v > 0)
+    if not total:
+        return "<p>no step time</p>"
+    x = 0.0
+    rects = []
+    for name, value in parts.items():
+        if value <= 0:
+            continue
+        w = width * value / total
+        rects.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="{height}" fill="{COLORS.get(name, "#999")}">'
+                     f"<title>{_e(name)}: {value / total:.1%}</title></rect>")
+        x += w
+    legend = "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)} '
+                     f'{v / total:.1%}</span>' for n, v in parts.items() if v > 0)
+    return (f'<svg width="{width}" height="{height}" role="img" aria-label="step breakdown">{"".join(rects)}</svg>'
+            f'<div class="legend">{legend}</div>')
+
+
+def _series(series: dict[str, list[float]], width: int = 1000, height: int = 180) -> str:
+    values = [v for points in series.values() for v in points]
+    if not values or max(values) <= 0:
+        return "<p>no per-step phase times</p>"
+    top = max(values)
+    lines = []
+    for name, points in series.items():
+        if len(points) < 2:
+            continue
+        step = width / (len(points) - 1)
+        coords = " ".join(f"{i * step:.1f},{height - height * v / top:.1f}" for i, v in enumerate(points))
+        lines.append(f'<polyline fill="none" stroke="{COLORS.get(name, "#999")}" stroke-width="1.5" '
+                     f'points="{coords}"><title>{_e(name)}</title></polyline>')
+    legend = "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)}</span>'
+                     for n in series)
+    return (f'<svg width="{width}" height="{height}" role="img" aria-label="phase time series">{"".join(lines)}</svg>'
+            f'<div class="legend">{legend} (max {top:.2f} ms)</div>')
+
+
+def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = None) -> str:
+    """The report as one HTML page: stacked step breakdown, phase series, kernel breakdown, diagnoses."""
+    metrics = report.get("metrics") or {}
+    breakdown = metrics.get("breakdown") or {name: p["mean_ms"] for name, p in report["phases"].items()}
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>perfhooks report</title>"
+             f"<style>{STYLE}</style></head><body>",
+             f"<h1>perfhooks: {_e(report['framework'])} on {_e(report['device'].get('name', ''))}</h1>",
+             f"<p>{report['steps']} steps, step time mean {report['step_ms']['mean']:.2f} ms, "
+             f"p95 {report['step_ms']['p95']:.2f} ms; rank {report['rank']} of {report['world_size']}</p>",
+             "<h2>Step breakdown</h2>", _stacked_bar(breakdown)]
+    if series:
+        parts += ["<h2>Phases per step (ms)</h2>", _series(series)]
+    parts.append('<h2 id="diagnoses">Diagnoses</h2>')
+    if not report["diagnoses"]:
+        parts.append("<p>No diagnosis fired.</p>")
+    for diagnosis in report["diagnoses"]:
+        parts.append(
+            f'<div class="diag {_e(diagnosis["severity"])}"><b>{_e(diagnosis["title"])}</b> '
+            f'<code>{_e(diagnosis["id"])}</code> [{_e(diagnosis["severity"])}], up to '
+            f'{diagnosis.get("estimated_gain", 0):.0%} of step time<br>Evidence: {_e(diagnosis["evidence"])}<br>'
+            f'Fix: {_e(diagnosis["recommendation"])}'
+            + (f' (<a href="{_e(diagnosis["docs"])}">docs</a>)' if diagnosis.get("docs") else "") + "</div>")
+    kernels = (metrics.get("kernels") or {}).get("top") or []
+    if kernels:
+        parts.append("<h2>Top kernels</h2><table><tr><th>share</th><th>ms</th><th>count</th><th>kernel</th></tr>")
+        for kernel in kernels:
+            parts.append(f"<tr><td>{kernel['share']:.1%}</td><td>{kernel['total_us'] / 1e3:.2f}</td>"
+                         f"<td>{kernel['count']}</td><td>{_e(kernel['name'][:120])}</td></tr>")
+        parts.append("</table>")
+    windows = [w for w in report.get("windows", []) if not w.get("pruned")]
+    if windows:
+        parts.append("<h2>Traces</h2><ul>")
+        for window in windows:
+            parts.append(f'<li><a href="{_e(window["path"])}">{_e(window["path"])}</a> steps '
+                         f'{window["first_step"]}–{window["last_step"]}</li>')
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,52 @@
+"""The ``perfhooks analyze`` text report: overview, breakdown, top kernels and ranked diagnoses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def format_analysis(report: dict[str, Any], top: int = 5) -> str:
+    metrics = report.get("metrics", {})
+    source = report.get("source", {})
+    lines = [f"perfhooks analyze: {source.get('path', '?')} (rank {report['rank']}, {source.get('events', 0)} events)"]
+    for warning in source.get("warnings", []):
+        lines.append(f"  warning: {warning}")
+    step_us = metrics.get("step_us") or 0.0
+    lines.append(f"  steps {metrics.get('steps', 0)}, {step_us / 1e3:.2f} ms per step on "
+                 f"{report['device'].get('name') or report['device']['type']}")
+    occupancy = metrics.get("achieved_occupancy")
+    lines.append(f"  GPU utilization {_pct(metrics.get('gpu_utilization'))}, est. SM efficiency "
+                 f"{_pct(metrics.get('sm_efficiency'))}, est. achieved occupancy "
+                 f"{'n/a' if occupancy is None else f'{occupancy:.1f}%'}")
+    breakdown = metrics.get("breakdown") or {}
+    if step_us:
+        lines.append("  step breakdown (ms per step, share):")
+        for role, value in breakdown.items():
+            lines.append(f"    {role:<14} {value / 1e3:>9.2f}  {value / step_us:>6.1%}")
+    temporal = metrics.get("temporal") or {}
+    if temporal:
+        idle = metrics.get("idle") or {}
+        lines.append(f"  GPU time: idle {_pct(temporal['idle'])}, compute {_pct(temporal['compute'])}, "
+                     f"non-compute {_pct(temporal['non_compute'])}; idle is host wait {_pct(idle.get('host_wait'))}, "
+                     f"kernel wait {_pct(idle.get('kernel_wait'))}, other {_pct(idle.get('other'))}")
+    ranks = report.get("ranks")
+    if ranks:
+        per_rank = ", ".join(f"rank {k}: {v / 1e3:.1f} ms" for k, v in ranks["step_us"].items())
+        lines.append(f"  {ranks['count']} ranks, step time {per_rank} (spread {ranks['spread']:.1%})")
+    kernels = (metrics.get("kernels") or {}).get("top") or []
+    if kernels:
+        lines.append("  top kernels:")
+        for kernel in kernels[:top]:
+            lines.append(f"    {kernel['share']:>6.1%} {kernel['total_us'] / 1e3:>9.2f} ms x{kernel['count']:<5} "
+                         f"{kernel['name'][:90]}")
+    lines.append(f"  diagnoses ({len(report['diagnoses'])}):" if report["diagnoses"] else "  no diagnoses fired")
+    for index, diagnosis in enumerate(report["diagnoses"], 1):
+        lines.append(f"  {index}. [{diagnosis['severity']}] {diagnosis['id']}: {diagnosis['title']} "
+                     f"(up to {diagnosis.get('estimated_gain', 0):.0%} of step time)")
+        lines.append(f"     evidence: {diagnosis['evidence']}")
+        lines.append(f"     fix: {diagnosis['recommendation']}")
+    return "\n".join(lines)

@@ -1,0 +1,149 @@
+"""Verdicts on real traces and on live phase timings."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from fixtures import NUM_WORKERS_0, NUM_WORKERS_4, RESNET, report
+from helpers import plain_loop
+from perfhooks import Engine, PerfConfig
+from perfhooks.analysis.diagnoses import DOCS, Thresholds, diagnose_live, diagnose_ranks, rank
+from perfhooks.report import validate_report
+
+
+def ids(name: str) -> list[str]:
+    return [d["id"] for d in report(name)["diagnoses"]]
+
+
+@pytest.mark.parametrize("name", NUM_WORKERS_0)
+def test_dataloader_bound_fires_without_workers(name: str) -> None:
+    diagnosis = next(d for d in report(name)["diagnoses"] if d["id"] == "dataloader_bound")
+    assert 0.2 <= diagnosis["measured"]["dataloader_share"] <= 0.35
+    assert diagnosis["estimated_gain"] == pytest.approx(diagnosis["measured"]["dataloader_share"], abs=1e-3)
+    assert "num_workers" in diagnosis["recommendation"]
+
+
+@pytest.mark.parametrize("name", NUM_WORKERS_4)
+def test_dataloader_bound_does_not_fire_with_workers(name: str) -> None:
+    assert "dataloader_bound" not in ids(name)
+
+
+@pytest.mark.parametrize("name", RESNET)
+def test_fp32_matmul_fires_on_a_v100_without_tensor_cores(name: str) -> None:
+    diagnosis = next(d for d in report(name)["diagnoses"] if d["id"] == "fp32_matmul")
+    assert diagnosis["measured"]["tensor_core_share"] == 0.0
+    assert "autocast" in diagnosis["recommendation"]
+
+
+def test_host_sync_fires_on_alexnet() -> None:
+    diagnosis = next(d for d in report("a100_alexnet_sync.json.gz")["diagnoses"] if d["id"] == "host_sync")
+    assert "cudaStreamSynchronize" in diagnosis["evidence"] and "cudaDeviceSynchronize" in diagnosis["evidence"]
+
+
+def test_communication_is_reported_on_the_nccl_trace() -> None:
+    communication = report("a100_nccl_rank0_of2.json.gz")["metrics"]["communication"]
+    assert communication["libraries"] == ["nccl"]
+    assert 0 < communication["share"] < 1 and 0 <= communication["overlap"] <= 1
+
+
+def test_amd_trace_has_no_sm_metrics_rather_than_a_crash() -> None:
+    from perfhooks.sinks.text import format_analysis
+
+    result = report("mi250_minitoy_train.json.gz")
+    assert result["metrics"]["sm_efficiency"] is None and result["metrics"]["achieved_occupancy"] is None
+    assert "est. SM efficiency n/a" in format_analysis(result)
+
+
+def test_cpu_only_trace_parses() -> None:
+    result = report("cpu_only_gloo_rank34.pt.trace.json.gz")
+    assert result["rank"] == 34 and result["metrics"]["gpu_utilization"] is None
+
+
+@pytest.mark.parametrize("name", [*RESNET, "a100_nccl_rank0_of2.json.gz", "a100_alexnet_sync.json.gz"])
+def test_every_diagnosis_is_complete_and_ranked(name: str) -> None:
+    result = report(name)
+    assert validate_report(result) == []
+    gains = [d["estimated_gain"] for d in result["diagnoses"]]
+    assert gains == sorted(gains, reverse=True)
+    for diagnosis in result["diagnoses"]:
+        assert diagnosis["id"] in DOCS and diagnosis["docs"] == DOCS[diagnosis["id"]]
+        assert 0 <= diagnosis["estimated_gain"] <= 1
+        assert diagnosis["evidence"] and diagnosis["recommendation"] and diagnosis["title"]
+
+
+def run_engine(tmp_path: Path, steps: int = 24, wait_s: float = 0.0, optimizer_s: float = 0.0):
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test")
+    slow = {"data_wait": wait_s, "optimizer": optimizer_s}
+    real_start = engine.phase_start
+
+    def phase_start(name: str) -> None:
+        real_start(name)
+        if slow.get(name):
+            time.sleep(slow[name])
+
+    engine.phase_start = phase_start
+    plain_loop(engine, steps=steps)
+    return engine
+
+
+def test_no_warning_or_critical_on_a_healthy_cpu_loop(tmp_path: Path) -> None:
+    """Compute-bound steps (a few ms of matmuls) fed from batches already in memory."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batches = [torch.randn(256, 256) for _ in range(30)]
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test")
+    for x in batches:
+        engine.phase_start("data_wait")
+        engine.phase_start("forward")
+        loss = model(x).square().mean()
+        engine.phase_start("backward")
+        loss.backward()
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad()
+        engine.step_end()
+    report_ = engine.close()
+    assert report_["steps"] == 30
+    assert [d for d in report_["diagnoses"] if d["severity"] in ("warning", "critical")] == []
+
+
+def test_live_dataloader_bound_and_optimizer_heavy(tmp_path: Path) -> None:
+    engine = run_engine(tmp_path, wait_s=0.01, optimizer_s=0.01)
+    found = {d["id"]: d for d in engine.close()["diagnoses"]}
+    assert found["dataloader_bound"]["measured"]["data_wait_share"] > 0.25
+    assert found["dataloader_bound"]["severity"] == "critical"
+    assert found["optimizer_heavy"]["measured"]["optimizer_share"] > 0.15
+
+
+def test_live_rules_wait_for_enough_steps(tmp_path: Path) -> None:
+    engine = run_engine(tmp_path, steps=5, wait_s=0.01)
+    assert diagnose_live(engine.stats) == []
+    engine.close()
+
+
+def test_straggler_names_the_slow_rank() -> None:
+    [diagnosis] = diagnose_ranks({0: 100_000.0, 1: 140_000.0, 2: 101_000.0})
+    assert diagnosis["id"] == "straggler" and diagnosis["measured"]["slowest_rank"] == 1
+    assert "Rank 1" in diagnosis["title"]
+    assert diagnose_ranks({0: 100_000.0, 1: 105_000.0}) == []
+
+
+def test_rank_keeps_the_larger_gain_per_id() -> None:
+    low = {"id": "host_sync", "severity": "info", "estimated_gain": 0.01}
+    high = {"id": "host_sync", "severity": "warning", "estimated_gain": 0.2}
+    other = {"id": "dataloader_bound", "severity": "warning", "estimated_gain": 0.1}
+    assert rank([low, other, high]) == [high, other]
+
+
+@pytest.mark.parametrize("kwargs", [{"gpu_utilization": -0.1}, {"syncs_per_step": float("nan")},
+                                    {"dataloader_share": "high"}])
+def test_bad_thresholds_name_the_field(kwargs: dict) -> None:
+    field = next(iter(kwargs))
+    with pytest.raises(ValueError, match=f"Thresholds.{field} must be a number"):
+        Thresholds(**kwargs)

@@ -1,0 +1,98 @@
+"""One trace model for old and new formats, NVIDIA and AMD, one rank or many; bad input in one line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures import TRACES, path
+from perfhooks.analysis.model import Trace, TraceError, load_trace
+
+
+@pytest.mark.parametrize(("name", "rank", "steps", "kernels"), [
+    ("resnet50_num_workers_0.worker0.1623143089861.pt.trace.json.gz", None, 6, 8772),
+    ("a100_nccl_rank0_of2.json.gz", 0, 3, 2700),
+    ("a100_alexnet_sync.json.gz", 0, 0, 79),
+    ("cpu_only_gloo_rank34.pt.trace.json.gz", 34, 1, 0),
+    ("mi250_minitoy_train.json.gz", None, 2, 14),
+])
+def test_old_and_new_formats_parse(name: str, rank: int | None, steps: int, kernels: int) -> None:
+    trace = load_trace(path(name))
+    assert isinstance(trace, Trace)
+    assert trace.rank == rank
+    assert len(trace.steps) == steps
+    assert len(trace.kernels) == kernels
+    assert trace.warnings == []
+
+
+def test_old_categories_are_the_new_ones() -> None:
+    old = load_trace(path("resnet50_num_workers_0.worker0.1623143089861.pt.trace.json.gz"))
+    assert old.cpu_ops and old.runtimes and old.memcpys and old.memsets
+    assert old.device_name(0) == "Tesla V100-DGXS-32GB"
+    new = load_trace(path("a100_nccl_rank0_of2.json.gz"))
+    assert new.world_size == 2 and new.gpu_annotations and new.annotations
+
+
+def test_rank_from_the_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
+    copy = tmp_path / "run.rank7.trace.json.gz"
+    shutil.copy(path("mi250_minitoy_train.json.gz"), copy)
+    assert load_trace(copy).rank == 7
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> Path:
+    target = tmp_path / name
+    target.write_bytes(data)
+    return target
+
+
+def bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    good = path("cpu_only_gloo_rank34.pt.trace.json.gz").read_bytes()
+    events = json.dumps({"traceEvents": []}).encode()
+    (tmp_path / "empty_folder").mkdir()
+    return {
+        "truncated gzip": (write(tmp_path, "truncated.json.gz", good[: len(good) // 2]), "truncated or corrupt gzip"),
+        "invalid UTF-8": (write(tmp_path, "latin1.json", b'{"traceEvents": [], "x": "\xff\xfe"}'), "invalid UTF-8"),
+        "not JSON": (write(tmp_path, "notjson.json", b"this is not json"), "not JSON"),
+        "no traceEvents": (write(tmp_path, "noevents.json", b'{"schemaVersion": 1}'), "no traceEvents"),
+        "huge integer": (write(tmp_path, "huge.json", b'{"traceEvents": [{"ph": "X", "cat": "kernel", '
+                               b'"name": "k", "ts": 99999999999999999999999, "dur": 1}]}'), "integer beyond int64"),
+        "empty file": (write(tmp_path, "empty.json", b""), "empty file"),
+        "gzip of garbage": (write(tmp_path, "garbage.json.gz", gzip.compress(b"\x00\x01garbage")), "not JSON"),
+        "folder without traces": (tmp_path / "empty_folder", "no trace files"),
+        "missing path": (tmp_path / "absent.json", "no such file or folder"),
+        "top level array of numbers": (write(tmp_path, "array.json", events.replace(b"{", b"[").replace(
+            b'"traceEvents": []}', b"1, 2]")), "not a trace"),
+    }
+
+
+def test_bad_input_corpus_exits_2_with_one_line_each(tmp_path: Path) -> None:
+    for case, (target, reason) in bad_inputs(tmp_path).items():
+        done = subprocess.run([sys.executable, "-m", "perfhooks.cli", "analyze", str(target)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, case
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, (case, done.stderr)
+        assert str(target) in lines[0] and reason in lines[0], (case, lines[0])
+        assert "Traceback" not in done.stderr
+
+
+def test_usable_data_goes_on_with_a_warning(tmp_path: Path) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 2.0},
+              {"ph": "X", "cat": "cpu_op", "name": "broken", "ts": "soon", "dur": 1.0},
+              {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "ts": 0.0, "dur": 10.0}]
+    trace_path = write(tmp_path, "partial.json", json.dumps({"traceEvents": events}).encode())
+    trace = load_trace(trace_path)
+    assert len(trace.cpu_ops) == 1 and trace.steps == [(3, 0.0, 10.0)]
+    assert trace.warnings == ["1 events without a numeric ts/dur were skipped"]
+
+
+def test_error_is_one_line_for_a_missing_file() -> None:
+    with pytest.raises(TraceError) as caught:
+        load_trace(TRACES / "absent.json")
+    assert "\n" not in str(caught.value)

@@ -1,0 +1,74 @@
+"""The TensorBoard plugin's overview figures, checked against the plugin itself and pinned per trace."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures import RESNET, report, tb_reference
+
+ROLE_NAMES = {"Kernel": "kernel", "Memcpy": "memcpy", "Memset": "memset", "Communication": "communication",
+              "Runtime": "runtime", "DataLoader": "dataloader", "CpuOp": "cpu_exec", "Other": "other"}
+
+
+@pytest.mark.parametrize("name", RESNET)
+def test_resnet_agrees_with_the_tensorboard_plugin_within_one_point(name: str) -> None:
+    reference = tb_reference()[f"tb_plugin/{name}"]
+    metrics = report(name)["metrics"]
+    assert metrics["steps"] == reference["steps"]
+    assert metrics["gpu_utilization"] == pytest.approx(reference["gpu_utilization"]["0"], abs=0.01)
+    assert metrics["sm_efficiency"] == pytest.approx(reference["sm_efficiency"]["0"], abs=0.01)
+    assert metrics["achieved_occupancy"] == pytest.approx(reference["occupancy"]["0"], abs=1.0)
+    total = reference["avg_costs_us"]["Total"]
+    assert metrics["step_us"] == pytest.approx(total, rel=0.01)
+    for role, ours in ROLE_NAMES.items():
+        theirs = reference["avg_costs_us"][role] / total
+        assert metrics["breakdown"][ours] / metrics["step_us"] == pytest.approx(theirs, abs=0.01), role
+
+
+@pytest.mark.parametrize(("name", "steps", "utilization", "sm", "occupancy"), [
+    ("a100_nccl_rank0_of2.json.gz", 3, 0.2326, 0.1687, 35.31),
+    ("v100_ns_resolution.pt.trace.json.gz", 5, 0.9683, 0.9492, 46.45),
+    ("mi250_minitoy_train.json.gz", 1, 0.0119, None, None),
+])
+def test_pinned_gpu_metrics(name: str, steps: int, utilization: float, sm: float | None,
+                            occupancy: float | None) -> None:
+    metrics = report(name)["metrics"]
+    assert metrics["steps"] == steps
+    assert metrics["gpu_utilization"] == pytest.approx(utilization, abs=1e-3)
+    assert metrics["sm_efficiency"] == (None if sm is None else pytest.approx(sm, abs=1e-3))
+    assert metrics["achieved_occupancy"] == (None if occupancy is None else pytest.approx(occupancy, abs=0.01))
+
+
+def test_breakdown_covers_the_step_exactly() -> None:
+    for name in [*RESNET[:1], "a100_nccl_rank0_of2.json.gz"]:
+        metrics = report(name)["metrics"]
+        assert sum(metrics["breakdown"].values()) == pytest.approx(metrics["step_us"], rel=1e-9)
+
+
+def test_temporal_and_idle_views() -> None:
+    metrics = report(RESNET[0])["metrics"]
+    temporal, idle = metrics["temporal"], metrics["idle"]
+    assert temporal["idle"] + temporal["compute"] + temporal["non_compute"] == pytest.approx(1.0)
+    assert temporal["compute"] == pytest.approx(metrics["gpu_utilization"], abs=0.01)
+    assert idle["host_wait"] + idle["kernel_wait"] + idle["other"] == pytest.approx(1.0)
+    assert idle["host_wait"] > 0.9, "the num_workers=0 GPU mostly waits for the host to load data"
+
+
+def test_kernel_and_operator_breakdowns() -> None:
+    metrics = report(RESNET[0])["metrics"]
+    top = metrics["kernels"]["top"]
+    assert top[0]["name"].startswith("void cudnn::detail::dgrad_engine")
+    assert top[0]["share"] == pytest.approx(0.137, abs=0.005)
+    assert [k["total_us"] for k in top] == sorted((k["total_us"] for k in top), reverse=True)
+    operators = metrics["top_operators"]
+    assert operators and operators[0]["device_self_us"] >= operators[-1]["device_self_us"]
+    assert any(op["input_shapes"] for op in operators), "input shapes are kept when recorded"
+
+
+def test_launch_statistics_and_memcpy_direction() -> None:
+    metrics = report(RESNET[0])["metrics"]
+    assert metrics["launch"]["kernels_per_step"] == pytest.approx(8772 / 6, rel=0.01)
+    assert 0.5 < metrics["launch"]["short_kernel_share"] < 0.8
+    assert metrics["launch"]["median_launch_to_start_us"] > 0
+    assert metrics["memcpy"]["pageable_share"] == 1.0
+    assert set(metrics["memcpy"]["by_direction"]) == {"HtoD"}

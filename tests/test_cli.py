@@ -1,0 +1,87 @@
+"""``perfhooks analyze``: text, JSON and HTML output, folders of ranks, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from perfhooks.cli import main
+from perfhooks.report import validate_report
+
+TRACES = Path(__file__).resolve().parent / "data" / "traces"
+RESNET_0 = TRACES / "tb_plugin" / "resnet50_num_workers_0.worker0.1623143089861.pt.trace.json.gz"
+
+
+def test_text_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", str(RESNET_0)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU utilization 55.5%, est. SM efficiency 54.7%, est. achieved occupancy 49.1%" in out
+    assert "[critical] dataloader_bound" in out and "fix: " in out
+
+
+def test_json_follows_the_report_schema(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    assert main(["analyze", str(RESNET_0), "--format", "json", "--output", str(target)]) == 0
+    report = json.loads(target.read_text())
+    assert validate_report(report) == []
+    metrics = report["metrics"]
+    assert 0 <= metrics["gpu_utilization"] <= 1 and 0 <= metrics["sm_efficiency"] <= 1
+    assert 1 < metrics["achieved_occupancy"] <= 100, "percent"
+    assert set(metrics["breakdown"]) == {"kernel", "memcpy", "memset", "communication", "runtime", "dataloader",
+                                         "cpu_exec", "other"}
+
+
+def test_html_is_self_contained(tmp_path: Path) -> None:
+    target = tmp_path / "report.html"
+    assert main(["analyze", str(RESNET_0), "--format", "html", "-o", str(target)]) == 0
+    page = target.read_text()
+    assert 'id="diagnoses"' in page and "dataloader_bound" in page and "<svg" in page
+    assert "<script" not in page and "<link" not in page
+    assert not re.search(r'src="https?:', page), "nothing is fetched when the page opens"
+
+
+def make_rank_trace(out: Path, rank: int, step_sleep_s: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    from helpers import plain_loop
+    from perfhooks import Engine, PerfConfig, Schedule
+
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=3), console=False,
+                               on_demand=False, analyze_windows=False), out, "test")
+    plain_loop(engine, steps=6, before_step=lambda step: time.sleep(step_sleep_s))
+    engine.close()
+
+
+def test_a_folder_of_ranks_is_one_run_with_a_straggler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    make_rank_trace(tmp_path, 0, 0.0, monkeypatch)
+    make_rank_trace(tmp_path, 1, 0.05, monkeypatch)
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["rank0.step2.pt.trace.json.gz",
+                                                                        "rank1.step2.pt.trace.json.gz"]
+    assert main(["analyze", str(tmp_path / "traces"), "--format", "json", "--workers", "2"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ranks"]["count"] == 2
+    step_us = report["ranks"]["step_us"]
+    assert step_us["1"] > step_us["0"] + 40_000
+    straggler = next(d for d in report["diagnoses"] if d["id"] == "straggler")
+    assert straggler["measured"]["slowest_rank"] == 1
+
+
+def test_report_phase_statistics_come_from_perfhooks_labels(tmp_path: Path, monkeypatch, capsys) -> None:
+    make_rank_trace(tmp_path, 0, 0.0, monkeypatch)
+    trace = next((tmp_path / "traces").iterdir())
+    assert main(["analyze", str(trace), "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["steps"] == 3
+    assert report["phases"]["forward"]["mean_ms"] > 0 and report["phases"]["backward"]["mean_ms"] > 0
+    assert report["coverage"] > 0.5
+
+
+def test_missing_path_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["analyze", os.devnull + "-absent"]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
