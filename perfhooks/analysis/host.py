@@ -24,7 +24,7 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
         if name.startswith(SYNC_RUNTIME):
             counts[name] = counts.get(name, 0) + 1
             time_us += event["dur"]
-    for op in trace.cpu_ops:
+    for op in trace.cpu_ops if trace.has_gpu else ():  # without a device, .item() waits for nothing
         name = op.get("name") or ""
         if name in SYNC_OPS:
             counts[name] = counts.get(name, 0) + 1

@@ -35,6 +35,14 @@ ATTENTION_OPS: dict[str, str] = {
     "aten::_native_multi_head_attention": "unfused",
 }
 
+#: Fused attention ops on CPU (no kernels to name them by).
+ATTENTION_OPS_CPU: dict[str, str] = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "flash",
+}
+SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_safe_softmax")
+BATCHED_MATMUL_OPS = ("aten::bmm", "aten::baddbmm")
+
 SHORT_KERNEL_US = 10.0
 
 
@@ -90,16 +98,32 @@ def tensor_core_use(trace: Trace) -> dict[str, Any]:
 
 
 def attention_kernels(trace: Trace) -> dict[str, float]:
-    """Device time (µs) per attention implementation, from kernel names and the launching ops."""
+    """Time (µs) per attention implementation: ``flash``, ``memory_efficient``, ``cudnn`` from kernel names
+    (or from op names on a CPU trace), ``math`` and ``unfused`` (softmax between batched matmuls)."""
+    from perfhooks.analysis.operators import device_time_by_op
+    from perfhooks.analysis.overview import external_id
+
     found: dict[str, float] = {}
     for kernel in trace.kernels:
         kind = attention_kind(kernel.get("name") or "")
         if kind is not None:
             found[kind] = found.get(kind, 0.0) + kernel["dur"]
+    device_time = device_time_by_op(trace)
+    on_device = bool(device_time)
+    softmax_ops, bmm_ops = [], []
     for op in trace.cpu_ops:
-        kind = ATTENTION_OPS.get(op.get("name") or "")
-        if kind in ("math", "unfused"):
+        name = op.get("name") or ""
+        kind = ATTENTION_OPS.get(name) or ATTENTION_OPS_CPU.get(name)
+        if kind in ("math", "unfused") or (kind is not None and not on_device):
             found[kind] = found.get(kind, 0.0) + op["dur"]
+        elif name in SOFTMAX_OPS:
+            softmax_ops.append(op)
+        elif name in BATCHED_MATMUL_OPS:
+            bmm_ops.append(op)
+    if softmax_ops and bmm_ops and not any(found.get(k) for k in ("flash", "memory_efficient", "cudnn")):
+        # attention written out by hand (nn.MultiheadAttention with need_weights=True): bmm, softmax, bmm
+        found["unfused"] = found.get("unfused", 0.0) + sum(
+            device_time.get(external_id(op), 0.0) if on_device else op["dur"] for op in softmax_ops + bmm_ops)
     return found
 
 

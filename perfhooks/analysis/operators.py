@@ -20,12 +20,16 @@ def _args(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def device_time_by_op(trace: Trace) -> dict[Any, float]:
-    """External id -> device µs of the kernels it launched."""
+    """External id -> device µs of the kernels it launched (computed once per trace)."""
+    cached = trace.__dict__.get("_device_time_by_op")
+    if cached is not None:
+        return cached
     by_id: dict[Any, float] = {}
     for event in trace.device_events:
         ext = external_id(event)
         if ext is not None:
             by_id[ext] = by_id.get(ext, 0.0) + event["dur"]
+    trace.__dict__["_device_time_by_op"] = by_id
     return by_id
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfhooks.analysis import ranges
+from perfhooks.analysis import ranges, spans
 from perfhooks.analysis.model import Trace
 
 ROLES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec",
@@ -143,48 +143,54 @@ def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
     return adjusted[:keep] if len(adjusted) > 1 else adjusted
 
 
+def role_spans(trace: Trace) -> dict[str, spans.Spans]:
+    """Each breakdown role's device or host activity, as span sets (cached per trace)."""
+    cached = trace.__dict__.get("_role_spans")
+    if cached is not None:
+        return cached
+    comm_ids = communication_ids(trace)
+    compute, comm = [], []
+    for kernel in trace.kernels:
+        (comm if is_communication_kernel(kernel, comm_ids) else compute).append(kernel)
+    dataloader, cpu_exec = [], []
+    for op in trace.cpu_ops:
+        name = op.get("name") or ""
+        (dataloader if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__") else cpu_exec).append(op)
+    for annotation in trace.annotations:  # newer torch records the DataLoader as a user annotation
+        name = annotation.get("name") or ""
+        if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):
+            dataloader.append(annotation)
+    result = {
+        "kernel": spans.of_events(compute),
+        "memcpy": spans.of_events(trace.memcpys),
+        "memset": spans.of_events(trace.memsets),
+        "communication": spans.of_events(comm),
+        "runtime": spans.of_events(trace.runtimes),
+        "dataloader": spans.of_events(dataloader),
+        "cpu_exec": spans.of_events(cpu_exec),
+    }
+    trace.__dict__["_role_spans"] = result
+    return result
+
+
 def compute_overview(trace: Trace) -> Overview:
     steps = device_steps(trace)
     if not steps:
         return Overview(steps=[], breakdown_us={role: 0.0 for role in ROLES}, step_us=0.0)
-    comm_ids = communication_ids(trace)
-    kernel_spans, comm_spans = [], []
-    for kernel in trace.kernels:
-        span = (kernel["ts"], kernel["ts"] + kernel["dur"])
-        (comm_spans if is_communication_kernel(kernel, comm_ids) else kernel_spans).append(span)
-    dataloader, cpu_exec = [], []
-    for op in trace.cpu_ops:
-        name = op.get("name") or ""
-        span = (op["ts"], op["ts"] + op["dur"])
-        if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):
-            dataloader.append(span)
-        else:
-            cpu_exec.append(span)
-    for annotation in trace.annotations:  # newer torch records the DataLoader as a user annotation
-        name = annotation.get("name") or ""
-        if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):
-            dataloader.append((annotation["ts"], annotation["ts"] + annotation["dur"]))
-    role_spans = {
-        "kernel": kernel_spans,
-        "memcpy": [(e["ts"], e["ts"] + e["dur"]) for e in trace.memcpys],
-        "memset": [(e["ts"], e["ts"] + e["dur"]) for e in trace.memsets],
-        "communication": comm_spans,
-        "runtime": [(e["ts"], e["ts"] + e["dur"]) for e in trace.runtimes],
-        "dataloader": dataloader,
-        "cpu_exec": cpu_exec,
-    }
-    free = ranges.merge((start, end) for _, start, end in steps)
-    assigned: dict[str, list[ranges.Span]] = {}
-    for role, spans in role_spans.items():
-        covered = ranges.intersect(free, ranges.merge(spans))
-        assigned[role] = covered
-        free = ranges.subtract(free, covered)
-    assigned["other"] = free
-    step_windows = ranges.merge((start, end) for _, start, end in steps)
-    totals = {role: ranges.total(ranges.intersect(step_windows, assigned[role])) for role in ROLES}
+    windows = ranges.merge((start, end) for _, start, end in steps)
+    # A role gets the step time it covers that no earlier role covers: |U_r ∩ steps| - |U_(r-1) ∩ steps|.
+    covered_before = 0.0
+    so_far = spans.EMPTY
+    totals: dict[str, float] = {}
+    for role, role_set in role_spans(trace).items():
+        so_far = spans.union(spans.concat(so_far, role_set))
+        covered = spans.measure(so_far, windows)
+        totals[role] = covered - covered_before
+        covered_before = covered
     step_total = sum(end - start for _, start, end in steps)
+    totals["other"] = ranges.total(windows) - covered_before
     count = len(steps)
-    overview = Overview(steps=steps, breakdown_us={role: value / count for role, value in totals.items()},
+    overview = Overview(steps=steps, breakdown_us={role: totals[role] / count for role in ROLES},
                         step_us=step_total / count)
     _gpu_metrics(trace, overview, steps[0][1], steps[-1][2])
     return overview
@@ -199,10 +205,9 @@ def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) ->
         device = (kernel.get("args") or {}).get("device", kernel.get("pid"))
         if isinstance(device, int):
             by_device.setdefault(device, []).append(kernel)
-    window = [(first, last)]
     for device, kernels in sorted(by_device.items()):
-        busy = ranges.intersect(ranges.merge((k["ts"], k["ts"] + k["dur"]) for k in kernels), window)
-        overview.gpu_utilization[device] = ranges.total(busy) / span
+        busy = spans.measure(spans.union(spans.of_events(kernels)), [(first, last)])
+        overview.gpu_utilization[device] = busy / span
         overview.sm_efficiency[device] = _sm_efficiency(kernels, first, last)
         overview.achieved_occupancy[device] = _occupancy(kernels, first, last)
 

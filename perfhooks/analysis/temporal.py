@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from perfhooks.analysis import ranges
+from perfhooks.analysis import ranges, spans
 from perfhooks.analysis.model import Trace
-from perfhooks.analysis.overview import communication_ids, is_communication_kernel
+from perfhooks.analysis.overview import role_spans
 
 #: An idle gap no longer than this (µs) while the next kernel was already launched is "kernel wait".
 KERNEL_WAIT_MAX_US = 50.0
-
-
-def _span(event: dict[str, Any]) -> ranges.Span:
-    return (event["ts"], event["ts"] + event["dur"])
 
 
 def temporal_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:
@@ -22,16 +16,13 @@ def temporal_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, flo
     length = ranges.total(window)
     if not length or not trace.has_gpu:
         return {}
-    comm_ids = communication_ids(trace)
-    compute, other = [], []
-    for kernel in trace.kernels:
-        (other if is_communication_kernel(kernel, comm_ids) else compute).append(_span(kernel))
-    other += [_span(e) for e in trace.memcpys] + [_span(e) for e in trace.memsets]
-    compute_time = ranges.intersect(ranges.merge(compute), window)
-    non_compute = ranges.subtract(ranges.intersect(ranges.merge(other), window), compute_time)
-    busy = ranges.total(compute_time) + ranges.total(non_compute)
-    return {"idle": 1 - busy / length, "compute": ranges.total(compute_time) / length,
-            "non_compute": ranges.total(non_compute) / length}
+    roles = role_spans(trace)
+    compute = spans.union(roles["kernel"])
+    busy = spans.union(spans.concat(compute, roles["communication"], roles["memcpy"], roles["memset"]))
+    compute_time = spans.measure(compute, window)
+    busy_time = spans.measure(busy, window)
+    return {"idle": 1 - busy_time / length, "compute": compute_time / length,
+            "non_compute": (busy_time - compute_time) / length}
 
 
 def idle_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfhooks.analysis import ranges
+from perfhooks.analysis import ranges, spans
 from perfhooks.analysis.model import Trace
-from perfhooks.analysis.overview import communication_ids, is_communication_kernel
+from perfhooks.analysis.overview import communication_ids, is_communication_kernel, role_spans
 
 DIRECTIONS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
 
@@ -41,25 +41,21 @@ def communication_summary(trace: Trace, window: list[ranges.Span]) -> dict[str, 
     length = ranges.total(window)
     if not length:
         return {}
+    roles = role_spans(trace)
     comm_ids = communication_ids(trace)
-    comm, compute = [], []
     libraries = set()
     for kernel in trace.kernels:
-        span = (kernel["ts"], kernel["ts"] + kernel["dur"])
         if is_communication_kernel(kernel, comm_ids):
-            comm.append(span)
-            name = (kernel.get("name") or "").lower()
-            libraries.add("rccl" if "rccl" in name else "nccl")
-        else:
-            compute.append(span)
-    for op in trace.cpu_ops + trace.annotations:
-        if (op.get("name") or "").startswith("gloo:"):
-            libraries.add("gloo")
-            comm.append((op["ts"], op["ts"] + op["dur"]))
-    comm_time = ranges.intersect(ranges.merge(comm), window)
+            libraries.add("rccl" if "rccl" in (kernel.get("name") or "").lower() else "nccl")
+    gloo = [op for op in trace.cpu_ops + trace.annotations if (op.get("name") or "").startswith("gloo:")]
+    if gloo:
+        libraries.add("gloo")
+    comm = spans.union(spans.concat(roles["communication"], spans.of_events(gloo)))
+    comm_time = spans.measure(comm, window)
     if not comm_time:
         return {"share": 0.0, "overlap": 0.0, "libraries": sorted(libraries)}
-    hidden = ranges.intersect(comm_time, ranges.merge(compute))
-    total = ranges.total(comm_time)
-    return {"share": total / length, "overlap": ranges.total(hidden) / total, "libraries": sorted(libraries),
-            "exposed_share": (total - ranges.total(hidden)) / length}
+    compute = spans.union(roles["kernel"])
+    both = spans.measure(spans.union(spans.concat(comm, compute)), window)
+    hidden = comm_time + spans.measure(compute, window) - both
+    return {"share": comm_time / length, "overlap": hidden / comm_time, "libraries": sorted(libraries),
+            "exposed_share": (comm_time - hidden) / length}

@@ -147,3 +147,41 @@ def test_bad_thresholds_name_the_field(kwargs: dict) -> None:
     field = next(iter(kwargs))
     with pytest.raises(ValueError, match=f"Thresholds.{field} must be a number"):
         Thresholds(**kwargs)
+
+
+def tutorial_trace(tmp_path: Path, optimized: bool) -> dict:
+    import torch
+
+    from perfhooks import Schedule
+    from perfhooks.analysis.analyze import analyze_paths
+    from tutorial_transformer import OptimizedTransformerLayer, TransformerLayer
+
+    torch.manual_seed(0)
+    layer = (OptimizedTransformerLayer if optimized else TransformerLayer)(128, 4)
+    optimizer = torch.optim.AdamW(layer.parameters())
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=2), console=False,
+                               analyze_windows=False), tmp_path, "test")
+    x = torch.randn(4, 64, 128)
+    for _ in range(5):
+        engine.phase_start("data_wait")
+        engine.phase_start("forward")
+        loss = layer(x).square().mean()
+        engine.phase_start("backward")
+        loss.backward()
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad()
+        engine.step_end()
+    return analyze_paths([engine.close()["windows"][0]["path"]])
+
+
+def test_unfused_attention_on_the_tutorial_baseline_cpu_trace(tmp_path: Path) -> None:
+    result = tutorial_trace(tmp_path, optimized=False)
+    assert result["metrics"]["attention"]["unfused"] > 0
+    assert [d["id"] for d in result["diagnoses"]] == ["unfused_attention"]
+
+
+def test_sdpa_is_recognised_and_nothing_fires_on_the_optimized_cpu_trace(tmp_path: Path) -> None:
+    result = tutorial_trace(tmp_path, optimized=True)
+    assert set(result["metrics"]["attention"]) == {"flash"}
+    assert result["diagnoses"] == []

@@ -1,0 +1,51 @@
+"""On a GPU: the tutorial baseline gets fp32_matmul and unfused_attention; the optimized variant gets no
+warning or critical (flash attention through SDPA, a larger batch, bf16 autocast)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfhooks import Engine, PerfConfig, Schedule
+from perfhooks.analysis.analyze import analyze_paths
+
+pytestmark = pytest.mark.cuda
+
+
+def profile_tutorial(tmp_path: Path, optimized: bool) -> dict:
+    from tutorial_transformer import OptimizedTransformerLayer, TransformerLayer
+
+    torch.manual_seed(0)
+    layer = (OptimizedTransformerLayer if optimized else TransformerLayer)().cuda()
+    optimizer = torch.optim.AdamW(layer.parameters(), lr=1e-4, fused=optimized)
+    batch = 64 if optimized else 16
+    x = torch.randn(batch, 128, 512, device="cuda")
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=3, warmup=1, active=3), console=False,
+                               analyze_windows=False), tmp_path, "test", device="cuda")
+    for _ in range(10):
+        engine.phase_start("data_wait")
+        engine.phase_start("forward")
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=optimized):
+            loss = layer(x).float().square().mean()
+        engine.phase_start("backward")
+        loss.backward()
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        engine.step_end()
+    report = engine.close()
+    return analyze_paths([report["windows"][0]["path"]])
+
+
+def test_baseline_gets_fp32_matmul_and_unfused_attention(tmp_path: Path) -> None:
+    ids = {d["id"] for d in profile_tutorial(tmp_path, optimized=False)["diagnoses"]}
+    assert {"fp32_matmul", "unfused_attention"} <= ids
+
+
+def test_optimized_gets_no_warning(tmp_path: Path) -> None:
+    result = profile_tutorial(tmp_path, optimized=True)
+    assert [d["id"] for d in result["diagnoses"] if d["severity"] in ("warning", "critical")] == []
+    assert result["metrics"]["attention"].get("flash", 0) + result["metrics"]["attention"].get(
+        "memory_efficient", 0) > 0
