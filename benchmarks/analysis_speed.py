@@ -24,11 +24,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+# VmHWM (the peak RSS of this address space) is reset by exec; ru_maxrss is not: it would carry the
+# parent's peak into the child.
 PEAK_RSS = """
-import resource, sys
+import sys
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
 from perfhooks.analysis.analyze import analyze_paths
-analyze_paths([sys.argv[1]])
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+if len(sys.argv) > 1:
+    analyze_paths([sys.argv[1]])
+print(peak())
 """
 
 
@@ -47,8 +54,9 @@ def peak_rss_bytes(path: Path) -> int:
 
 
 def baseline_rss_bytes() -> int:
-    code = "import resource, perfhooks.analysis.analyze; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024)"
-    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    """Peak RSS of an interpreter that imported perfhooks' analysis and analysed nothing."""
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS], capture_output=True, text=True, check=True)
+    return int(done.stdout.strip().splitlines()[-1])
 
 
 def hta_seconds(path: Path) -> float | None:

@@ -69,16 +69,16 @@ def _quantile(values: list[float], q: float) -> float:
 def phase_statistics(trace: Trace, steps: list[tuple[int, float, float]]) -> PhaseStatistics:
     """Per-step phase times from perfhooks' own labels in the trace (zeros when the trace has none)."""
     stats = PhaseStatistics()
-    labels = sorted((a for a in trace.annotations if a.get("name") in PHASES), key=lambda a: a["ts"])
+    labels = sorted((a for a in trace.annotations if a.name in PHASES), key=lambda a: a.ts)
     i = 0
     for number, start, end in steps:
         phase_ms: dict[str, float] = {}
-        while i < len(labels) and labels[i]["ts"] < start:
+        while i < len(labels) and labels[i].ts < start:
             i += 1
         j = i
-        while j < len(labels) and labels[j]["ts"] < end:
-            name = labels[j]["name"]
-            phase_ms[name] = phase_ms.get(name, 0.0) + labels[j]["dur"] / 1e3
+        while j < len(labels) and labels[j].ts < end:
+            name = labels[j].name
+            phase_ms[name] = phase_ms.get(name, 0.0) + labels[j].dur / 1e3
             j += 1
         step_ms = (end - start) / 1e3
         phase_ms["other"] = max(0.0, step_ms - sum(phase_ms.values()))

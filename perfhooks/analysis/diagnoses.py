@@ -274,14 +274,16 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10)
             "Use a fused or foreach optimizer: torch.optim.AdamW(params, lr=..., fused=True) (CUDA), or "
             "foreach=True.",
             optimizer_share=optimizer))
-    p50 = stats.step.quantile(0.5)
-    p95 = stats.step.quantile(0.95)
+    # steady state only: the first steps are compile_warmup's business
+    steady = sorted(timing.step_ms for timing in list(stats.recent)[3:])
+    p50 = steady[len(steady) // 2] if steady else 0.0
+    p95 = steady[min(len(steady) - 1, round(0.95 * (len(steady) - 1)))] if steady else 0.0
     if p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
         out.append(make(
             "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
             "Some steps take much longer than the rest",
             f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms; threshold {t.step_p95_over_p50:g}×",
-            max(0.0, 1 - p50 / stats.step.mean) if stats.step.mean else 0.0,
+            max(0.0, 1 - p50 / statistics.fmean(steady)),
             "Look at what the slow steps do (periodic logging, checkpoints, evaluation, GC, data stalls); the "
             "per-phase p95 in the report shows which phase spikes.",
             p95_over_p50=p95 / p50))

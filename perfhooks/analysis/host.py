@@ -20,17 +20,17 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
     time_us = 0.0
     sites: dict[str, int] = {}
     for event in trace.runtimes:
-        name = event.get("name") or ""
+        name = event.name or ""
         if name.startswith(SYNC_RUNTIME):
             counts[name] = counts.get(name, 0) + 1
-            time_us += event["dur"]
+            time_us += event.dur
     for op in trace.cpu_ops if trace.has_gpu else ():  # without a device, .item() waits for nothing
-        name = op.get("name") or ""
+        name = op.name or ""
         if name in SYNC_OPS:
             counts[name] = counts.get(name, 0) + 1
             if name == "aten::item":
-                time_us += op["dur"]
-            stack = (op.get("args") or {}).get("Call stack")
+                time_us += op.dur
+            stack = op.a.call_stack
             if isinstance(stack, str) and stack:
                 site = _user_frame(stack)
                 sites[site] = sites.get(site, 0) + 1
@@ -56,7 +56,7 @@ def _user_frame(stack: str) -> str:
 
 def compilation(trace: Trace) -> dict[str, bool]:
     """Whether a ``torch.compile``d region ran and whether compilation itself fell in the window."""
-    names = {e.get("name") or "" for e in trace.python + trace.annotations + trace.cpu_ops}
+    names = {e.name or "" for e in trace.python + trace.annotations + trace.cpu_ops}
     return {
         "compiled_region": any(marker in name for name in names for marker in COMPILED_REGION_MARKERS),
         "compiling_in_window": any(marker in name for name in names for marker in COMPILE_MARKERS),

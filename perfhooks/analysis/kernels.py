@@ -50,9 +50,9 @@ def kernel_breakdown(trace: Trace, top: int = 10) -> dict[str, Any]:
     """Top kernels by total device time: name, count, total and mean µs, share of kernel time."""
     totals: dict[str, list[float]] = {}
     for kernel in trace.kernels:
-        entry = totals.setdefault(kernel.get("name") or "?", [0, 0.0])
+        entry = totals.setdefault(kernel.name or "?", [0, 0.0])
         entry[0] += 1
-        entry[1] += kernel["dur"]
+        entry[1] += kernel.dur
     kernel_time = sum(entry[1] for entry in totals.values())
     ranked = sorted(totals.items(), key=lambda item: item[1][1], reverse=True)[:top]
     return {
@@ -88,7 +88,7 @@ def tensor_core_use(trace: Trace) -> dict[str, Any]:
     time = {"tf32": 0.0, "tensor_core": 0.0, "fp32_simt": 0.0, "other": 0.0}
     for kernel in trace.kernels:
         if not is_communication_kernel(kernel, comm):
-            time[kernel_math(kernel.get("name") or "")] += kernel["dur"]
+            time[kernel_math(kernel.name or "")] += kernel.dur
     total = sum(time.values())
     tf32, tensor, simt = time["tf32"], time["tf32"] + time["tensor_core"], time["fp32_simt"]
     if not total:
@@ -105,17 +105,17 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
 
     found: dict[str, float] = {}
     for kernel in trace.kernels:
-        kind = attention_kind(kernel.get("name") or "")
+        kind = attention_kind(kernel.name or "")
         if kind is not None:
-            found[kind] = found.get(kind, 0.0) + kernel["dur"]
+            found[kind] = found.get(kind, 0.0) + kernel.dur
     device_time = device_time_by_op(trace)
     on_device = bool(device_time)
     softmax_ops, bmm_ops = [], []
     for op in trace.cpu_ops:
-        name = op.get("name") or ""
+        name = op.name or ""
         kind = ATTENTION_OPS.get(name) or ATTENTION_OPS_CPU.get(name)
         if kind in ("math", "unfused") or (kind is not None and not on_device):
-            found[kind] = found.get(kind, 0.0) + op["dur"]
+            found[kind] = found.get(kind, 0.0) + op.dur
         elif name in SOFTMAX_OPS:
             softmax_ops.append(op)
         elif name in BATCHED_MATMUL_OPS:
@@ -123,7 +123,7 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
     if softmax_ops and bmm_ops and not any(found.get(k) for k in ("flash", "memory_efficient", "cudnn")):
         # attention written out by hand (nn.MultiheadAttention with need_weights=True): bmm, softmax, bmm
         found["unfused"] = found.get("unfused", 0.0) + sum(
-            device_time.get(external_id(op), 0.0) if on_device else op["dur"] for op in softmax_ops + bmm_ops)
+            device_time.get(external_id(op), 0.0) if on_device else op.dur for op in softmax_ops + bmm_ops)
     return found
 
 
@@ -135,11 +135,11 @@ def launch_statistics(trace: Trace, steps: int) -> dict[str, float]:
     gaps = []
     short = 0
     for kernel in trace.kernels:
-        if kernel["dur"] < SHORT_KERNEL_US:
+        if kernel.dur < SHORT_KERNEL_US:
             short += 1
-        launched = launches.get((kernel.get("args") or {}).get("correlation"))
+        launched = launches.get(kernel.correlation)
         if launched is not None:
-            gaps.append(kernel["ts"] - launched)
+            gaps.append(kernel.ts - launched)
     return {
         "kernels_per_step": len(trace.kernels) / max(steps, 1),
         "short_kernel_share": short / len(trace.kernels),

@@ -15,10 +15,6 @@ FP32_TYPES = ("float", "Float", "float32")
 HALF_TYPES = ("c10::Half", "c10::BFloat16", "Half", "BFloat16")
 
 
-def _args(event: dict[str, Any]) -> dict[str, Any]:
-    return event.get("args") or {}
-
-
 def device_time_by_op(trace: Trace) -> dict[Any, float]:
     """External id -> device µs of the kernels it launched (computed once per trace)."""
     cached = trace.__dict__.get("_device_time_by_op")
@@ -28,7 +24,7 @@ def device_time_by_op(trace: Trace) -> dict[Any, float]:
     for event in trace.device_events:
         ext = external_id(event)
         if ext is not None:
-            by_id[ext] = by_id.get(ext, 0.0) + event["dur"]
+            by_id[ext] = by_id.get(ext, 0.0) + event.dur
     trace.__dict__["_device_time_by_op"] = by_id
     return by_id
 
@@ -40,13 +36,12 @@ def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
         device = by_id.get(external_id(op))
         if not device:
             continue
-        args = _args(op)
-        shapes = args.get("Input Dims") or args.get("Input dims")
-        key = (op.get("name") or "?", str(shapes) if shapes else "")
+        shapes = op.input_dims
+        key = (op.name or "?", str(shapes) if shapes else "")
         entry = groups.setdefault(key, [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += device
-        entry[2] += op["dur"]
+        entry[2] += op.dur
     ranked = sorted(groups.items(), key=lambda item: item[1][1], reverse=True)[:top]
     return [{"name": name, "input_shapes": shapes, "count": count, "device_self_us": device, "host_us": host}
             for (name, shapes), (count, device, host) in ranked]
@@ -57,13 +52,13 @@ def eligible_precision(trace: Trace) -> dict[str, float]:
     by_id = device_time_by_op(trace)
     out = {"fp32": 0.0, "half": 0.0, "unknown": 0.0}
     for op in trace.cpu_ops:
-        name = op.get("name") or ""
+        name = op.name or ""
         if not name.startswith(TENSOR_CORE_ELIGIBLE):
             continue
         device = by_id.get(external_id(op), 0.0)
         if not device:
             continue
-        types = _args(op).get("Input type") or []
+        types = op.a.input_type or []
         if any(str(t) in HALF_TYPES for t in types):
             out["half"] += device
         elif any(str(t) in FP32_TYPES for t in types):
@@ -77,14 +72,13 @@ def misaligned_gemms(trace: Trace) -> list[dict[str, Any]]:
     """Half-precision GEMMs whose dimensions are not multiples of 8 (Tensor Cores pad or fall back)."""
     found: dict[str, int] = {}
     for op in trace.cpu_ops:
-        name = op.get("name") or ""
+        name = op.name or ""
         if name not in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"):
             continue
-        args = _args(op)
-        types = [str(t) for t in args.get("Input type") or []]
+        types = [str(t) for t in op.a.input_type or []]
         if not any(t in HALF_TYPES for t in types):
             continue
-        dims = [d for d in args.get("Input Dims") or [] if isinstance(d, list) and len(d) >= 2]
+        dims = [d for d in op.input_dims or [] if isinstance(d, list) and len(d) >= 2]
         if any(size % 8 for d in dims for size in d[-2:] if isinstance(size, int)):
             key = f"{name} {dims}"
             found[key] = found.get(key, 0) + 1

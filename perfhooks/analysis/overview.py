@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.model import Trace
+from perfhooks.analysis.model import Event, Trace
 
 ROLES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec",
                           "other")
@@ -53,10 +53,8 @@ class Overview:
         }
 
 
-def external_id(event: dict[str, Any]) -> Any:
-    args = event.get("args") or {}
-    value = args.get("External id")
-    return args.get("external id") if value is None else value
+def external_id(event: Event) -> Any:
+    return event.external_id
 
 
 def communication_ids(trace: Trace) -> set[Any]:
@@ -66,7 +64,7 @@ def communication_ids(trace: Trace) -> set[Any]:
         return cached
     ids = set()
     for event in trace.cpu_ops + trace.annotations:
-        name = event.get("name") or ""
+        name = event.name or ""
         if name.startswith(COMMUNICATION_OPS):
             ext = external_id(event)
             if ext is not None:
@@ -75,8 +73,8 @@ def communication_ids(trace: Trace) -> set[Any]:
     return ids
 
 
-def is_communication_kernel(kernel: dict[str, Any], comm_ids: set[Any]) -> bool:
-    return (kernel.get("name") or "").startswith(COMMUNICATION_KERNELS) or external_id(kernel) in comm_ids
+def is_communication_kernel(kernel: Event, comm_ids: set[Any]) -> bool:
+    return (kernel.name or "").startswith(COMMUNICATION_KERNELS) or external_id(kernel) in comm_ids
 
 
 def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
@@ -86,31 +84,31 @@ def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
         host = trace.cpu_ops + trace.python
         if not host:
             return []
-        return [(0, min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host))]
-    devices_by_correlation: dict[Any, list[dict[str, Any]]] = {}
+        return [(0, min(e.ts for e in host), max(e.ts + e.dur for e in host))]
+    devices_by_correlation: dict[Any, list[Event]] = {}
     for event in trace.device_events:
-        correlation = (event.get("args") or {}).get("correlation")
+        correlation = event.correlation
         if correlation is not None:
             devices_by_correlation.setdefault(correlation, []).append(event)
     if not devices_by_correlation:
         return steps
-    runtimes = sorted((r for r in trace.runtimes if (r.get("args") or {}).get("correlation") in devices_by_correlation),
-                      key=lambda r: r["ts"])
+    runtimes = sorted((r for r in trace.runtimes if r.correlation in devices_by_correlation),
+                      key=lambda r: r.ts)
     device_span: list[tuple[float, float] | None] = []
     launched = [0] * len(steps)
     matched: set[int] = set()
     r = 0
     for index, (_, start, end) in enumerate(steps):
         low, high = float("inf"), float("-inf")
-        while r < len(runtimes) and runtimes[r]["ts"] < start:
+        while r < len(runtimes) and runtimes[r].ts < start:
             r += 1
         k = r
-        while k < len(runtimes) and runtimes[k]["ts"] < end:
+        while k < len(runtimes) and runtimes[k].ts < end:
             runtime = runtimes[k]
-            if runtime["ts"] + runtime["dur"] <= end:
-                for device in devices_by_correlation[runtime["args"]["correlation"]]:
-                    low = min(low, device["ts"])
-                    high = max(high, device["ts"] + device["dur"])
+            if runtime.ts + runtime.dur <= end:
+                for device in devices_by_correlation[runtime.correlation]:
+                    low = min(low, device.ts)
+                    high = max(high, device.ts + device.dur)
                     matched.add(id(device))
                     launched[index] += 1
             k += 1
@@ -122,7 +120,7 @@ def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
     if device_span[0] is not None:
         first_device_start = device_span[0][0]
         for event in trace.device_events:
-            event_end = event["ts"] + event["dur"]
+            event_end = event.ts + event.dur
             if id(event) not in matched and event_end < first_device_start:
                 previous_end = max(previous_end, event_end)
     adjusted = []
@@ -154,10 +152,10 @@ def role_spans(trace: Trace) -> dict[str, spans.Spans]:
         (comm if is_communication_kernel(kernel, comm_ids) else compute).append(kernel)
     dataloader, cpu_exec = [], []
     for op in trace.cpu_ops:
-        name = op.get("name") or ""
+        name = op.name or ""
         (dataloader if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__") else cpu_exec).append(op)
     for annotation in trace.annotations:  # newer torch records the DataLoader as a user annotation
-        name = annotation.get("name") or ""
+        name = annotation.name or ""
         if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):
             dataloader.append(annotation)
     result = {
@@ -200,9 +198,9 @@ def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) ->
     span = last - first
     if span <= 0:
         return
-    by_device: dict[int, list[dict[str, Any]]] = {}
+    by_device: dict[int, list[Event]] = {}
     for kernel in trace.kernels:
-        device = (kernel.get("args") or {}).get("device", kernel.get("pid"))
+        device = kernel.device
         if isinstance(device, int):
             by_device.setdefault(device, []).append(kernel)
     for device, kernels in sorted(by_device.items()):
@@ -212,14 +210,14 @@ def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) ->
         overview.achieved_occupancy[device] = _occupancy(kernels, first, last)
 
 
-def _sm_efficiency(kernels: list[dict[str, Any]], first: float, last: float) -> float | None:
+def _sm_efficiency(kernels: list[Event], first: float, last: float) -> float | None:
     """Σ over time of min(Σ blocks-per-SM of running kernels, 1), clipped to the steps, ÷ steps time."""
     edges: list[tuple[float, int, float]] = []
     for kernel in kernels:
-        blocks = (kernel.get("args") or {}).get("blocks per SM")
+        blocks = kernel.a.blocks_per_sm
         if isinstance(blocks, (int, float)) and blocks > 0:
-            edges.append((kernel["ts"], 0, blocks))
-            edges.append((kernel["ts"] + kernel["dur"], 1, -blocks))
+            edges.append((kernel.ts, 0, blocks))
+            edges.append((kernel.ts + kernel.dur, 1, -blocks))
     if not edges:
         return None
     edges.sort(key=lambda edge: (edge[0], edge[1]))
@@ -236,12 +234,12 @@ def _sm_efficiency(kernels: list[dict[str, Any]], first: float, last: float) -> 
     return weighted / (last - first)
 
 
-def _occupancy(kernels: list[dict[str, Any]], first: float, last: float) -> float | None:
+def _occupancy(kernels: list[Event], first: float, last: float) -> float | None:
     weighted = time = 0.0
     for kernel in kernels:
-        occupancy = (kernel.get("args") or {}).get("est. achieved occupancy %")
+        occupancy = kernel.a.occupancy
         if isinstance(occupancy, (int, float)) and occupancy >= 0:
-            start, end = max(kernel["ts"], first), min(kernel["ts"] + kernel["dur"], last)
+            start, end = max(kernel.ts, first), min(kernel.ts + kernel.dur, last)
             if end > start:
                 weighted += occupancy * (end - start)
                 time += end - start

@@ -16,11 +16,11 @@ Spans = tuple[np.ndarray, np.ndarray]
 EMPTY: Spans = (np.empty(0), np.empty(0))
 
 
-def of_events(events: list[dict[str, Any]]) -> Spans:
+def of_events(events: list[Any]) -> Spans:
     if not events:
         return EMPTY
-    starts = np.fromiter((e["ts"] for e in events), dtype=np.float64, count=len(events))
-    durations = np.fromiter((e["dur"] for e in events), dtype=np.float64, count=len(events))
+    starts = np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events))
+    durations = np.fromiter((e.dur for e in events), dtype=np.float64, count=len(events))
     return starts, starts + durations
 
 

@@ -38,9 +38,9 @@ def idle_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:
         return {}
     w = 0  # gaps come in time order: walk the window once
     host = kernel = other = 0.0
-    busy_until = device[0]["ts"] + device[0]["dur"]
+    busy_until = device[0].ts + device[0].dur
     for event in device[1:]:
-        start = event["ts"]
+        start = event.ts
         if start > busy_until:
             while w < len(window) and window[w][1] <= busy_until:
                 w += 1
@@ -50,14 +50,14 @@ def idle_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:
                 gap += min(start, window[k][1]) - max(busy_until, window[k][0])
                 k += 1
             if gap > 0:
-                launched = launches.get((event.get("args") or {}).get("correlation"))
+                launched = launches.get(event.correlation)
                 if launched is not None and launched >= busy_until:
                     host += gap
                 elif gap <= KERNEL_WAIT_MAX_US:
                     kernel += gap
                 else:
                     other += gap
-        busy_until = max(busy_until, start + event["dur"])
+        busy_until = max(busy_until, start + event.dur)
     idle = host + kernel + other
     if not idle:
         return {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0, "idle_us": 0.0}

@@ -16,16 +16,16 @@ def memcpy_summary(trace: Trace, steps: int) -> dict[str, Any]:
     by_direction: dict[str, list[float]] = {}
     pageable_us = host_device_us = 0.0
     for copy in trace.memcpys:
-        name = copy.get("name") or ""
+        name = copy.name or ""
         direction = next((d for d in DIRECTIONS if d in name), "other")
         entry = by_direction.setdefault(direction, [0, 0.0, 0.0])
         entry[0] += 1
-        entry[1] += (copy.get("args") or {}).get("bytes", 0) or 0
-        entry[2] += copy["dur"]
+        entry[1] += copy.a.bytes or 0
+        entry[2] += copy.dur
         if direction in ("HtoD", "DtoH"):
-            host_device_us += copy["dur"]
+            host_device_us += copy.dur
             if "Pageable" in name:
-                pageable_us += copy["dur"]
+                pageable_us += copy.dur
     per_step = max(steps, 1)
     return {
         "by_direction": {
@@ -46,8 +46,8 @@ def communication_summary(trace: Trace, window: list[ranges.Span]) -> dict[str, 
     libraries = set()
     for kernel in trace.kernels:
         if is_communication_kernel(kernel, comm_ids):
-            libraries.add("rccl" if "rccl" in (kernel.get("name") or "").lower() else "nccl")
-    gloo = [op for op in trace.cpu_ops + trace.annotations if (op.get("name") or "").startswith("gloo:")]
+            libraries.add("rccl" if "rccl" in (kernel.name or "").lower() else "nccl")
+    gloo = [op for op in trace.cpu_ops + trace.annotations if (op.name or "").startswith("gloo:")]
     if gloo:
         libraries.add("gloo")
     comm = spans.union(spans.concat(roles["communication"], spans.of_events(gloo)))

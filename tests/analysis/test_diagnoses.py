@@ -94,6 +94,8 @@ def test_no_warning_or_critical_on_a_healthy_cpu_loop(tmp_path: Path) -> None:
     import torch
 
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # less exposed to other processes on a small machine
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     batches = [torch.randn(256, 256) for _ in range(30)]
@@ -109,6 +111,7 @@ def test_no_warning_or_critical_on_a_healthy_cpu_loop(tmp_path: Path) -> None:
         optimizer.zero_grad()
         engine.step_end()
     report_ = engine.close()
+    torch.set_num_threads(threads)
     assert report_["steps"] == 30
     assert [d for d in report_["diagnoses"] if d["severity"] in ("warning", "critical")] == []
 
