@@ -26,7 +26,7 @@ def _analyze(args: argparse.Namespace) -> int:
     elif args.format == "html":
         from perfhooks.sinks.html import render_html
 
-        text = render_html(report)
+        text = render_html(report, series=report.get("series"))
     else:
         from perfhooks.sinks.text import format_analysis
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import platform
 from typing import Any
 
-import torch
-
 
 def _cpu_model() -> str:
     try:
@@ -19,8 +17,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def describe_device(device: torch.device | str | None) -> dict[str, Any]:
-    """``{"type": "cuda"|"cpu"|..., "name": ...}`` (plus ``index`` on CUDA)."""
+def describe_device(device: Any) -> dict[str, Any]:
+    """``{"type": "cuda"|"cpu"|..., "name": ...}`` (plus ``index`` on CUDA), for a ``torch.device`` or a string."""
+    import torch
+
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda" and torch.cuda.is_available():
         index = device.index if device.index is not None else torch.cuda.current_device()

@@ -85,3 +85,12 @@ def test_report_phase_statistics_come_from_perfhooks_labels(tmp_path: Path, monk
 def test_missing_path_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["analyze", os.devnull + "-absent"]) == 2
     assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_html_draws_phase_series_from_perfhooks_labels(tmp_path: Path, monkeypatch) -> None:
+    make_rank_trace(tmp_path, 0, 0.0, monkeypatch)
+    trace = next((tmp_path / "traces").iterdir())
+    target = tmp_path / "page.html"
+    assert main(["analyze", str(trace), "--format", "html", "-o", str(target)]) == 0
+    page = target.read_text()
+    assert page.count("<polyline") == 5, "data_wait, forward, backward, optimizer and other per step"

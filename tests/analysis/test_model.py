@@ -96,3 +96,45 @@ def test_error_is_one_line_for_a_missing_file() -> None:
     with pytest.raises(TraceError) as caught:
         load_trace(TRACES / "absent.json")
     assert "\n" not in str(caught.value)
+
+
+def synthetic(tmp_path: Path, events: list[dict], name: str = "synthetic.json") -> Path:
+    return write(tmp_path, name, json.dumps({"traceEvents": events}).encode())
+
+
+def kernel(name: str, ts: float, dur: float, correlation: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": 7,
+            "args": {"device": 0, "correlation": correlation, "External id": correlation}}
+
+
+def test_tensor_cores_tf32_and_attention_from_kernel_names(tmp_path: Path) -> None:
+    from perfhooks.analysis.analyze import analyze_paths
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000, "pid": 1,
+               "tid": 1},
+              kernel("sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x32", 10, 300, 1),
+              kernel("ampere_sgemm_128x64_nn", 320, 100, 2),
+              kernel("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize", 430, 100, 3),
+              kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64>>", 540, 200, 4)]
+    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5 + i, "dur": 1, "pid": 1,
+                "tid": 1, "args": {"correlation": i}} for i in range(1, 5)]
+    metrics = analyze_paths([synthetic(tmp_path, events)])["metrics"]
+    tensor = metrics["tensor_cores"]
+    assert tensor["tensor_core_share"] == pytest.approx(600 / 700)
+    assert tensor["tf32_share"] == pytest.approx(100 / 700)
+    assert tensor["fp32_simt_gemm_share"] == pytest.approx(100 / 700)
+    assert metrics["attention"] == {"flash": 200.0}
+
+
+def test_compilation_inside_the_window_is_seen(tmp_path: Path) -> None:
+    from perfhooks.analysis.analyze import analyze_paths
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 0, "dur": 100, "pid": 1,
+               "tid": 1},
+              {"ph": "X", "cat": "python_function", "name": "torch/_dynamo/convert_frame.py(560): _compile",
+               "ts": 1, "dur": 50, "pid": 1, "tid": 1},
+              {"ph": "X", "cat": "cpu_op", "name": "Torch-Compiled Region: 0/0", "ts": 60, "dur": 30, "pid": 1,
+               "tid": 1}]
+    result = analyze_paths([synthetic(tmp_path, events)])
+    assert result["metrics"]["compile"] == {"compiled_region": True, "compiling_in_window": True}
+    assert "compile_warmup" in [d["id"] for d in result["diagnoses"]]
