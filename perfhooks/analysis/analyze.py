@@ -11,7 +11,13 @@ from typing import Any
 from perfhooks.analysis import ranges
 from perfhooks.analysis.diagnoses import Thresholds, diagnose_ranks, diagnose_trace, rank
 from perfhooks.analysis.host import compilation, host_synchronizations
-from perfhooks.analysis.kernels import attention_kernels, kernel_breakdown, launch_statistics, tensor_core_use
+from perfhooks.analysis.kernels import (
+    attention_kernels,
+    kernel_breakdown,
+    launch_statistics,
+    stream_breakdown,
+    tensor_core_use,
+)
 from perfhooks.analysis.model import Trace, TraceError, load_trace
 from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, top_operators
 from perfhooks.analysis.overview import Overview, compute_overview
@@ -46,6 +52,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "temporal": temporal_breakdown(trace, window),
         "idle": idle_breakdown(trace, window),
         "kernels": kernel_breakdown(trace),
+        "streams": stream_breakdown(trace),
         "tensor_cores": tensor_core_use(trace),
         "eligible_precision": eligible_precision(trace),
         "attention": attention_kernels(trace),

@@ -34,6 +34,9 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
             if isinstance(stack, str) and stack:
                 site = _user_frame(stack)
                 sites[site] = sites.get(site, 0) + 1
+    if not sites and trace.python:
+        sites = _python_call_sites([op for op in trace.cpu_ops if op.name in SYNC_OPS] if trace.has_gpu else [],
+                                   trace.python)
     syncs = sum(counts.values())
     per_step = max(steps, 1)
     return {
@@ -44,6 +47,34 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
                        sorted(sites.items(), key=lambda kv: -kv[1])[:5]],
         "cuda_sync_events": len(trace.syncs),
     }
+
+
+def _python_call_sites(ops: list[Any], frames: list[Any]) -> dict[str, int]:
+    """Innermost user (non-torch) Python frame around each op, from ``python_function`` events (with_stack)."""
+    import bisect
+
+    by_thread: dict[Any, list[Any]] = {}
+    for frame in frames:
+        by_thread.setdefault(frame.tid, []).append(frame)
+    starts = {}
+    for tid, thread_frames in by_thread.items():
+        thread_frames.sort(key=lambda f: f.ts)
+        starts[tid] = [f.ts for f in thread_frames]
+    sites: dict[str, int] = {}
+    for op in ops:
+        thread_frames = by_thread.get(op.tid)
+        if not thread_frames:
+            continue
+        index = bisect.bisect_right(starts[op.tid], op.ts)
+        best = None
+        for frame in reversed(thread_frames[max(0, index - 200):index]):  # nearest enclosing frames first
+            name = frame.name or ""
+            if frame.ts + frame.dur >= op.ts and "torch/" not in name and "site-packages" not in name:
+                best = name
+                break
+        if best:
+            sites[best] = sites.get(best, 0) + 1
+    return sites
 
 
 def _user_frame(stack: str) -> str:

@@ -82,6 +82,17 @@ def attention_kind(name: str) -> str | None:
     return None
 
 
+def stream_breakdown(trace: Trace) -> list[dict[str, Any]]:
+    """Device time per (device, stream): kernels, memcpys and memsets, busiest first."""
+    totals: dict[tuple[Any, Any], list[float]] = {}
+    for event in trace.device_events:
+        entry = totals.setdefault((event.device, event.tid), [0, 0.0])
+        entry[0] += 1
+        entry[1] += event.dur
+    return [{"device": device, "stream": stream, "events": count, "busy_us": busy}
+            for (device, stream), (count, busy) in sorted(totals.items(), key=lambda kv: -kv[1][1])]
+
+
 def tensor_core_use(trace: Trace) -> dict[str, Any]:
     """Share of compute-kernel time on Tensor Cores, TF32 told apart, judged from kernel names."""
     comm = communication_ids(trace)

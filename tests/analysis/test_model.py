@@ -138,3 +138,22 @@ def test_compilation_inside_the_window_is_seen(tmp_path: Path) -> None:
     result = analyze_paths([synthetic(tmp_path, events)])
     assert result["metrics"]["compile"] == {"compiled_region": True, "compiling_in_window": True}
     assert "compile_warmup" in [d["id"] for d in result["diagnoses"]]
+
+
+def test_streams_and_python_call_sites_of_syncs(tmp_path: Path) -> None:
+    from perfhooks.analysis.analyze import analyze_paths
+
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 0, "dur": 1000, "pid": 1,
+               "tid": 1},
+              kernel("void gemm_kernel", 10, 300, 1), kernel("void relu_kernel", 320, 50, 2),
+              {"ph": "X", "cat": "kernel", "name": "void copy_kernel", "ts": 20, "dur": 40, "pid": 0, "tid": 13,
+               "args": {"device": 0, "correlation": 3}},
+              {"ph": "X", "cat": "python_function", "name": "train.py(42): train_step", "ts": 400, "dur": 300,
+               "pid": 1, "tid": 1},
+              {"ph": "X", "cat": "python_function", "name": "torch/_tensor.py(10): item", "ts": 500, "dur": 20,
+               "pid": 1, "tid": 1},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 505, "dur": 10, "pid": 1, "tid": 1}]
+    metrics = analyze_paths([synthetic(tmp_path, events)])["metrics"]
+    assert metrics["streams"] == [{"device": 0, "stream": 7, "events": 2, "busy_us": 350.0},
+                                  {"device": 0, "stream": 13, "events": 1, "busy_us": 40.0}]
+    assert metrics["host_sync"]["call_sites"] == [{"site": "train.py(42): train_step", "count": 1}]
