@@ -209,10 +209,11 @@ class Engine:
         self.step = int(state.get("step", self.step))
 
     # ----------------------------------------------------------------- output
-    def report(self) -> dict[str, Any]:
+    def report(self, live: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The report now (on the training thread: it reads the statistics)."""
         return build_report(framework=self.framework, status=self.status, rank=self.rank,
                             world_size=self.world_size, device=self.device, stats=self.stats,
-                            windows=self.windows.snapshot(), diagnoses=self.diagnoses(),
+                            windows=self.windows.snapshot(), diagnoses=self.diagnoses(live),
                             faults=self.faults.as_list(), error=self.error)
 
     def close(self) -> dict[str, Any] | None:
@@ -273,16 +274,21 @@ class Engine:
         except Exception as error:
             self.faults.report("window", error)
 
-    def diagnoses(self) -> list[dict[str, Any]]:
-        """Live diagnoses (from phase timings) merged with the latest window's, ranked by estimated gain."""
-        from perfhooks.analysis.diagnoses import diagnose_live, rank
+    def live_diagnoses(self) -> list[dict[str, Any]]:
+        """Diagnoses from phase timings alone (training thread)."""
+        from perfhooks.analysis.diagnoses import diagnose_live
 
         try:
-            live = diagnose_live(self.stats, self.config.thresholds)
+            return diagnose_live(self.stats, self.config.thresholds)
         except Exception as error:
             self.faults.report("live_diagnoses", error)
-            live = []
-        return rank(live + self.trace_diagnoses)
+            return []
+
+    def diagnoses(self, live: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Live diagnoses merged with the latest analysed window's, ranked by estimated gain."""
+        from perfhooks.analysis.diagnoses import rank
+
+        return rank((self.live_diagnoses() if live is None else live) + self.trace_diagnoses)
 
     def _analyze_window(self, path: Path, window: dict[str, Any]) -> None:
         """On the writer thread, after a window's trace is written: its metrics and diagnoses."""
@@ -302,8 +308,17 @@ class Engine:
         self.trace_diagnoses = result["diagnoses"]
 
     def _save_report_async(self) -> None:
-        report = self.report()
-        self.writer.submit("report_write", lambda: write_report(self.output_dir, report))
+        """At a window's end: snapshot the statistics here, write on the writer thread once the window's
+        trace has been written and analysed (the writer runs jobs in order), with its diagnoses merged."""
+        live = self.live_diagnoses()
+        report = self.report(live)
+
+        def write() -> None:
+            report["windows"] = self.windows.snapshot()
+            report["diagnoses"] = self.diagnoses(live)
+            write_report(self.output_dir, report)
+
+        self.writer.submit("report_write", write)
 
     def _guarded_call(self, kind: str, fn: Any) -> None:
         try:

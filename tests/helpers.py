@@ -82,6 +82,21 @@ def read_report(output_dir: Path) -> dict[str, Any]:
     return json.loads((output_dir / "report.json").read_text())
 
 
+def train_steps(engine: Any, loss_of: Any, optimizer: torch.optim.Optimizer, batches: Any) -> None:
+    """One optimizer step per batch, announced to the engine as an integration would: ``loss_of(batch)``
+    is the forward pass (and the loss), then backward and the optimizer."""
+    for batch in batches:
+        engine.phase_start("data_wait")
+        engine.phase_start("forward")
+        loss = loss_of(batch)
+        engine.phase_start("backward")
+        loss.backward()
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        engine.step_end()
+
+
 def plain_loop(engine: Any, steps: int, accumulate: int = 1, before_step: Any = None) -> None:
     """A hand-written training loop feeding the engine its events (what an integration does)."""
     model = mlp()

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import train_steps
 from perfhooks import Engine, PerfConfig
 
 pytestmark = pytest.mark.cuda
@@ -47,23 +48,13 @@ def test_no_host_sync_in_a_steady_state_step(tmp_path: Path) -> None:
     engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test", device="cuda")
     x, y = torch.randn(64, 256, device="cuda"), torch.randn(64, 1, device="cuda")
 
-    def step() -> None:
-        engine.phase_start("data_wait")
-        engine.phase_start("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        engine.phase_start("backward")
-        loss.backward()
-        engine.phase_start("optimizer")
-        optimizer.step()
-        optimizer.zero_grad()
-        engine.step_end()
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(batch), y)
 
-    for _ in range(5):
-        step()
+    train_steps(engine, loss_of, optimizer, [x] * 5)
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as profiler:
-        for _ in range(5):
-            step()
+        train_steps(engine, loss_of, optimizer, [x] * 5)
     engine.close()
     syncs = [event.name for event in profiler.events() if event.name in SYNC_CALLS]
     assert syncs == []

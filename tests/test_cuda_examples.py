@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import train_steps
 from perfhooks import Engine, PerfConfig, Schedule
 from perfhooks.analysis.analyze import analyze_paths
 
@@ -24,17 +25,11 @@ def profile_tutorial(tmp_path: Path, optimized: bool) -> dict:
     x = torch.randn(batch, 128, 512, device="cuda")
     engine = Engine(PerfConfig(schedule=Schedule(skip_first=3, warmup=1, active=3), console=False,
                                analyze_windows=False), tmp_path, "test", device="cuda")
-    for _ in range(10):
-        engine.phase_start("data_wait")
-        engine.phase_start("forward")
+    def loss_of(batch: torch.Tensor) -> torch.Tensor:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=optimized):
-            loss = layer(x).float().square().mean()
-        engine.phase_start("backward")
-        loss.backward()
-        engine.phase_start("optimizer")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        engine.step_end()
+            return layer(batch).float().square().mean()
+
+    train_steps(engine, loss_of, optimizer, [x] * 10)
     report = engine.close()
     return analyze_paths([report["windows"][0]["path"]])
 

@@ -116,3 +116,15 @@ def test_exception_in_a_window_saves_the_partial_window(tmp_path: Path) -> None:
     assert trace_files(tmp_path) == ["rank0.step1.pt.trace.json.gz"]
     names = annotation_names(load_trace(tmp_path / "traces" / "rank0.step1.pt.trace.json.gz"))
     assert {"ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"} <= set(names)
+
+
+def test_the_report_written_at_a_window_end_has_that_windows_analysis(tmp_path: Path) -> None:
+    import json
+
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=1, warmup=0, active=2))
+    plain_loop(engine, steps=5)
+    engine.writer.flush()
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert written["status"] == "running"
+    assert "metrics" in written["windows"][0], "analysed before the window-end report was written"
+    engine.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import NUM_WORKERS_0, NUM_WORKERS_4, RESNET, report
-from helpers import plain_loop
+from helpers import plain_loop, train_steps
 from perfhooks import Engine, PerfConfig
 from perfhooks.analysis.diagnoses import DOCS, Thresholds, diagnose_live, diagnose_ranks, rank
 from perfhooks.report import validate_report
@@ -100,16 +100,7 @@ def test_no_warning_or_critical_on_a_healthy_cpu_loop(tmp_path: Path) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     batches = [torch.randn(256, 256) for _ in range(30)]
     engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test")
-    for x in batches:
-        engine.phase_start("data_wait")
-        engine.phase_start("forward")
-        loss = model(x).square().mean()
-        engine.phase_start("backward")
-        loss.backward()
-        engine.phase_start("optimizer")
-        optimizer.step()
-        optimizer.zero_grad()
-        engine.step_end()
+    train_steps(engine, lambda x: model(x).square().mean(), optimizer, batches)
     report_ = engine.close()
     torch.set_num_threads(threads)
     assert report_["steps"] == 30
@@ -165,16 +156,7 @@ def tutorial_trace(tmp_path: Path, optimized: bool) -> dict:
     engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=2), console=False,
                                analyze_windows=False), tmp_path, "test")
     x = torch.randn(4, 64, 128)
-    for _ in range(5):
-        engine.phase_start("data_wait")
-        engine.phase_start("forward")
-        loss = layer(x).square().mean()
-        engine.phase_start("backward")
-        loss.backward()
-        engine.phase_start("optimizer")
-        optimizer.step()
-        optimizer.zero_grad()
-        engine.step_end()
+    train_steps(engine, lambda batch: layer(batch).square().mean(), optimizer, [x] * 5)
     return analyze_paths([engine.close()["windows"][0]["path"]])
 
 
