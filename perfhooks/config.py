@@ -42,6 +42,14 @@ class PerfConfig:
         console: print a summary table when training ends (rank 0).
         analyze_windows: analyse each window's trace off the training thread and add its diagnoses.
         thresholds: a :class:`perfhooks.analysis.diagnoses.Thresholds` for the diagnosis rules.
+        memory: memory telemetry, captures near the limit and the OOM dump.
+        memory_threshold: fraction 0..1 of capacity at which a capture is taken (once per crossing).
+        memory_capacity_bytes: the capacity to compare with; default the device's, or on CPU the
+            smallest of cgroup ``memory.max``, ``RLIMIT_AS`` and physical memory.
+        memory_poll_s: seconds between memory samples (taken at phase boundaries).
+        memory_history: on CUDA, record allocation history for snapshots (a few % of step time).
+        memory_history_entries: allocation events kept in that history.
+        max_memory_captures: captures near the limit kept per run.
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -60,6 +68,13 @@ class PerfConfig:
     console: bool = True
     analyze_windows: bool = True
     thresholds: Any = None
+    memory: bool = True
+    memory_threshold: float = 0.9
+    memory_capacity_bytes: int | None = None
+    memory_poll_s: float = 0.05
+    memory_history: bool = True
+    memory_history_entries: int = 100_000
+    max_memory_captures: int = 3
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -69,7 +84,8 @@ class PerfConfig:
         if self.output_dir is not None and not isinstance(self.output_dir, (str, os.PathLike)):
             raise TypeError(f"output_dir must be a path (str or os.PathLike) or None, "
                             f"got {type(self.output_dir).__name__}")
-        for name in ("max_traces", "max_trace_bytes", "on_demand_active"):
+        for name in ("max_traces", "max_trace_bytes", "on_demand_active", "memory_history_entries",
+                     "max_memory_captures"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -81,9 +97,19 @@ class PerfConfig:
             raise TypeError(f"thresholds must be a perfhooks.analysis.diagnoses.Thresholds or None, "
                             f"got {type(self.thresholds).__name__}")
         for name in ("record_shapes", "profile_memory", "with_stack", "nvtx", "module_ranges",
-                     "nsys_capture", "on_demand", "console", "analyze_windows"):
+                     "nsys_capture", "on_demand", "console", "analyze_windows", "memory", "memory_history"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        threshold = self.memory_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+            raise ValueError(f"memory_threshold must be a fraction in (0, 1], got {threshold!r}")
+        capacity = self.memory_capacity_bytes
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"memory_capacity_bytes must be an integer >= 1 or None, got {capacity!r}")
+        for name in ("memory_poll_s",):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
         poll = self.trigger_poll_s
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0:
             raise ValueError(f"trigger_poll_s must be a finite number of seconds > 0, got {poll!r}")

@@ -30,6 +30,7 @@ from perfhooks.device import describe_device
 from perfhooks.exit_guard import ExitGuard
 from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.hooks import HookHandles, add_module_ranges
+from perfhooks.memory import MemoryMonitor
 from perfhooks.phases import DATA_WAIT, FORWARD, PHASES
 from perfhooks.report import build_report, write_report
 from perfhooks.schedule import Action, OnDemandWindow
@@ -77,6 +78,16 @@ class Engine:
             self.writer, self.faults, self.once, on_saved=self._save_report_async,
             on_written=self._analyze_window if config.analyze_windows else None)
         self.trigger = OnDemandTrigger(self.output_dir, config.trigger_poll_s) if config.on_demand else None
+        self.memory: MemoryMonitor | None = None
+        if config.memory:
+            try:
+                self.memory = MemoryMonitor(
+                    self.output_dir, on_cuda, self.faults, self.once, threshold=config.memory_threshold,
+                    capacity_bytes=config.memory_capacity_bytes, poll_s=config.memory_poll_s,
+                    history=config.memory_history, history_entries=config.memory_history_entries,
+                    max_captures=config.max_memory_captures)
+            except Exception as error:
+                self.faults.report("memory_start", error)
         #: Diagnoses from the latest analysed window (trace rules); live rules are added at report time.
         self.trace_diagnoses: list[dict[str, Any]] = []
         self.status = "running"
@@ -190,14 +201,18 @@ class Engine:
     def exception(self, error: BaseException) -> None:
         """The user's error is on its way out: close ranges, save the partial window and the report."""
         self.status = "failed"
-        self.error = {"type": type(error).__name__, "message": str(error)[:500], "step": self.step,
-                      "phase": self._phase[0] if self._phase else None}
+        phase = self._phase[0] if self._phase else None
+        self.error = {"type": type(error).__name__, "message": str(error)[:500], "step": self.step, "phase": phase}
+        if self.memory is not None:
+            self.memory.on_exception(error, self.step, phase)
         self.close()
 
     # ----------------------------------------------------------------- model hooks
     @guarded("watch_model")
     def watch_model(self, model: torch.nn.Module) -> None:
-        """Per-module NVTX ranges when ``module_ranges`` is on."""
+        """The model whose parameters the memory census attributes; per-module NVTX ranges when asked."""
+        if self.memory is not None:
+            self.memory.models.append(model)
         if self.config.module_ranges:
             add_module_ranges(model, self.nvtx, self.hooks)
 
@@ -214,7 +229,8 @@ class Engine:
         return build_report(framework=self.framework, status=self.status, rank=self.rank,
                             world_size=self.world_size, device=self.device, stats=self.stats,
                             windows=self.windows.snapshot(), diagnoses=self.diagnoses(live),
-                            faults=self.faults.as_list(), error=self.error)
+                            faults=self.faults.as_list(), error=self.error,
+                            memory=self._guarded_value("memory_report", self.memory.section) if self.memory else None)
 
     def close(self) -> dict[str, Any] | None:
         """End of training: flush pending timings (the one host sync), write the report, print the table."""
@@ -256,6 +272,11 @@ class Engine:
             self.nvtx.pop()
         end = self.clock.mark()
         self._record.intervals.append((name, start, end))  # type: ignore[union-attr]
+        if self.memory is not None:
+            try:
+                self.memory.observe(self.step, name)
+            except Exception as error:
+                self.faults.report("memory_sample", error)
         return end
 
     def _drive_windows(self, step: int) -> None:
@@ -279,7 +300,10 @@ class Engine:
         from perfhooks.analysis.diagnoses import diagnose_live
 
         try:
-            return diagnose_live(self.stats, self.config.thresholds)
+            live = diagnose_live(self.stats, self.config.thresholds)
+            if self.memory is not None:
+                live += self.memory.diagnoses(self.config.thresholds.memory_fraction)
+            return live
         except Exception as error:
             self.faults.report("live_diagnoses", error)
             return []
@@ -319,6 +343,13 @@ class Engine:
             write_report(self.output_dir, report)
 
         self.writer.submit("report_write", write)
+
+    def _guarded_value(self, kind: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as error:
+            self.faults.report(kind, error)
+            return None
 
     def _guarded_call(self, kind: str, fn: Any) -> None:
         try:

@@ -31,7 +31,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  stats: PhaseStatistics, windows: list[dict[str, Any]],
                  diagnoses: list[dict[str, Any]] | None = None,
                  faults: list[dict[str, Any]] | None = None,
-                 error: dict[str, Any] | None = None) -> dict[str, Any]:
+                 error: dict[str, Any] | None = None,
+                 memory: dict[str, Any] | None = None) -> dict[str, Any]:
     step = stats.step.summary()
     phases = {}
     for name in (*PHASES, OTHER):
@@ -56,6 +57,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "diagnoses": list(diagnoses or []),
         "faults": list(faults or []),
     }
+    if memory is not None:
+        report["memory"] = memory
     if error is not None:
         report["error"] = error
     return report

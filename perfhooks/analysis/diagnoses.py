@@ -63,6 +63,7 @@ DOCS = {
     "memcpy_heavy": "https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html",
     "memory_near_limit": "https://pytorch.org/docs/stable/torch_cuda_memory.html",
     "memory_fragmentation": "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf",
+    "activations_dominate": "https://pytorch.org/docs/stable/checkpoint.html",
     "compile_warmup": "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
     "optimizer_heavy": "https://pytorch.org/docs/stable/optim.html#algorithms",
     "communication_heavy": "https://pytorch.org/docs/stable/notes/ddp.html",

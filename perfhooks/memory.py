@@ -1,0 +1,283 @@
+"""Memory telemetry, captures near the limit, and what was alive at an OOM.
+
+Sampling costs no host sync: CUDA figures come from the caching allocator's counters
+(``torch.cuda.memory_stats``), CPU figures from ``/proc/self/statm``. Both are read at phase
+boundaries at most every ``memory_poll_s`` seconds, so the step and phase of the peak are known
+to that resolution.
+
+On CUDA with ``memory_history`` on, ``torch.cuda.memory._record_memory_history`` runs from the
+start (bounded by ``memory_history_entries``; it records a Python stack per allocation, a
+few percent of step time) and snapshots are saved as pickles (protocol 4) that
+pytorch.org/memory_viz reads, with an HTML trace plot beside them. On every device a capture
+also writes a live-tensor census (``census.json``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+from perfhooks.census import live_tensor_census
+from perfhooks.faults import FaultLog, Once
+from perfhooks.files import atomic_write_bytes, atomic_write_json
+from perfhooks.oom import find_oom, oom_recommendations, requested_bytes
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: Usage must fall this far (fraction of capacity) below the threshold before the next capture.
+HYSTERESIS = 0.05
+#: Largest snapshot pickle written (bytes); bigger ones are skipped with a warning.
+MAX_SNAPSHOT_BYTES = 512 * 2**20
+
+
+def cpu_limit() -> tuple[int, str]:
+    """The smallest of cgroup ``memory.max``, ``RLIMIT_AS`` and physical memory (bytes), and which it is."""
+    limits = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            limits.append((int(text), "cgroup"))
+        break
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
+        limits.append((soft, "rlimit_as"))
+    if hasattr(os, "sysconf"):
+        limits.append((_PAGE * os.sysconf("SC_PHYS_PAGES"), "physical"))
+    return min(limits) if limits else (0, "unknown")
+
+
+def cpu_usage() -> dict[str, int]:
+    """Process virtual size and resident set (bytes)."""
+    try:
+        size, resident = Path("/proc/self/statm").read_text().split()[:2]
+        return {"vms_bytes": int(size) * _PAGE, "rss_bytes": int(resident) * _PAGE}
+    except (OSError, ValueError):
+        return {"vms_bytes": 0, "rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+class MemoryMonitor:
+    """Samples memory at phase boundaries, captures once per crossing of the threshold, dumps at OOM."""
+
+    def __init__(self, output_dir: Path, on_cuda: bool, faults: FaultLog, once: Once, *, threshold: float,
+                 capacity_bytes: int | None, poll_s: float, history: bool, history_entries: int,
+                 max_captures: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.output_dir = output_dir
+        self.cuda = on_cuda and torch.cuda.is_available()
+        self.faults = faults
+        self.once = once
+        self.threshold = threshold
+        self.poll_ns = int(poll_s * 1e9)
+        self.max_captures = max_captures
+        self.models: list[Any] = []
+        self.captures: list[dict[str, Any]] = []
+        self.latest: dict[str, Any] = {}
+        self.peak = {"used_bytes": 0, "step": None, "phase": None}
+        self.census: dict[str, Any] | None = None
+        self._armed = True
+        self._next_ns = 0
+        self._observer_attached = False
+        if self.cuda:
+            self.limit_source = "device"
+            self.capacity = capacity_bytes or torch.cuda.mem_get_info()[1]
+            self.history = history and self._start_history(history_entries)
+        else:
+            self.capacity, self.limit_source = (capacity_bytes, "configured") if capacity_bytes else cpu_limit()
+            self.history = False
+
+    # ------------------------------------------------------------------ sampling
+    def observe(self, step: int, phase: str | None) -> None:
+        """At a phase boundary: sample (rate-limited), track the peak, capture on crossing the threshold."""
+        now = time.monotonic_ns()
+        if now < self._next_ns:
+            return
+        self._next_ns = now + self.poll_ns
+        figures = self.sample()
+        used = figures["used_bytes"]
+        if used > self.peak["used_bytes"]:
+            self.peak = {"used_bytes": used, "step": step, "phase": phase}
+        if not self.capacity:
+            return
+        fraction = used / self.capacity
+        if self._armed and fraction >= self.threshold:
+            self._armed = False
+            self.capture(step, phase, "near_limit")
+        elif not self._armed and fraction < self.threshold - HYSTERESIS:
+            self._armed = True
+
+    def sample(self) -> dict[str, Any]:
+        if self.cuda:
+            stats = self.torch.cuda.memory_stats()
+            figures = {
+                "allocated_bytes": stats.get("allocated_bytes.all.current", 0),
+                "reserved_bytes": stats.get("reserved_bytes.all.current", 0),
+                "active_bytes": stats.get("active_bytes.all.current", 0),
+                "peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
+                "num_alloc_retries": stats.get("num_alloc_retries", 0),
+                "num_ooms": stats.get("num_ooms", 0),
+            }
+            figures["used_bytes"] = figures["reserved_bytes"]
+            self._attach_observer()
+        else:
+            figures = cpu_usage()
+            figures["used_bytes"] = figures["vms_bytes" if self.limit_source == "rlimit_as" else "rss_bytes"]
+        self.latest = figures
+        return figures
+
+    # ------------------------------------------------------------------ captures
+    def capture(self, step: int, phase: str | None, reason: str) -> Path | None:
+        """Write a census (and on CUDA a snapshot and its HTML plot) under ``memory/``; bounded in count."""
+        if len(self.captures) >= self.max_captures:
+            self.once.warn("memory_captures", f"memory near the limit again at step {step}; at most "
+                           f"{self.max_captures} captures are kept (max_memory_captures)")
+            return None
+        folder = self.output_dir / "memory" / f"{reason}.step{step}"
+        try:
+            census = self.take_census()
+            atomic_write_json(folder / "census.json", {"step": step, "phase": phase, "reason": reason,
+                                                       "memory": dict(self.latest), **census})
+            files = ["census.json", *self._write_snapshot(folder)]
+        except Exception as error:
+            self.faults.report("memory_capture", error)
+            return None
+        self.captures.append({"reason": reason, "step": step, "phase": phase, "path": str(folder), "files": files,
+                              "used_bytes": self.latest.get("used_bytes", 0)})
+        return folder
+
+    def take_census(self) -> dict[str, Any]:
+        self.census = live_tensor_census(self.models)
+        return self.census
+
+    def on_exception(self, error: BaseException, step: int, phase: str | None) -> None:
+        """If ``error`` is (or wraps) an OOM: write ``oom/`` (summary, census, snapshot). Never raises."""
+        try:
+            oom = find_oom(error)
+            if oom is None:
+                return
+            folder = self.output_dir / "oom"
+            figures = self.sample()
+            census = None
+            try:
+                census = self.take_census()
+                atomic_write_json(folder / "census.json", census)
+            except Exception as census_error:
+                self.faults.report("oom_census", census_error)
+            snapshot_files = self._write_snapshot(folder)
+            summary = {
+                "error_type": type(oom).__name__, "message": str(oom)[:1000], "step": step, "phase": phase,
+                "requested_bytes": requested_bytes(oom), "capacity_bytes": self.capacity, "memory": figures,
+                "peak": dict(self.peak), "census_totals": {k: v for k, v in (census or {}).items() if
+                                                           k.endswith("_bytes")},
+                "files": ["census.json", *snapshot_files] if census else snapshot_files,
+                "diagnosis": {"id": "oom", "severity": "critical", "title": f"Out of memory at step {step}"
+                              + (f" in {phase}" if phase else ""),
+                              "evidence": f"{type(oom).__name__}: {str(oom)[:300]}",
+                              "recommendation": " ".join(oom_recommendations(census, figures))},
+            }
+            atomic_write_json(folder / "summary.json", summary)
+        except Exception as dump_error:  # a failed dump never masks the user's error
+            self.faults.report("oom_dump", dump_error)
+
+    # ------------------------------------------------------------------ report
+    def section(self) -> dict[str, Any]:
+        latest = self.latest or (self.sample() if not self.cuda else {})
+        section = {"device": "cuda" if self.cuda else "cpu", "capacity_bytes": self.capacity,
+                   "limit": self.limit_source, "peak_used_bytes": self.peak["used_bytes"],
+                   "peak_step": self.peak["step"], "peak_phase": self.peak["phase"],
+                   "threshold": self.threshold, "history": self.history, "captures": list(self.captures)}
+        section.update({key: value for key, value in latest.items() if key != "used_bytes"})
+        if self.census:
+            section["census"] = {k: v for k, v in self.census.items() if k.endswith("_bytes")}
+        return section
+
+    def diagnoses(self, memory_fraction: float) -> list[dict[str, Any]]:
+        from perfhooks.analysis.diagnoses import make
+
+        out = []
+        used = self.peak["used_bytes"]
+        if self.capacity and used / self.capacity >= memory_fraction:
+            out.append(make(
+                "memory_near_limit", "warning", "Memory use came close to the limit",
+                f"peak {used / 2**30:.2f} GiB of {self.capacity / 2**30:.2f} GiB ({used / self.capacity:.0%}) at "
+                f"step {self.peak['step']} in {self.peak['phase']}; threshold {memory_fraction:.0%}",
+                0.0, " ".join(oom_recommendations(self.census, self.latest)[:2]),
+                used_fraction=used / self.capacity))
+        reserved, allocated = self.latest.get("reserved_bytes", 0), self.latest.get("allocated_bytes", 0)
+        if allocated and reserved / allocated > 1.5 and self.latest.get("num_alloc_retries", 0) > 0:
+            out.append(make(
+                "memory_fragmentation", "warning", "The caching allocator is fragmented",
+                f"reserved/allocated {reserved / allocated:.2f} with {self.latest['num_alloc_retries']} allocator "
+                "retries; thresholds 1.5 and 0", 0.0,
+                "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and avoid tensors whose size changes "
+                "every step.", reserved_over_allocated=reserved / allocated))
+        census = self.census
+        if census and census.get("total_bytes") and census["activations_other_bytes"] > census["total_bytes"] / 2:
+            share = census["activations_other_bytes"] / census["total_bytes"]
+            out.append(make(
+                "activations_dominate", "info", "Activations hold most of the memory",
+                f"activations and other tensors are {share:.0%} of live tensor bytes; threshold 50%", 0.0,
+                "Activation checkpointing trades recompute for memory: torch.utils.checkpoint.checkpoint(block, x, "
+                "use_reentrant=False).", activations_share=share))
+        return out
+
+    # ------------------------------------------------------------------ CUDA internals
+    def _start_history(self, entries: int) -> bool:
+        recorder = getattr(self.torch.cuda.memory, "_record_memory_history", None)
+        if recorder is None:
+            self.once.warn("memory_history", "this torch has no memory history recorder; no snapshots")
+            return False
+        try:
+            recorder(enabled="all", stacks="python", max_entries=entries)
+        except TypeError:  # older signature
+            recorder(True, max_entries=entries)
+        return True
+
+    def _attach_observer(self) -> None:
+        """The allocator's OOM observer, attached once CUDA is initialised and history is on
+        (earlier attachment segfaults: pytorch #107330, #102796)."""
+        if self._observer_attached or not self.history or not self.torch.cuda.is_initialized():
+            return
+        attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
+        self._observer_attached = True
+        if attach is None:
+            return
+
+        def observer(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+            try:
+                folder = self.output_dir / "oom"
+                self._write_snapshot(folder, name="observer_snapshot")
+                atomic_write_json(folder / "observer.json", {"device": device, "requested_bytes": alloc,
+                                                             "device_allocated_bytes": device_allocated,
+                                                             "device_free_bytes": device_free})
+            except Exception as error:
+                self.faults.report("oom_observer", error)
+
+        attach(observer)
+
+    def _write_snapshot(self, folder: Path, name: str = "snapshot") -> list[str]:
+        if not self.history:
+            return []
+        snapshot = self.torch.cuda.memory._snapshot()
+        data = pickle.dumps(snapshot, protocol=4)
+        if len(data) > MAX_SNAPSHOT_BYTES:
+            self.once.warn("snapshot_size", f"memory snapshot of {len(data)} bytes is over {MAX_SNAPSHOT_BYTES}; "
+                           "not written (lower memory_history_entries)")
+            return []
+        atomic_write_bytes(folder / f"{name}.pickle", data)
+        files = [f"{name}.pickle"]
+        try:
+            from torch.cuda import _memory_viz
+
+            atomic_write_bytes(folder / f"{name}.html", _memory_viz.trace_plot(snapshot).encode())
+            files.append(f"{name}.html")
+        except Exception as error:
+            self.faults.report("memory_viz", error)
+        return files

@@ -1,0 +1,216 @@
+"""Memory: the census, OOM recognition, captures near the limit, and a real OOM on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import mlp, train_steps
+from perfhooks import Engine, PerfConfig, PerfhooksWarning
+from perfhooks.census import live_tensor_census
+from perfhooks.memory import cpu_limit, cpu_usage
+from perfhooks.oom import find_oom, oom_recommendations, requested_bytes
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_OOM = ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes. "
+           "Error code 12 (Cannot allocate memory)")
+
+
+def test_census_attribution_is_exact_for_an_mlp_with_adam() -> None:
+    model = mlp(64, 256)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 64), torch.randn(32, 1)
+    for _ in range(2):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()  # keep the gradients: they are attributed below
+    census = live_tensor_census([model], [optimizer])
+    parameters = list(model.parameters())
+    assert census["parameters_bytes"] == sum(p.nbytes for p in parameters)
+    assert census["gradients_bytes"] == sum(p.grad.nbytes for p in parameters)
+    states = [optimizer.state[p] for p in parameters]
+    assert all(len(state) == 3 for state in states)  # step, exp_avg, exp_avg_sq
+    assert census["optimizer_state_bytes"] == sum(state["exp_avg"].nbytes + state["exp_avg_sq"].nbytes
+                                                  + state["step"].untyped_storage().nbytes() for state in states)
+    assert sum(state["exp_avg"].nbytes + state["exp_avg_sq"].nbytes for state in states) == \
+        2 * census["parameters_bytes"], "two state tensors per parameter"
+    largest = census["largest"][0]
+    assert largest["bytes"] == max(p.nbytes for p in parameters) and largest["category"] in (
+        "parameters", "gradients", "optimizer_state", "activations_other")
+
+
+def test_views_count_their_storage_once() -> None:
+    base = torch.zeros(1000, 1000)
+    view = base[:10]
+    census = live_tensor_census()
+    matching = [t for t in census["largest"] if t["bytes"] == base.nbytes]
+    assert len(matching) == 1
+    del view
+
+
+def test_ooms_are_found_wrapped_and_through_cycles() -> None:
+    cpu = RuntimeError(CPU_OOM)
+    assert find_oom(cpu) is cpu
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert find_oom(cuda) is cuda
+    try:
+        try:
+            raise cpu
+        except RuntimeError as inner:
+            raise ValueError("the user's wrapper") from inner
+    except ValueError as outer:
+        assert find_oom(outer) is cpu
+    context = KeyError("during handling")
+    context.__context__ = cuda
+    assert find_oom(context) is cuda
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert find_oom(a) is None, "a cause cycle ends"
+    b.__context__ = cpu
+    assert find_oom(a) is cpu
+
+
+def test_requested_bytes_and_recommendation_order() -> None:
+    assert requested_bytes(RuntimeError(CPU_OOM)) == 4294967296
+    assert requested_bytes(torch.OutOfMemoryError("Tried to allocate 2.00 GiB")) == 2 * 2**30
+    activations = {"total_bytes": 100, "activations_other_bytes": 80, "parameters_bytes": 10,
+                   "optimizer_state_bytes": 10}
+    assert oom_recommendations(activations, {})[0].startswith("Recompute activations")
+    weights = {"total_bytes": 100, "activations_other_bytes": 10, "parameters_bytes": 40,
+               "optimizer_state_bytes": 50}
+    assert oom_recommendations(weights, {})[0].startswith("Train in bf16")
+    fragmented = {"reserved_bytes": 300, "allocated_bytes": 100, "num_alloc_retries": 2}
+    assert oom_recommendations(None, fragmented)[0].startswith("Reduce fragmentation")
+
+
+def test_cpu_limit_and_usage_are_sane() -> None:
+    limit, source = cpu_limit()
+    usage = cpu_usage()
+    assert source in ("cgroup", "rlimit_as", "physical") and limit > usage["rss_bytes"] > 0
+
+
+def test_near_limit_capture_fires_once_per_crossing(tmp_path: Path) -> None:
+    threshold = 0.9
+    model = mlp()
+    train_steps(Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory=False), tmp_path / "w",
+                       "test"), lambda x: model(x).square().mean(), torch.optim.SGD(model.parameters()),
+                [torch.randn(8, 32)] * 2)  # warm up, then measure: the threshold sits 200 MiB above
+    capacity = int((cpu_usage()["rss_bytes"] + 200 * 2**20) / threshold)
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0,
+                               memory_capacity_bytes=capacity, memory_threshold=threshold), tmp_path, "test")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    held: list[torch.Tensor] = []
+    batch = torch.randn(8, 32)
+
+    def loss_of(x: torch.Tensor) -> torch.Tensor:
+        return model(x).square().mean()
+
+    def steps(count: int) -> None:
+        train_steps(engine, loss_of, optimizer, [batch] * count)
+
+    steps(2)
+    held.append(torch.ones(400 * 2**20 // 4))  # +400 MiB resident: over the threshold
+    steps(3)
+    held.clear()
+    steps(2)
+    held.append(torch.ones(400 * 2**20 // 4))  # the second crossing
+    steps(2)
+    held.clear()
+    report = engine.close()
+    captures = report["memory"]["captures"]
+    assert [c["reason"] for c in captures] == ["near_limit", "near_limit"]
+    assert captures[0]["step"] == 2 and captures[1]["step"] == 7
+    census = json.loads((Path(captures[0]["path"]) / "census.json").read_text())
+    assert census["step"] == 2 and census["phase"] in ("data_wait", "forward", "backward", "optimizer")
+    assert census["activations_other_bytes"] >= 400 * 2**20
+    assert report["memory"]["peak_used_bytes"] >= threshold * capacity
+    assert "memory_near_limit" in [d["id"] for d in report["diagnoses"]]
+
+
+def test_report_memory_section_names_units(tmp_path: Path) -> None:
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0), tmp_path, "test")
+    train_steps(engine, lambda x: mlp()(x).square().mean(), torch.optim.SGD(mlp().parameters(), lr=0.1),
+                [torch.randn(4, 32)] * 2)
+    memory = engine.close()["memory"]
+    assert {"capacity_bytes", "peak_used_bytes", "peak_step", "peak_phase", "rss_bytes"} <= set(memory)
+    assert memory["peak_step"] in (0, 1) and memory["peak_phase"] in ("data_wait", "forward", "backward", "optimizer")
+
+
+def test_a_failing_oom_dump_never_masks_the_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), blocker / "out", "test")
+    engine.phase_start("forward")
+    with pytest.warns(PerfhooksWarning):
+        engine.exception(RuntimeError(CPU_OOM))
+    assert {f["kind"] for f in engine.faults.as_list()} >= {"oom_census"} | {"report_write"}
+
+
+OOM_RUN = textwrap.dedent("""
+    import os, resource, sys
+    sys.path.insert(0, {tests!r})
+    import torch
+    import lightning as L
+    from helpers import quiet_trainer
+    from perfhooks.integrations.lightning import PerfCallback
+
+    class Wide(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(16, 4096)
+        def training_step(self, batch, batch_idx):
+            return self.embed(batch[0]).mean()   # batch x 4096 floats: too big for the limit
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters())
+
+    indices = torch.randint(0, 16, (400_000,))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(indices), batch_size=400_000)
+    size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (size + 2 * 2**30, resource.RLIM_INFINITY))
+    callback = PerfCallback(output_dir={out!r}, schedule=None, console=False)
+    quiet_trainer(max_steps=2, callbacks=[callback]).fit(Wide(), loader)
+""")
+
+
+def test_a_real_cpu_oom_through_lightning(tmp_path: Path) -> None:
+    out = tmp_path / "perf"
+    script = OOM_RUN.format(tests=str(REPO / "tests"), out=str(out))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 1
+    assert "DefaultCPUAllocator: can't allocate memory" in done.stderr
+    assert "RuntimeError" in done.stderr.splitlines()[-1] or "can't allocate" in done.stderr.splitlines()[-1]
+    summary = json.loads((out / "oom" / "summary.json").read_text())
+    assert summary["step"] == 0 and summary["phase"] == "forward"
+    assert summary["requested_bytes"] and summary["requested_bytes"] >= 400_000 * 4096 * 4 * 0.9
+    assert summary["diagnosis"]["id"] == "oom" and "batch" in summary["diagnosis"]["recommendation"]
+    assert (out / "oom" / "census.json").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "failed" and report["error"]["phase"] == "forward"
+
+
+@pytest.mark.cuda
+def test_cuda_oom_observer_and_snapshot(tmp_path: Path) -> None:
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0), tmp_path, "test",
+                    device="cuda")
+    engine.phase_start("forward")
+    torch.ones(1024, device="cuda")
+    engine.phase_start("backward")  # a sample: CUDA is initialised, the observer attaches
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        torch.empty(1 << 40, device="cuda")
+    engine.exception(caught.value)
+    pickle_path = tmp_path / "oom" / "observer_snapshot.pickle"
+    assert pickle_path.read_bytes()[:2] == b"\x80\x04"
+    assert (tmp_path / "oom" / "observer.json").exists() and (tmp_path / "oom" / "summary.json").exists()
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    assert "<html" in _memory_viz.trace_plot(pickle.loads(pickle_path.read_bytes())).lower()
