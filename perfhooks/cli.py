@@ -13,11 +13,17 @@ from pathlib import Path
 
 def _analyze(args: argparse.Namespace) -> int:
     from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.analysis.diagnoses import Thresholds
     from perfhooks.analysis.model import TraceError
     from perfhooks.files import atomic_write_bytes
 
     try:
-        report = analyze_paths(args.paths, workers=args.workers)
+        thresholds = Thresholds(**json.loads(args.thresholds)) if args.thresholds else None
+    except (ValueError, TypeError) as error:
+        print(f"perfhooks: --thresholds: {error}", file=sys.stderr)
+        return 2
+    try:
+        report = analyze_paths(args.paths, workers=args.workers, thresholds=thresholds)
     except TraceError as error:
         print(f"perfhooks: {error}", file=sys.stderr)
         return 2
@@ -48,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--format", choices=("text", "json", "html"), default="text")
     analyze.add_argument("--output", "-o", help="write here instead of standard output")
     analyze.add_argument("--workers", type=int, default=None, help="processes for multi-rank folders")
+    analyze.add_argument("--thresholds", default=None, help="diagnosis thresholds as JSON, e.g. "
+                         "'{\"gpu_utilization\": 0.5}' (fields of perfhooks.Thresholds)")
     analyze.set_defaults(run=_analyze)
     return parser
 

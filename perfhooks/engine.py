@@ -315,12 +315,22 @@ class Engine:
         return rank((self.live_diagnoses() if live is None else live) + self.trace_diagnoses)
 
     def _analyze_window(self, path: Path, window: dict[str, Any]) -> None:
-        """On the writer thread, after a window's trace is written: its metrics and diagnoses."""
-        from perfhooks.analysis.analyze import analyze_trace
-        from perfhooks.analysis.model import load_trace
+        """On the writer thread, after a window's trace is written: its metrics and diagnoses.
 
+        The analysis runs in a separate interpreter (``perfhooks analyze``, which imports no torch):
+        in this process it would hold the GIL for a second or so and slow the steps it overlaps.
+        """
+        import dataclasses
+        import json
+        import subprocess
+
+        command = [sys.executable, "-m", "perfhooks.cli", "analyze", str(path), "--format", "json",
+                   "--thresholds", json.dumps(dataclasses.asdict(self.config.thresholds))]
         try:
-            result = analyze_trace(load_trace(path), self.config.thresholds)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
+            result = json.loads(done.stdout)
         except Exception as error:
             self.faults.report("window_analysis", error)
             return

@@ -94,3 +94,13 @@ def test_html_draws_phase_series_from_perfhooks_labels(tmp_path: Path, monkeypat
     assert main(["analyze", str(trace), "--format", "html", "-o", str(target)]) == 0
     page = target.read_text()
     assert page.count("<polyline") == 5, "data_wait, forward, backward, optimizer and other per step"
+
+
+def test_thresholds_change_the_verdicts(capsys: pytest.CaptureFixture[str]) -> None:
+    alexnet = str(TRACES / "hta" / "a100_alexnet_sync.json.gz")
+    assert main(["analyze", alexnet, "--format", "json"]) == 0
+    assert "low_gpu_utilization" in [d["id"] for d in json.loads(capsys.readouterr().out)["diagnoses"]]
+    assert main(["analyze", alexnet, "--format", "json", "--thresholds", '{"gpu_utilization": 0}']) == 0
+    assert "low_gpu_utilization" not in [d["id"] for d in json.loads(capsys.readouterr().out)["diagnoses"]]
+    assert main(["analyze", alexnet, "--thresholds", '{"gpu_utilisation": 0.5}']) == 2
+    assert "--thresholds" in capsys.readouterr().err

@@ -111,8 +111,8 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
     return report
 
 
-def _analyze_file(path: str) -> dict[str, Any]:
-    return analyze_trace(load_trace(path))
+def _analyze_file(path: str, thresholds: Thresholds | None = None) -> dict[str, Any]:
+    return analyze_trace(load_trace(path), thresholds)
 
 
 def find_traces(paths: list[str | Path]) -> list[str]:
@@ -130,21 +130,22 @@ def find_traces(paths: list[str | Path]) -> list[str]:
     return found
 
 
-def analyze_paths(paths: list[str | Path], workers: int | None = None) -> dict[str, Any]:
+def analyze_paths(paths: list[str | Path], workers: int | None = None,
+                  thresholds: Thresholds | None = None) -> dict[str, Any]:
     """Analyse files or folders; several traces are one multi-rank run, analysed in parallel processes."""
     files = find_traces(paths)
     if len(files) == 1:
-        return _analyze_file(files[0])
+        return _analyze_file(files[0], thresholds)
     workers = workers or min(len(files), os.cpu_count() or 1)
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            reports = list(pool.map(_analyze_file, files))
+            reports = list(pool.map(_analyze_file, files, [thresholds] * len(files)))
     else:
-        reports = [_analyze_file(f) for f in files]
-    return merge_ranks(reports)
+        reports = [_analyze_file(f, thresholds) for f in files]
+    return merge_ranks(reports, thresholds)
 
 
-def merge_ranks(reports: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = None) -> dict[str, Any]:
     """One run from per-rank reports: rank 0's (or the first) as the base, a ``ranks`` section and cross-rank rules."""
     by_rank = sorted(reports, key=lambda r: r["rank"])
     base = dict(by_rank[0])
@@ -158,6 +159,6 @@ def merge_ranks(reports: list[dict[str, Any]]) -> dict[str, Any]:
                       "gpu_utilization": r["metrics"]["gpu_utilization"],
                       "diagnoses": [d["id"] for d in r["diagnoses"]]} for r in by_rank],
     }
-    merged = [d for r in by_rank for d in r["diagnoses"]] + diagnose_ranks(step_us)
+    merged = [d for r in by_rank for d in r["diagnoses"]] + diagnose_ranks(step_us, thresholds or Thresholds())
     base["diagnoses"] = rank(merged)
     return base
