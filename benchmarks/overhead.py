@@ -32,7 +32,8 @@ def machine() -> str:
     return f"{_cpu_model()}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
 
 
-def step_times_ms(with_perf: bool, steps: int, d_model: int, batch_size: int, seq_len: int) -> list[float]:
+def step_times_ms(with_perf: bool, steps: int, d_model: int, batch_size: int, seq_len: int,
+                  **settings: object) -> list[float]:
     """Per-step wall time of a Lightning fit of the example, from batch end to batch end."""
     import lightning as L
 
@@ -50,7 +51,7 @@ def step_times_ms(with_perf: bool, steps: int, d_model: int, batch_size: int, se
     callbacks: list = [timer]
     with tempfile.TemporaryDirectory() as out:
         if with_perf:
-            callbacks.insert(0, PerfCallback(output_dir=out, schedule=None, console=False))
+            callbacks.insert(0, PerfCallback(output_dir=out, schedule=None, console=False, **settings))
         torch.manual_seed(0)
         trainer = L.Trainer(max_steps=steps, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
                             enable_model_summary=False, enable_progress_bar=False, callbacks=callbacks)
@@ -114,7 +115,23 @@ def main(argv: list[str] | None = None) -> int:
           f"= {pooled:.4f}; target <= 1.01")
     cost = host_cost_us()
     print(f"engine host cost per step: {cost:.2f} µs (7 events, no NVTX tool attached); target <= 20 µs")
+    memory_history_overhead(args.pairs, steps, d_model)
     return 0
+
+
+def memory_history_overhead(pairs: int, steps: int, d_model: int) -> None:
+    """CUDA only: step time with torch.cuda.memory._record_memory_history on, over off (interleaved pairs)."""
+    if not torch.cuda.is_available():
+        print("memory history overhead: needs CUDA (history records CUDA allocations only); not measured here")
+        return
+    ratios = []
+    for _ in range(pairs):
+        off = statistics.median(step_times_ms(True, steps, d_model, 16, 128, memory_history=False))
+        on = statistics.median(step_times_ms(True, steps, d_model, 16, 128, memory_history=True))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        ratios.append(on / off)
+    print(f"memory history on / off (max_entries 100000): median {statistics.median(ratios):.4f} "
+          f"(min {min(ratios):.4f}, max {max(ratios):.4f}) over {pairs} pairs")
 
 
 if __name__ == "__main__":

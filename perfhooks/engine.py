@@ -254,6 +254,8 @@ class Engine:
                 self.trigger.close()
             self.writer.close()
             report = self.report()
+            if self.memory is not None:
+                self._guarded_call("memory_stop", self.memory.stop)
             self._guarded_call("report_write", lambda: write_report(self.output_dir, report))
             if self.config.console and self.rank == 0:
                 print(format_table(report), file=sys.stderr)

@@ -228,6 +228,12 @@ class MemoryMonitor:
                 "use_reentrant=False).", activations_share=share))
         return out
 
+    def stop(self) -> None:
+        """End of training: stop recording allocation history (it costs time on every allocation)."""
+        if self.history:
+            self.torch.cuda.memory._record_memory_history(enabled=None)
+            self.history = False
+
     # ------------------------------------------------------------------ CUDA internals
     def _start_history(self, entries: int) -> bool:
         recorder = getattr(self.torch.cuda.memory, "_record_memory_history", None)
