@@ -44,6 +44,27 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    """Regenerate ``report.html`` from the ``report*.json`` files in an output folder."""
+    from perfhooks.files import atomic_write_bytes
+    from perfhooks.sinks.html import render_html
+
+    folder = Path(args.output_dir)
+    reports = sorted(folder.glob("report*.json")) if folder.is_dir() else []
+    if not reports:
+        print(f"perfhooks: {folder}: no report.json found", file=sys.stderr)
+        return 2
+    for path in reports:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            print(f"perfhooks: {path}: unreadable report ({error})", file=sys.stderr)
+            return 2
+        atomic_write_bytes(path.with_suffix(".html"), render_html(report, series=report.get("series")).encode())
+        print(path.with_suffix(".html"))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfhooks", description="Make a PyTorch training run explain its "
                                      "own performance.")
@@ -57,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--thresholds", default=None, help="diagnosis thresholds as JSON, e.g. "
                          "'{\"gpu_utilization\": 0.5}' (fields of perfhooks.Thresholds)")
     analyze.set_defaults(run=_analyze)
+    report = commands.add_parser("report", help="regenerate report.html in a perfhooks output folder")
+    report.add_argument("output_dir")
+    report.set_defaults(run=_report)
     return parser
 
 

@@ -27,6 +27,10 @@ DIAGNOSIS_KEYS: tuple[str, ...] = ("id", "severity", "title", "evidence", "recom
 SEVERITIES: tuple[str, ...] = ("critical", "warning", "info")
 
 
+#: Steps of per-phase time series kept in the report (the most recent), for the HTML page and panels.
+SERIES_STEPS = 500
+
+
 def build_report(*, framework: str, status: str, rank: int, world_size: int, device: dict[str, Any],
                  stats: PhaseStatistics, windows: list[dict[str, Any]],
                  diagnoses: list[dict[str, Any]] | None = None,
@@ -56,6 +60,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "windows": windows,
         "diagnoses": list(diagnoses or []),
         "faults": list(faults or []),
+        "series": {name: [round(timing.phase_ms.get(name, 0.0), 4) for timing in list(stats.recent)[-SERIES_STEPS:]]
+                   for name in (*PHASES, OTHER)},
     }
     if memory is not None:
         report["memory"] = memory
@@ -70,8 +76,13 @@ def report_path(output_dir: Path, rank: int, world_size: int) -> Path:
 
 
 def write_report(output_dir: Path, report: dict[str, Any]) -> Path:
+    """``report.json`` and, beside it, the same content as a self-contained ``report.html``."""
+    from perfhooks.files import atomic_write_bytes
+    from perfhooks.sinks.html import render_html
+
     path = report_path(output_dir, report["rank"], report["world_size"])
     atomic_write_json(path, report)
+    atomic_write_bytes(path.with_suffix(".html"), render_html(report, series=report.get("series")).encode())
     return path
 
 

@@ -104,3 +104,21 @@ def test_thresholds_change_the_verdicts(capsys: pytest.CaptureFixture[str]) -> N
     assert "low_gpu_utilization" not in [d["id"] for d in json.loads(capsys.readouterr().out)["diagnoses"]]
     assert main(["analyze", alexnet, "--thresholds", '{"gpu_utilisation": 0.5}']) == 2
     assert "--thresholds" in capsys.readouterr().err
+
+
+def test_a_run_writes_report_html_and_perfhooks_report_regenerates_it(tmp_path: Path, monkeypatch,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    make_rank_trace(tmp_path, 0, 0.0, monkeypatch)  # a real engine run, rank 0 of 2: report.rank0.json
+    html = tmp_path / "report.rank0.html"
+    page = html.read_text()
+    assert 'id="diagnoses"' in page and "<svg" in page and "<script" not in page
+    assert page.count("<polyline") == 5, "per-phase series of the run"
+    html.unlink()
+    assert main(["report", str(tmp_path)]) == 0
+    assert html.exists() and str(html) in capsys.readouterr().out
+
+
+def test_perfhooks_report_on_a_folder_without_reports_exits_2(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no report.json found" in capsys.readouterr().err
