@@ -106,10 +106,9 @@ class PerfConfig:
         capacity = self.memory_capacity_bytes
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"memory_capacity_bytes must be an integer >= 1 or None, got {capacity!r}")
-        for name in ("memory_poll_s",):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        poll = self.memory_poll_s
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll < 0:
+            raise ValueError(f"memory_poll_s must be a finite number of seconds >= 0, got {poll!r}")
         poll = self.trigger_poll_s
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0:
             raise ValueError(f"trigger_poll_s must be a finite number of seconds > 0, got {poll!r}")

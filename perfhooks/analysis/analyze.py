@@ -89,7 +89,7 @@ def phase_statistics(trace: Trace, steps: list[tuple[int, float, float]]) -> Pha
             j += 1
         step_ms = (end - start) / 1e3
         phase_ms["other"] = max(0.0, step_ms - sum(phase_ms.values()))
-        stats.add(StepTiming(number, step_ms, phase_ms, phase_ms.get("forward", 0.0) and 1))
+        stats.add(StepTiming(number, step_ms, phase_ms, 1 if phase_ms.get("forward") else 0))
     return stats
 
 

@@ -112,7 +112,6 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
     """Time (µs) per attention implementation: ``flash``, ``memory_efficient``, ``cudnn`` from kernel names
     (or from op names on a CPU trace), ``math`` and ``unfused`` (softmax between batched matmuls)."""
     from perfhooks.analysis.operators import device_time_by_op
-    from perfhooks.analysis.overview import external_id
 
     found: dict[str, float] = {}
     for kernel in trace.kernels:
@@ -134,7 +133,7 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
     if softmax_ops and bmm_ops and not any(found.get(k) for k in ("flash", "memory_efficient", "cudnn")):
         # attention written out by hand (nn.MultiheadAttention with need_weights=True): bmm, softmax, bmm
         found["unfused"] = found.get("unfused", 0.0) + sum(
-            device_time.get(external_id(op), 0.0) if on_device else op.dur for op in softmax_ops + bmm_ops)
+            device_time.get(op.external_id, 0.0) if on_device else op.dur for op in softmax_ops + bmm_ops)
     return found
 
 

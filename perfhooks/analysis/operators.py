@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from perfhooks.analysis.model import Trace
-from perfhooks.analysis.overview import external_id
 
 #: Ops whose math Tensor Cores can run (GEMMs and convolutions, attention).
 TENSOR_CORE_ELIGIBLE = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
@@ -22,7 +21,7 @@ def device_time_by_op(trace: Trace) -> dict[Any, float]:
         return cached
     by_id: dict[Any, float] = {}
     for event in trace.device_events:
-        ext = external_id(event)
+        ext = event.external_id
         if ext is not None:
             by_id[ext] = by_id.get(ext, 0.0) + event.dur
     trace.__dict__["_device_time_by_op"] = by_id
@@ -33,7 +32,7 @@ def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
     by_id = device_time_by_op(trace)
     groups: dict[tuple[str, str], list[float]] = {}
     for op in trace.cpu_ops:
-        device = by_id.get(external_id(op))
+        device = by_id.get(op.external_id)
         if not device:
             continue
         shapes = op.input_dims
@@ -55,7 +54,7 @@ def eligible_precision(trace: Trace) -> dict[str, float]:
         name = op.name or ""
         if not name.startswith(TENSOR_CORE_ELIGIBLE):
             continue
-        device = by_id.get(external_id(op), 0.0)
+        device = by_id.get(op.external_id, 0.0)
         if not device:
             continue
         types = op.a.input_type or []

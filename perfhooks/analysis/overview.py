@@ -53,10 +53,6 @@ class Overview:
         }
 
 
-def external_id(event: Event) -> Any:
-    return event.external_id
-
-
 def communication_ids(trace: Trace) -> set[Any]:
     """External ids of communication collectives (NCCL, RCCL, gloo); computed once per trace."""
     cached = trace.__dict__.get("_communication_ids")
@@ -66,7 +62,7 @@ def communication_ids(trace: Trace) -> set[Any]:
     for event in trace.cpu_ops + trace.annotations:
         name = event.name or ""
         if name.startswith(COMMUNICATION_OPS):
-            ext = external_id(event)
+            ext = event.external_id
             if ext is not None:
                 ids.add(ext)
     trace.__dict__["_communication_ids"] = ids
@@ -74,7 +70,7 @@ def communication_ids(trace: Trace) -> set[Any]:
 
 
 def is_communication_kernel(kernel: Event, comm_ids: set[Any]) -> bool:
-    return (kernel.name or "").startswith(COMMUNICATION_KERNELS) or external_id(kernel) in comm_ids
+    return (kernel.name or "").startswith(COMMUNICATION_KERNELS) or kernel.external_id in comm_ids
 
 
 def device_steps(trace: Trace) -> list[tuple[int, float, float]]:

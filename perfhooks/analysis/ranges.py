@@ -1,4 +1,4 @@
-"""Interval arithmetic on sorted, disjoint lists of (start, end) spans, in µs."""
+"""Small interval helpers on (start, end) spans in µs; large span sets use :mod:`perfhooks.analysis.spans`."""
 
 from __future__ import annotations
 
@@ -17,40 +17,6 @@ def merge(spans: Iterable[Span]) -> list[Span]:
         else:
             merged.append((start, end))
     return merged
-
-
-def intersect(a: list[Span], b: list[Span]) -> list[Span]:
-    """Intersection of two sorted disjoint span lists."""
-    out: list[Span] = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        start = max(a[i][0], b[j][0])
-        end = min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def subtract(a: list[Span], b: list[Span]) -> list[Span]:
-    """``a`` minus ``b``, both sorted and disjoint."""
-    out: list[Span] = []
-    j = 0
-    for start, end in a:
-        while j < len(b) and b[j][1] <= start:
-            j += 1
-        k = j
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > start:
-                out.append((start, b[k][0]))
-            start = max(start, b[k][1])
-            k += 1
-        if start < end:
-            out.append((start, end))
-    return out
 
 
 def total(spans: Iterable[Span]) -> float:
