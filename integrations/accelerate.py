@@ -41,6 +41,7 @@ from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
 from perfhooks.hooks import HookHandles, watch_optimizer_steps, watch_training_forward
 from perfhooks.phases import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER
+from perfhooks.sinks.wandb import RunSource
 
 
 def attach(accelerator: Any, model: Any, optimizer: Any, dataloader: Any,
@@ -73,6 +74,14 @@ def _set_class(instance: Any, cls: type) -> None:
     object.__dict__["__class__"].__set__(instance, cls)
 
 
+def _wandb_tracker_run(accelerator: Any) -> Any | None:
+    """The run of the accelerator's W&B tracker (``log_with="wandb"``), once ``init_trackers`` made it."""
+    for tracker in getattr(accelerator, "trackers", None) or []:
+        if getattr(tracker, "name", None) == "wandb":
+            return tracker.run
+    return None
+
+
 class PerfSession:
     """The wiring ``attach`` made; ``close()`` (idempotent) unwires it and writes the report."""
 
@@ -84,7 +93,8 @@ class PerfSession:
         self._original_class = type(dataloader)
         self._closed = False
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
-        self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device)
+        self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
+                                   wandb_source=RunSource(lambda: _wandb_tracker_run(accelerator)))
         if self.engine is None:
             self._closed = True
             return

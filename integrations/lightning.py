@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.profilers import PyTorchProfiler
 from lightning.pytorch.trainer.states import TrainerFn
 
@@ -38,6 +39,10 @@ from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
 from perfhooks.hooks import HookHandles, watch_optimizer_steps
 from perfhooks.phases import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER
+from perfhooks.sinks.wandb import RunSource
+
+#: The step metric WandbLogger logs with every row.
+WANDB_STEP_KEY = "trainer/global_step"
 
 
 class PerfCallback(Callback):
@@ -58,7 +63,8 @@ class PerfCallback(Callback):
 
     # --------------------------------------------------------------- lifecycle
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        engine = Engine.start(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device)
+        engine = Engine.start(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device,
+                              start_step=trainer.global_step, wandb_source=_wandb_source(trainer))
         if engine is None:
             return
         if self._resume_state is not None:
@@ -151,3 +157,15 @@ class PerfCallback(Callback):
         self._hooks.remove()
         if self.engine is not None:
             self.engine.close()
+
+
+def _wandb_source(trainer: Trainer) -> RunSource:
+    """The run of the trainer's ``WandbLogger`` (its ``experiment``), on Lightning's step axis."""
+
+    def find() -> object | None:
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                return logger.experiment
+        return None
+
+    return RunSource(find, WANDB_STEP_KEY)

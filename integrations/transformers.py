@@ -40,6 +40,10 @@ from perfhooks.engine import Engine
 from perfhooks.hooks import HookHandles, watch_training_forward
 from perfhooks.phases import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER
 from perfhooks.report import headline_metrics
+from perfhooks.sinks.wandb import RunSource, current_run
+
+#: The step metric transformers' WandbCallback logs with every row.
+WANDB_STEP_KEY = "train/global_step"
 
 
 class PerfTrainerCallback(TrainerCallback):
@@ -60,7 +64,7 @@ class PerfTrainerCallback(TrainerCallback):
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
         output_dir = self.config.output_dir or Path(args.output_dir or ".") / "perfhooks"
         self.engine = Engine.start(self.config, output_dir, framework="transformers", device=args.device,
-                                   start_step=state.global_step)
+                                   start_step=state.global_step, wandb_source=_wandb_source(args))
         if self.engine is None:
             return
         self._run_before_reporting_callbacks()
@@ -148,3 +152,11 @@ class PerfTrainerCallback(TrainerCallback):
                 referrer.remove(self)
                 referrer.insert(0, self)
                 return
+
+
+def _wandb_source(args: TrainingArguments) -> RunSource:
+    """With ``report_to`` naming wandb, the run its ``WandbCallback`` opens (``wandb.run``), on its step axis."""
+    report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    if "wandb" not in report_to and "all" not in report_to:
+        return RunSource()
+    return RunSource(current_run, WANDB_STEP_KEY)

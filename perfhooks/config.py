@@ -50,6 +50,13 @@ class PerfConfig:
         memory_history: on CUDA, record allocation history for snapshots (a few % of step time).
         memory_history_entries: allocation events kept in that history.
         max_memory_captures: captures near the limit kept per run.
+        wandb: Weights & Biases logging. ``None`` (default): log into the run the framework or
+            the user already has (``WandbLogger``, ``report_to="wandb"``, the accelerate tracker,
+            ``wandb.run``), else nothing. ``True``: the same, and open a run if there is none.
+            ``False``: never.
+        wandb_run: the run to log into (wins over the one found).
+        wandb_log_every: steps between ``perf/*`` metric rows.
+        wandb_queue: most pending W&B jobs; past it new ones are dropped (and counted).
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -75,6 +82,10 @@ class PerfConfig:
     memory_history: bool = True
     memory_history_entries: int = 100_000
     max_memory_captures: int = 3
+    wandb: bool | None = None
+    wandb_run: Any = None
+    wandb_log_every: int = 50
+    wandb_queue: int = 256
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -85,7 +96,7 @@ class PerfConfig:
             raise TypeError(f"output_dir must be a path (str or os.PathLike) or None, "
                             f"got {type(self.output_dir).__name__}")
         for name in ("max_traces", "max_trace_bytes", "on_demand_active", "memory_history_entries",
-                     "max_memory_captures"):
+                     "max_memory_captures", "wandb_log_every", "wandb_queue"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -100,6 +111,13 @@ class PerfConfig:
                      "nsys_capture", "on_demand", "console", "analyze_windows", "memory", "memory_history"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.wandb is not None and not isinstance(self.wandb, bool):
+            raise TypeError(f"wandb must be True, False or None, got {self.wandb!r}")
+        if self.wandb_run is not None and not callable(getattr(self.wandb_run, "log", None)):
+            raise TypeError(f"wandb_run must be a wandb Run (with a log method) or None, "
+                            f"got {type(self.wandb_run).__name__}")
+        if self.wandb is False and self.wandb_run is not None:
+            raise ValueError("wandb=False and a wandb_run contradict each other; pass one or the other")
         threshold = self.memory_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
             raise ValueError(f"memory_threshold must be a fraction in (0, 1], got {threshold!r}")

@@ -35,6 +35,8 @@ from perfhooks.phases import DATA_WAIT, FORWARD, PHASES
 from perfhooks.report import build_report, write_report
 from perfhooks.schedule import Action, OnDemandWindow
 from perfhooks.sinks.console import format_table
+from perfhooks.sinks.html import render_html
+from perfhooks.sinks.wandb import RunSource, WandbSink
 from perfhooks.timeline import PendingSteps, PhaseStatistics, StepRecord
 from perfhooks.trigger import OnDemandTrigger
 from perfhooks.windows import CaptureWindows, WindowSettings
@@ -48,7 +50,7 @@ class Engine:
 
     def __init__(self, config: PerfConfig, output_dir: str | Path, framework: str,
                  device: torch.device | str | None = None, start_step: int = 0,
-                 clock: HostClock | None = None) -> None:
+                 clock: HostClock | None = None, wandb_source: RunSource | None = None) -> None:
         self.config = config
         self.output_dir = Path(output_dir)
         self.framework = framework
@@ -88,6 +90,13 @@ class Engine:
                     max_captures=config.max_memory_captures)
             except Exception as error:
                 self.faults.report("memory_start", error)
+        self.wandb: WandbSink | None = None
+        if config.wandb is not False and ranks.logs_to_trackers(self.rank):
+            self.wandb = WandbSink(source=wandb_source or RunSource(), explicit_run=config.wandb_run,
+                                   open_if_missing=config.wandb is True, log_every=config.wandb_log_every,
+                                   queue=config.wandb_queue, output_dir=self.output_dir, faults=self.faults,
+                                   once=self.once)
+        self._next_wandb_step = start_step + config.wandb_log_every
         #: Diagnoses from the latest analysed window (trace rules); live rules are added at report time.
         self.trace_diagnoses: list[dict[str, Any]] = []
         self.status = "running"
@@ -184,6 +193,10 @@ class Engine:
             self.step += 1
             self.pending.push(record)
             self.pending.drain(self.stats)
+            if self.wandb is not None and self.step >= self._next_wandb_step:
+                self._next_wandb_step = self.step + self.config.wandb_log_every
+                self.wandb.log_steps(self.step, list(self.stats.recent)[-self.config.wandb_log_every:],
+                                     self.memory.latest if self.memory is not None else None)
         except Exception as error:
             self.faults.report("step_end", error)
 
@@ -256,6 +269,8 @@ class Engine:
             report = self.report()
             if self.memory is not None:
                 self._guarded_call("memory_stop", self.memory.stop)
+            if self.wandb is not None:
+                self._guarded_call("wandb_close", lambda: self._close_wandb(report))
             self._guarded_call("report_write", lambda: write_report(self.output_dir, report))
             if self.config.console and self.rank == 0:
                 print(format_table(report), file=sys.stderr)
@@ -353,8 +368,20 @@ class Engine:
             report["windows"] = self.windows.snapshot()
             report["diagnoses"] = self.diagnoses(live)
             write_report(self.output_dir, report)
+            written = [w for w in report["windows"] if not w.get("pruned")]
+            if self.wandb is not None and written:
+                self.wandb.log_window(written[-1]["last_step"] + 1, written[-1], report["diagnoses"])
 
         self.writer.submit("report_write", write)
+
+    def _close_wandb(self, report: dict[str, Any]) -> None:
+        """The last W&B row, table, summary and files; the ``wandb`` section of the report."""
+        sink = self.wandb
+        recent = list(self.stats.recent)[-self.config.wandb_log_every:]
+        latest = self.memory.latest if self.memory is not None else None
+        sink.close(self.step, report, recent, latest, render_html(report, series=report.get("series")))
+        if sink.run is not None or sink.failed:
+            report["wandb"] = sink.section()
 
     def _guarded_value(self, kind: str, fn: Any) -> Any:
         try:

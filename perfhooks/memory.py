@@ -18,6 +18,7 @@ import os
 import pickle
 import resource
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 HYSTERESIS = 0.05
 #: Largest snapshot pickle written (bytes); bigger ones are skipped with a warning.
 MAX_SNAPSHOT_BYTES = 512 * 2**20
+#: Memory samples kept for the report's memory line (the most recent).
+SERIES_SAMPLES = 500
 
 
 def cpu_limit() -> tuple[int, str]:
@@ -81,6 +84,8 @@ class MemoryMonitor:
         self.captures: list[dict[str, Any]] = []
         self.latest: dict[str, Any] = {}
         self.peak = {"used_bytes": 0, "step": None, "phase": None}
+        #: (step, used bytes) of recent samples, for the memory line of the report.
+        self.series: deque[tuple[int, int]] = deque(maxlen=SERIES_SAMPLES)
         self.census: dict[str, Any] | None = None
         self._armed = True
         self._next_ns = 0
@@ -102,6 +107,7 @@ class MemoryMonitor:
         self._next_ns = now + self.poll_ns
         figures = self.sample()
         used = figures["used_bytes"]
+        self.series.append((step, used))
         if used > self.peak["used_bytes"]:
             self.peak = {"used_bytes": used, "step": step, "phase": phase}
         if not self.capacity:
@@ -194,6 +200,8 @@ class MemoryMonitor:
                    "peak_step": self.peak["step"], "peak_phase": self.peak["phase"],
                    "threshold": self.threshold, "history": self.history, "captures": list(self.captures)}
         section.update({key: value for key, value in latest.items() if key != "used_bytes"})
+        if self.series:
+            section["series"] = {"step": [s for s, _ in self.series], "used_bytes": [u for _, u in self.series]}
         if self.census:
             section["census"] = {k: v for k, v in self.census.items() if k.endswith("_bytes")}
         return section

@@ -20,3 +20,11 @@ def world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def logs_to_trackers(rank: int) -> bool:
+    """Whether this rank logs to experiment trackers (W&B): rank 0 only, as the frameworks' loggers do.
+
+    The one place where rank gating is decided; every rank writes its own local files.
+    """
+    return rank == 0

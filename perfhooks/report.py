@@ -131,3 +131,34 @@ def headline_metrics(report: dict[str, Any], top: int = 3) -> dict[str, float]:
     for diagnosis in report["diagnoses"][:top]:
         metrics[f"perf/diagnosis/{diagnosis['id']}"] = float(diagnosis.get("estimated_gain", 0.0))
     return metrics
+
+
+def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -> dict[str, float]:
+    """``perf/*`` figures over a run of resolved steps (:class:`perfhooks.timeline.StepTiming`).
+
+    Keys: ``perf/step_ms`` (mean), ``perf/step_max_ms``, ``perf/phase/<name>_ms`` (mean per step),
+    ``perf/phase/<name>_share`` (fraction 0..1 of step time), ``perf/coverage`` (0..1, the share
+    the four phases account for), ``perf/steps_per_s`` and ``perf/mem/<figure>_bytes`` from the
+    latest memory sample.
+    """
+    metrics: dict[str, float] = {}
+    if timings:
+        total_ms = sum(t.step_ms for t in timings)
+        metrics["perf/step_ms"] = round(total_ms / len(timings), 4)
+        metrics["perf/step_max_ms"] = round(max(t.step_ms for t in timings), 4)
+        if total_ms > 0:
+            metrics["perf/steps_per_s"] = round(1000.0 * len(timings) / total_ms, 4)
+        covered = 0.0
+        for name in (*PHASES, OTHER):
+            phase_ms = sum(t.phase_ms.get(name, 0.0) for t in timings)
+            if name != OTHER:
+                covered += phase_ms
+            metrics[f"perf/phase/{name}_ms"] = round(phase_ms / len(timings), 4)
+            metrics[f"perf/phase/{name}_share"] = round(phase_ms / total_ms, 6) if total_ms > 0 else 0.0
+        metrics["perf/coverage"] = round(min(covered / total_ms, 1.0), 6) if total_ms > 0 else 0.0
+    for key, value in (memory or {}).items():
+        if key.endswith("_bytes") and key != "used_bytes" and isinstance(value, (int, float)):
+            metrics[f"perf/mem/{key}"] = value
+    if memory and "used_bytes" in memory:
+        metrics["perf/mem/used_bytes"] = memory["used_bytes"]
+    return metrics

@@ -15,21 +15,22 @@ Job = Callable[[], None]
 class BackgroundWriter:
     """Runs jobs in order on one daemon thread; a bounded queue drops jobs when full (counted)."""
 
-    def __init__(self, faults: FaultLog, capacity: int = 64) -> None:
+    def __init__(self, faults: FaultLog, capacity: int = 64, name: str = "perfhooks-writer") -> None:
         self.faults = faults
+        self.name = name
         self.dropped = 0
         self._queue: queue.Queue[tuple[str, Job] | None] = queue.Queue(maxsize=capacity)
         self._thread: threading.Thread | None = None
 
     def submit(self, kind: str, job: Job) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="perfhooks-writer", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
         try:
             self._queue.put_nowait((kind, job))
         except queue.Full:
             self.dropped += 1
-            self.faults.report("writer_queue_full", f"dropped a {kind} job; the writer is behind")
+            self.faults.report(f"{self.name}_queue_full", f"dropped a {kind} job; the {self.name} thread is behind")
 
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until every submitted job ran; False if that took longer than ``timeout_s``."""

@@ -12,8 +12,8 @@ STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1040px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse}td,th{padding:3px 10px;text-align:left;border-bottom:1px solid #eee}
-.diag{border-left:4px solid #999;padding:6px 12px;margin:10px 0;background:#fafafa}
-.critical{border-color:#c0392b}.warning{border-color:#e67e22}.info{border-color:#2e86de}
+.diag{border-left:6px solid #999;padding:6px 12px;margin:10px 0;background:#fafafa}
+.critical{border-color:#c0392b}.warning{border-color:#e67e22}.info{border-color:#5dade2}
 .legend span{display:inline-block;margin-right:12px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px}
 code{background:#f0f0f0;padding:1px 3px}
 """
@@ -42,27 +42,89 @@ def _stacked_bar(parts: dict[str, float], width: int = 1000, height: int = 28) -
             f'<div class="legend">{legend}</div>')
 
 
+def _scale(values: list[float]) -> float:
+    """A y-axis top that keeps steady state readable: the 98th percentile plus 10%, not a warm-up spike."""
+    ordered = sorted(values)
+    return min(ordered[-1], ordered[int(0.98 * (len(ordered) - 1))] * 1.1) or ordered[-1]
+
+
+def _y(value: float, top: float, height: int) -> str:
+    return f"{height - height * min(value, top) / top:.1f}"
+
+
 def _series(series: dict[str, list[float]], width: int = 1000, height: int = 180) -> str:
     values = [v for points in series.values() for v in points]
     if not values or max(values) <= 0:
         return "<p>no per-step phase times</p>"
-    top = max(values)
+    top = _scale(values)
     lines = []
     for name, points in series.items():
         if len(points) < 2:
             continue
         step = width / (len(points) - 1)
-        coords = " ".join(f"{i * step:.1f},{height - height * v / top:.1f}" for i, v in enumerate(points))
+        coords = " ".join(f"{i * step:.1f},{_y(v, top, height)}" for i, v in enumerate(points))
         lines.append(f'<polyline fill="none" stroke="{COLORS.get(name, "#999")}" stroke-width="1.5" '
                      f'points="{coords}"><title>{_e(name)}</title></polyline>')
     legend = "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)}</span>'
                      for n in series)
     return (f'<svg width="{width}" height="{height}" role="img" aria-label="phase time series">{"".join(lines)}</svg>'
-            f'<div class="legend">{legend} (max {top:.2f} ms)</div>')
+            f'<div class="legend">{legend} (axis top {top:.2f} ms; max {max(values):.2f} ms)</div>')
+
+
+def _stacked_series(series: dict[str, list[float]], width: int = 1000, height: int = 180) -> str:
+    """Phase times stacked per step (an area per phase): how the step's time splits, step by step."""
+    names = [n for n, points in series.items() if len(points) >= 2]
+    if not names:
+        return ""
+    count = min(len(series[n]) for n in names)
+    totals = [sum(series[n][i] for n in names) for i in range(count)]
+    top = _scale(totals) if totals else 0.0
+    if count < 2 or top <= 0:
+        return ""
+    dx = width / (count - 1)
+    base = [0.0] * count
+    areas = []
+    for name in names:
+        upper = [base[i] + series[name][i] for i in range(count)]
+        points = [f"{i * dx:.1f},{_y(upper[i], top, height)}" for i in range(count)]
+        points += [f"{i * dx:.1f},{_y(base[i], top, height)}" for i in reversed(range(count))]
+        areas.append(f'<polygon fill="{COLORS.get(name, "#999")}" fill-opacity="0.85" points="{" ".join(points)}">'
+                     f"<title>{_e(name)}</title></polygon>")
+        base = upper
+    legend = "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)}</span>'
+                     for n in names)
+    return (f'<svg width="{width}" height="{height}" role="img" aria-label="stacked phase breakdown">'
+            f'{"".join(areas)}</svg><div class="legend">{legend} (axis top {top:.2f} ms per step; '
+            f'max {max(totals):.2f} ms)</div>')
+
+
+def _memory_line(memory: dict[str, Any], width: int = 1000, height: int = 140) -> str:
+    """Used memory per sample against the capacity (GiB), with the peak."""
+    series = memory.get("series") or {}
+    used = series.get("used_bytes") or []
+    capacity = memory.get("capacity_bytes") or 0
+    gib = 2**30
+    text = (f"<p>peak {memory.get('peak_used_bytes', 0) / gib:.2f} GiB at step {_e(memory.get('peak_step'))} "
+            f"({_e(memory.get('peak_phase'))})" + (f" of {capacity / gib:.2f} GiB ({_e(memory.get('limit'))})"
+                                                  if capacity else "") + f"; device {_e(memory.get('device'))}</p>")
+    if len(used) < 2:
+        return text
+    top = max(max(used), capacity or 0) * 1.05
+    dx = width / (len(used) - 1)
+    coords = " ".join(f"{i * dx:.1f},{height - height * u / top:.1f}" for i, u in enumerate(used))
+    limit = ""
+    if capacity:
+        y = height - height * capacity / top
+        limit = f'<line x1="0" x2="{width}" y1="{y:.1f}" y2="{y:.1f}" stroke="#c0392b" stroke-dasharray="6 4"/>'
+    steps = series.get("step") or [0]
+    return (text + f'<svg width="{width}" height="{height}" role="img" aria-label="memory used">{limit}'
+            f'<polyline fill="none" stroke="#2c3e50" stroke-width="1.5" points="{coords}"/></svg>'
+            f'<div class="legend">used memory, steps {steps[0]}–{steps[-1]}; dashed: capacity</div>')
 
 
 def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = None) -> str:
-    """The report as one HTML page: stacked step breakdown, phase series, kernel breakdown, diagnoses."""
+    """The report as one HTML page: the diagnoses first, then the step breakdown (mean and stacked per
+    step), per-phase series, the memory line, top kernels and links to the traces."""
     metrics = report.get("metrics") or {}
     breakdown = metrics.get("breakdown") or {name: p["mean_ms"] for name, p in report["phases"].items()}
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>perfhooks report</title>"
@@ -70,10 +132,7 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
              f"<h1>perfhooks: {_e(report['framework'])} on {_e(report['device'].get('name', ''))}</h1>",
              f"<p>{report['steps']} steps, step time mean {report['step_ms']['mean']:.2f} ms, "
              f"p95 {report['step_ms']['p95']:.2f} ms; rank {report['rank']} of {report['world_size']}</p>",
-             "<h2>Step breakdown</h2>", _stacked_bar(breakdown)]
-    if series:
-        parts += ["<h2>Phases per step (ms)</h2>", _series(series)]
-    parts.append('<h2 id="diagnoses">Diagnoses</h2>')
+             '<h2 id="diagnoses">Diagnoses</h2>']
     if not report["diagnoses"]:
         parts.append("<p>No diagnosis fired.</p>")
     for diagnosis in report["diagnoses"]:
@@ -83,6 +142,12 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
             f'{diagnosis.get("estimated_gain", 0):.0%} of step time<br>Evidence: {_e(diagnosis["evidence"])}<br>'
             f'Fix: {_e(diagnosis["recommendation"])}'
             + (f' (<a href="{_e(diagnosis["docs"])}">docs</a>)' if diagnosis.get("docs") else "") + "</div>")
+    parts += ["<h2>Step breakdown</h2>", _stacked_bar(breakdown)]
+    if series:
+        parts += ["<h2>Phases per step, stacked (ms)</h2>", _stacked_series(series),
+                  "<h2>Phases per step (ms)</h2>", _series(series)]
+    if report.get("memory"):
+        parts += ['<h2 id="memory">Memory</h2>', _memory_line(report["memory"])]
     kernels = (metrics.get("kernels") or {}).get("top") or []
     if kernels:
         parts.append("<h2>Top kernels</h2><table><tr><th>share</th><th>ms</th><th>count</th><th>kernel</th></tr>")

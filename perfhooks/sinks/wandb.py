@@ -1,0 +1,273 @@
+"""Weights & Biases: ``perf/*`` metrics, the diagnoses table, traces and memory snapshots, in the user's run.
+
+perfhooks logs into the run that already exists (the framework's, found by the integration, or
+``wandb.run``) and never opens a second one. It opens a run only for ``wandb=True`` when none
+exists, and then finishes it too. wandb is imported only once a run is in play: a user who never
+imported it pays nothing.
+
+Everything that talks to wandb runs on one background thread fed by a bounded queue; a full queue
+drops jobs and counts them. The first error from wandb is reported once and turns the sink off:
+local files go on being written and training goes on.
+
+Step axis. With a framework step key (Lightning ``trainer/global_step``, HF ``train/global_step``)
+each row carries that key, and ``perf/*`` is declared against it with ``define_metric``, so the
+charts line up with the loss. Without one (accelerate, a bare ``wandb.run``) rows join the user's
+current row (``commit=False``, so wandb's own step is never advanced under the user's explicit
+``step=``) and carry ``perf/step``, the optimizer step, which ``perf/*`` is declared against.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfhooks.faults import FaultLog, Once
+from perfhooks.writer import BackgroundWriter
+
+#: The step metric when the framework has none: the optimizer step (0-based count of steps done).
+PERF_STEP = "perf/step"
+#: Columns of the ``perf/diagnoses`` table.
+DIAGNOSIS_COLUMNS = ("id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step")
+#: Diagnoses whose id and gain go to the run summary.
+SUMMARY_TOP = 3
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """Where an integration's framework keeps its W&B run.
+
+    Args:
+        find: returns the framework's run or ``None`` (called on the training thread, until found).
+        step_key: the framework's step metric, logged in each row of the run ``find`` returned
+            (``None``, or a run found elsewhere: ``perf/step``).
+    """
+
+    find: Callable[[], Any] | None = None
+    step_key: str | None = None
+
+
+def current_run() -> Any | None:
+    """``wandb.run`` if the user's code imported wandb and has a run; never imports wandb itself."""
+    module = sys.modules.get("wandb")
+    return getattr(module, "run", None) if module is not None else None
+
+
+class WandbSink:
+    """Logs one engine's figures into one W&B run; every public method is safe to call and never raises."""
+
+    def __init__(self, *, source: RunSource, explicit_run: Any, open_if_missing: bool, log_every: int,
+                 queue: int, output_dir: Path, faults: FaultLog, once: Once) -> None:
+        self.source = source
+        self.log_every = log_every
+        self.output_dir = output_dir
+        self.faults = faults
+        self.once = once
+        self.run: Any = explicit_run
+        self.owned = False
+        self.step_key: str | None = None
+        self.commit = True
+        self.rows = 0
+        self.failed: str | None = None
+        self._open_if_missing = open_if_missing
+        self._thread = BackgroundWriter(faults, capacity=queue, name="perfhooks-wandb")
+        self._last_step = -1
+        self._declared = False
+        if self.run is not None:
+            self._adopt(self.run)
+
+    # ------------------------------------------------------------------ training thread
+    def resolve(self) -> bool:
+        """Find the run (framework's, then ``wandb.run``); with ``wandb=True`` open one at the end of the search."""
+        if self.run is not None:
+            return True
+        if self.failed:
+            return False
+        try:
+            run = self.source.find() if self.source.find is not None else None
+            if run is not None:
+                self.step_key = self.source.step_key  # the framework's own run: its step axis
+            else:
+                run = current_run()
+            if run is None and self._open_if_missing:
+                run = self._open_run()
+        except Exception as error:
+            self._fail("wandb_run", error)
+            return False
+        if run is None:
+            return False
+        self._adopt(run)
+        return True
+
+    def log_steps(self, step: int, timings: list[Any], memory: dict[str, Any] | None) -> None:
+        """A ``perf/*`` row for the steps resolved since the last row; ``step`` is the count of steps done."""
+        from perfhooks.report import interval_metrics
+
+        if not self.resolve():
+            return
+        fresh = [t for t in timings if t.step > self._last_step]
+        if not fresh and not memory:
+            return
+        if fresh:
+            self._last_step = fresh[-1].step
+        row = interval_metrics(fresh, memory)
+        self._submit("wandb_log", lambda: self._log_row(row, step))
+
+    def log_window(self, step: int, window: dict[str, Any], diagnoses: list[dict[str, Any]]) -> None:
+        """After a window's analysis (any thread): its GPU figures, the diagnoses table and the trace artifact."""
+        if self.run is None:
+            return
+        metrics = window.get("metrics") or {}
+        row = {f"perf/{key}": value for key, value in metrics.items()
+               if key in ("gpu_utilization", "sm_efficiency", "achieved_occupancy") and value is not None}
+        rows = [dict(d) for d in diagnoses]
+        path = Path(window["path"])
+
+        def job() -> None:
+            self._log_row({**row, "perf/diagnoses": self._table(rows)}, step)
+            self._log_files("perf-trace", [path], {"first_step": window.get("first_step"),
+                                                    "last_step": window.get("last_step")},
+                            aliases=[f"step{window.get('first_step')}"])
+
+        self._submit("wandb_window", job)
+
+    def close(self, step: int, report: dict[str, Any], timings: list[Any], memory_latest: dict[str, Any] | None,
+              html: str, timeout_s: float = 30.0) -> None:
+        """End of training: a last row, the diagnoses table, the summary, the HTML report and memory files.
+
+        Waits at most ``timeout_s`` for the queue to drain (what is left then is dropped).
+        """
+        if not self.resolve():
+            self._thread.close(1.0)
+            return
+        from perfhooks.report import headline_metrics, interval_metrics
+
+        memory = report.get("memory") or {}
+        row = interval_metrics([t for t in timings if t.step > self._last_step], memory_latest)
+        diagnoses = [dict(d) for d in report.get("diagnoses", [])]
+        summary = headline_metrics(report, top=SUMMARY_TOP)
+        summary["perf/steps"] = report.get("steps", 0)
+        for index, diagnosis in enumerate(diagnoses[:SUMMARY_TOP], 1):
+            summary[f"perf/top{index}/id"] = diagnosis["id"]
+            summary[f"perf/top{index}/gain"] = float(diagnosis.get("estimated_gain", 0.0))
+        if "capacity_bytes" in memory:
+            summary["perf/mem/capacity_bytes"] = memory["capacity_bytes"]
+            summary["perf/mem/peak_used_bytes"] = memory.get("peak_used_bytes", 0)
+        memory_files = self._memory_files(memory)
+
+        def job() -> None:
+            import wandb
+
+            self._log_row({**row, "perf/diagnoses": self._table(diagnoses),
+                           "perf/report": wandb.Html(html, inject=False)}, step)
+            self.run.summary.update(summary)
+            if memory_files:
+                self._log_files("memory-snapshot", memory_files, {"reasons": sorted({p.parent.name for p in
+                                                                                     memory_files})})
+            if self.owned:
+                self.run.finish()
+
+        self._submit("wandb_close", job)
+        if not self._thread.flush(timeout_s):
+            self.once.warn("wandb_slow", f"W&B logging did not finish within {timeout_s:.0f} s; the rest is dropped")
+        self._thread.close(1.0)
+
+    def section(self) -> dict[str, Any]:
+        """The ``wandb`` entry of ``report.json``."""
+        run = self.run
+        return {"run_id": getattr(run, "id", None), "project": getattr(run, "project", None),
+                "step_metric": self.step_key, "rows": self.rows, "dropped": self._thread.dropped,
+                "status": "failed" if self.failed else ("logging" if run is not None else "no run")}
+
+    # ------------------------------------------------------------------ wandb thread
+    def _log_row(self, row: dict[str, Any], step: int) -> None:
+        self._declare()
+        data = {**row, PERF_STEP: step}
+        if self.step_key != PERF_STEP:
+            data[self.step_key] = step
+        self.run.log(data, commit=self.commit)
+        self.rows += 1
+
+    def _declare(self) -> None:
+        if self._declared:
+            return
+        self._declared = True
+        self.run.define_metric(self.step_key)
+        self.run.define_metric("perf/*", step_metric=self.step_key)
+
+    def _table(self, diagnoses: list[dict[str, Any]]) -> Any:
+        import wandb
+
+        return wandb.Table(columns=list(DIAGNOSIS_COLUMNS),
+                           data=[_row(d) for d in diagnoses])
+
+    def _log_files(self, kind: str, paths: list[Path], metadata: dict[str, Any], aliases: list[str] | None = None
+                   ) -> None:
+        import wandb
+
+        paths = [p for p in paths if p.exists()]
+        if not paths:
+            return
+        artifact = wandb.Artifact(f"{kind}-{self.run.id}", type=kind, metadata=metadata)
+        for path in paths:
+            if path.is_dir():
+                artifact.add_dir(str(path), name=path.name)
+            else:
+                artifact.add_file(str(path), name=path.name)
+        self.run.log_artifact(artifact, aliases=aliases)
+
+    # ------------------------------------------------------------------ internals
+    def _adopt(self, run: Any) -> None:
+        self.run = run
+        if self.step_key is None:
+            self.step_key = PERF_STEP
+            self.commit = self.owned  # join the user's row: never advance their step
+
+    def _open_run(self) -> Any:
+        try:
+            import wandb
+        except ImportError:
+            self.once.warn("wandb_missing", "wandb=True but wandb is not installed (pip install wandb); "
+                                            "W&B logging is off, local files are written")
+            self.failed = "not installed"
+            return None
+        run = wandb.init(project="perfhooks", dir=str(self.output_dir), job_type="perfhooks")
+        self.owned = True
+        return run
+
+    def _submit(self, kind: str, job: Callable[[], None]) -> None:
+        if self.failed or self.run is None:
+            return
+
+        def guarded() -> None:
+            if self.failed:
+                return
+            try:
+                job()
+            except Exception as error:
+                self._fail(kind, error)
+
+        self._thread.submit(kind, guarded)
+
+    def _fail(self, kind: str, error: BaseException) -> None:
+        self.failed = f"{type(error).__name__}: {error}"
+        self.faults.report(kind, error)
+        self.once.warn("wandb_off", "W&B logging is off for the rest of this run; local files are still written")
+
+    def _memory_files(self, memory: dict[str, Any]) -> list[Path]:
+        folders = [Path(c["path"]) for c in memory.get("captures", [])]
+        oom = self.output_dir / "oom"
+        if oom.is_dir():
+            folders.append(oom)
+        return folders
+
+
+def _row(diagnosis: dict[str, Any]) -> list[Any]:
+    """A diagnosis as a table row; one type per column (wandb checks), ``None`` where a value is missing."""
+    gain = diagnosis.get("estimated_gain")
+    step = diagnosis.get("step")
+    return [str(diagnosis.get("id", "")), str(diagnosis.get("severity", "")), str(diagnosis.get("title", "")),
+            str(diagnosis.get("evidence", "")), round(float(gain), 4) if gain is not None else None,
+            str(diagnosis.get("recommendation", "")), int(step) if step is not None else None]

@@ -1,0 +1,55 @@
+"""report.html as a person sees it: rendered by headless Chromium (Debian's chromium-headless-shell)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import lightning_mlp, quiet_trainer, random_loader, read_report
+
+CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+SEVERITY_RGB = {"critical": (0xC0, 0x39, 0x2B), "warning": (0xE6, 0x7E, 0x22), "info": (0x5D, 0xAD, 0xE2)}
+WIDTH, HEIGHT = 1100, 1400
+
+
+def _screenshot(page: Path, target: Path) -> None:
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--window-size={WIDTH},{HEIGHT}", f"--screenshot={target}", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium-headless-shell (apt-get install chromium-headless-shell)")
+def test_report_html_renders_with_the_diagnoses_in_view(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from perfhooks.integrations.lightning import PerfCallback
+
+    out = tmp_path / "perf"
+    # A capacity of 1 byte puts every memory sample over the limit: the memory diagnosis fires.
+    trainer = quiet_trainer(max_steps=30, callbacks=[PerfCallback(output_dir=out, console=False, schedule=None,
+                                                                  memory_capacity_bytes=1)])
+    trainer.fit(lightning_mlp(), random_loader(30))
+    report = read_report(out)
+    assert report["diagnoses"], "the run should have fired a diagnosis"
+    shot = tmp_path / "report.png"
+    _screenshot(out / "report.html", shot)
+
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (WIDTH, HEIGHT)
+    pixels = image.load()
+    # The first diagnosis' severity bar (6 px wide, a block's height) is painted in the first screen.
+    colour = SEVERITY_RGB[report["diagnoses"][0]["severity"]]
+    painted = [(x, y) for y in range(HEIGHT) for x in range(0, 80) if pixels[x, y] == colour]
+    assert len(painted) >= 6 * 30, f"diagnosis bar in {colour} not visible ({len(painted)} pixels)"
+    assert max(y for _, y in painted) < HEIGHT // 2  # near the top: the verdict comes first
+    # The stacked phase chart and the memory line are drawn too (their colours are on screen).
+    counts = {colour: count for count, colour in image.getcolors(maxcolors=WIDTH * HEIGHT)}
+
+    def pixels_near(rgb: tuple[int, int, int], tolerance: int = 24) -> int:
+        return sum(n for c, n in counts.items() if max(abs(a - b) for a, b in zip(c, rgb, strict=True)) <= tolerance)
+
+    assert pixels_near((0x8E, 0x44, 0xAD)) > 500  # backward: its stacked area and its legend swatch
+    assert pixels_near((0x2C, 0x3E, 0x50)) > 300  # the memory line
