@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,32 +83,75 @@ def tb_plugin_seconds(path: Path) -> float | None:
         return time.perf_counter() - start
 
 
+def peer_seconds(peer: str, path: Path, python: str | None) -> float | None:
+    """Seconds the peer takes on ``path``; run by ``python`` (the benchmark environment with the peers)."""
+    if python is None:
+        return (hta_seconds if peer == "hta" else tb_plugin_seconds)(path)
+    done = subprocess.run([python, __file__, "--peer", peer, str(path)], capture_output=True, text=True,
+                          timeout=3600, check=False)
+    lines = done.stdout.strip().splitlines()
+    return float(lines[-1]) if done.returncode == 0 and lines and lines[-1] != "None" else None
+
+
+def _json_loads_figures(path: Path, repeats: int) -> tuple[int, int, float]:
+    """Events, uncompressed bytes, and the best ``json.loads`` time (s) of the uncompressed text."""
+    text = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+    events = len(json.loads(text).get("traceEvents", []))
+    return events, len(text), best_of(lambda: json.loads(text), repeats)
+
+
+def measure_trace(path: Path, peers: bool = False, peers_python: str | None = None, repeats: int = 3,
+                  baseline_rss: int | None = None) -> dict[str, Any]:
+    """One trace's figures: events, bytes, json.loads and analyze seconds (best of ``repeats``), RSS/JSON,
+    and with ``peers`` HTA's and the TensorBoard plugin's seconds."""
+    from perfhooks.analysis.analyze import analyze_paths
+
+    events, json_bytes, loads = _json_loads_figures(path, repeats)  # the text is freed before analyze runs
+    analyze = best_of(lambda: analyze_paths([path]), repeats)
+    base = baseline_rss if baseline_rss is not None else baseline_rss_bytes()
+    result: dict[str, Any] = {"trace": path.name, "events": events, "json_bytes": json_bytes,
+                              "json_loads_s": loads, "analyze_s": analyze, "ratio_to_json_loads": analyze / loads,
+                              "rss_over_json": (peak_rss_bytes(path) - base) / json_bytes}
+    if peers:
+        for peer in ("hta", "tb_plugin"):
+            seconds = peer_seconds(peer, path, peers_python)
+            result[f"{peer}_s"] = seconds
+            result[f"speedup_vs_{peer}"] = seconds / analyze if seconds else None
+    return result
+
+
+def format_row(r: dict[str, Any]) -> str:
+    line = (f"{r['trace'][:58]:<58} {r['events']:>8} {r['json_bytes'] / 1e6:>7.1f} {r['json_loads_s']:>9.3f}s "
+            f"{r['analyze_s']:>7.3f}s {r['ratio_to_json_loads']:>6.2f} {r['rss_over_json']:>8.2f}")
+    for peer in ("hta", "tb_plugin"):
+        if f"speedup_vs_{peer}" in r:
+            speedup = r[f"speedup_vs_{peer}"]
+            line += f"  {speedup:5.1f}" if speedup else "    n/a"
+    return line
+
+
+HEADER = (f"{'trace':<58} {'events':>8} {'MB':>7} {'json.loads':>10} {'analyze':>8} {'ratio':>6} {'RSS/JSON':>8}"
+          "  HTA x  TB x")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--peers", action="store_true", help="also time HTA and the TensorBoard plugin")
+    parser.add_argument("--peers-python", help="an interpreter with the peers installed (default: this one)")
+    parser.add_argument("--peer", choices=("hta", "tb_plugin"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from perfhooks.analysis.analyze import analyze_paths
+    if args.peer:
+        print((hta_seconds if args.peer == "hta" else tb_plugin_seconds)(args.traces[0]))
+        return 0
     from perfhooks.device import _cpu_model
 
     traces = args.traces or sorted((REPO / "tests" / "data" / "traces").rglob("*.json.gz"))
     print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(HEADER)
     base = baseline_rss_bytes()
-    print(f"{'trace':<58} {'events':>7} {'MB':>6} {'json.loads':>10} {'analyze':>8} {'ratio':>6} {'RSS/JSON':>8}"
-          + ("  HTA x   TB x" if args.peers else ""))
     for path in traces:
-        text = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
-        events = len(json.loads(text).get("traceEvents", []))
-        loads = best_of(lambda text=text: json.loads(text))
-        analyze = best_of(lambda path=path: analyze_paths([path]))
-        memory = (peak_rss_bytes(path) - base) / len(text)
-        line = (f"{path.name[:58]:<58} {events:>7} {len(text) / 1e6:>6.1f} {loads:>9.3f}s {analyze:>7.3f}s "
-                f"{analyze / loads:>6.2f} {memory:>8.2f}")
-        if args.peers:
-            hta, tb = hta_seconds(path), tb_plugin_seconds(path)
-            speedups = ["  n/a" if seconds is None else f"{seconds / analyze:5.1f}" for seconds in (hta, tb)]
-            line += "  " + "  ".join(speedups)
-        print(line)
+        print(format_row(measure_trace(path, args.peers, args.peers_python, baseline_rss=base)), flush=True)
     print("targets: ratio <= 1.5 (analyze time / json.loads time), RSS/JSON <= 3 (peak RSS above an idle "
           "interpreter with perfhooks imported, / uncompressed JSON bytes); peers: >= 5x")
     return 0

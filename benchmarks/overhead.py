@@ -1,68 +1,211 @@
-"""Overhead of perfhooks on the training loop: the example with and without PerfCallback.
+"""Overhead on the training loop: step time of each profiler variant, interleaved, as ratios.
 
-    python benchmarks/overhead.py [--quick] [--pairs N] [--steps N]
+    python benchmarks/overhead.py [--quick] [--rounds N]      # or all benchmarks: benchmarks/suite.py
 
-Prints, with the machine named:
-- the step-time ratio with the callback (schedule=None: outside windows) to without, per
-  interleaved A/B pair, as median and min-max (target: at most 1.01);
-- the host cost of the engine per step in µs: the 7 events a Lightning step sends, timed in a
-  tight loop with no training work (target: at most 20 µs).
+Every comparison runs its variants in turn, round after round (A/B/C/A/B/C...), after a warm-up
+run, and reports per-round ratios to the baseline as the median and min-max of the rounds. A
+run's step time is the median of its steps' wall times (batch end to batch end), the first two
+steps and the last one left out (warm-up; the trace export at a window's end).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from machine import describe_machine  # noqa: E402
+
+#: The settings of a perfhooks window, used for the bare torch.profiler and ProfileKwargs too.
+WINDOW_SETTINGS = {"record_shapes": True, "profile_memory": True, "with_stack": False}
 
 
-def machine() -> str:
-    from perfhooks.device import _cpu_model
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return f"{_cpu_model()}, {os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+def _steady_ms(ends: list[float]) -> float:
+    times = [(ends[i + 1] - ends[i]) * 1e3 for i in range(2, len(ends) - 2)]
+    return statistics.median(times)
 
 
-def step_times_ms(with_perf: bool, steps: int, d_model: int, batch_size: int, seq_len: int,
-                  **settings: object) -> list[float]:
-    """Per-step wall time of a Lightning fit of the example, from batch end to batch end."""
+def _activities() -> list[Any]:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    return activities
+
+
+def _window_schedule(steps: int) -> Any:
+    import perfhooks
+
+    return perfhooks.Schedule(skip_first=0, warmup=1, active=steps)
+
+
+# --------------------------------------------------------------------------- Lightning
+LIGHTNING_VARIANTS = ("none", "perfhooks", "perfhooks_window", "bare_torch_profiler", "SimpleProfiler",
+                      "PyTorchProfiler")
+
+
+def lightning_step_ms(variant: str, steps: int, d_model: int, out: str) -> float:
+    """Median step time (ms) of a Lightning fit of the tutorial layer under ``variant``."""
     import lightning as L
+    from lightning.pytorch.profilers import PyTorchProfiler, SimpleProfiler
 
     from perfhooks.integrations.lightning import PerfCallback
     from tutorial_transformer import lightning_module, make_dataloader
 
+    ends: list[float] = []
+
     class StepTimer(L.Callback):
-        def __init__(self) -> None:
-            self.ends: list[float] = []
+        def on_train_batch_end(self, *args: Any) -> None:
+            ends.append(time.perf_counter())
 
-        def on_train_batch_end(self, *args) -> None:
-            self.ends.append(time.perf_counter())
+    class BareProfiler(L.Callback):
+        """torch.profiler with a perfhooks window's settings, stepped at each batch end."""
 
-    timer = StepTimer()
-    callbacks: list = [timer]
+        def on_train_start(self, *args: Any) -> None:
+            self.profiler = torch.profiler.profile(
+                activities=_activities(), schedule=torch.profiler.schedule(wait=0, warmup=1, active=steps),
+                on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/bare.json"), **WINDOW_SETTINGS)
+            self.profiler.start()
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.profiler.step()
+
+        def on_train_end(self, *args: Any) -> None:
+            self.profiler.stop()
+
+    callbacks: list[Any] = []
+    profiler: Any = None
+    if variant == "perfhooks":
+        callbacks.append(PerfCallback(output_dir=out, schedule=None, console=False))
+    elif variant == "perfhooks_window":
+        callbacks.append(PerfCallback(output_dir=out, schedule=_window_schedule(steps), console=False,
+                                      **WINDOW_SETTINGS))
+    elif variant == "bare_torch_profiler":
+        callbacks.append(BareProfiler())
+    elif variant == "SimpleProfiler":
+        profiler = SimpleProfiler(dirpath=out, filename="simple")
+    elif variant == "PyTorchProfiler":
+        profiler = PyTorchProfiler(dirpath=out, filename="pytorch")
+    callbacks.append(StepTimer())
+    torch.manual_seed(0)
+    trainer = L.Trainer(max_steps=steps, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, enable_progress_bar=False, callbacks=callbacks,
+                        profiler=profiler)
+    with contextlib.redirect_stdout(None):
+        trainer.fit(lightning_module(d_model, max(1, d_model // 64)), make_dataloader(steps, 16, 128, d_model))
+    return _steady_ms(ends)
+
+
+# --------------------------------------------------------------------------- transformers
+HF_VARIANTS = ("none", "perfhooks")
+
+
+def hf_step_ms(variant: str, steps: int, out: str) -> float:
+    """Median step time (ms) of the HF Trainer example (tiny GPT-2) under ``variant``."""
+    from transformers import TrainerCallback
+
+    from hf_trainer_example import build_trainer
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    ends: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            ends.append(time.perf_counter())
+
+    callback = PerfTrainerCallback(schedule=None, console=False) if variant == "perfhooks" else StepTimer()
+    trainer = build_trainer(out, steps, callback=callback, logging_steps=10_000)
+    if variant == "perfhooks":
+        trainer.add_callback(StepTimer())
+    trainer.train()
+    return _steady_ms(ends)
+
+
+# --------------------------------------------------------------------------- accelerate
+ACCELERATE_VARIANTS = ("none", "perfhooks", "perfhooks_window", "ProfileKwargs")
+
+
+def accelerate_step_ms(variant: str, steps: int, d_model: int, out: str) -> float:
+    """Median step time (ms) of the accelerate example loop under ``variant``."""
+    from accelerate import Accelerator
+    from accelerate.utils import ProfileKwargs
+
+    from perfhooks.integrations.accelerate import attach
+    from tutorial_transformer import TransformerLayer, make_dataloader
+
+    torch.manual_seed(0)
+    handlers = []
+    if variant == "ProfileKwargs":
+        handlers.append(ProfileKwargs(activities=["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"],
+                                      schedule_option={"wait": 0, "warmup": 1, "active": steps},
+                                      on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/pk.json"),
+                                      **WINDOW_SETTINGS))
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=handlers)
+    model = TransformerLayer(d_model, max(1, d_model // 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, optimizer, data = accelerator.prepare(model, optimizer, make_dataloader(steps, 16, 128, d_model))
+    ends: list[float] = []
+
+    @contextlib.contextmanager
+    def wrapped() -> Iterator[Callable[[], None]]:
+        if variant == "ProfileKwargs":
+            with accelerator.profile() as profiler:
+                yield profiler.step
+        elif variant.startswith("perfhooks"):
+            schedule = _window_schedule(steps) if variant == "perfhooks_window" else None
+            with attach(accelerator, model, optimizer, data, output_dir=out, schedule=schedule, console=False,
+                        **WINDOW_SETTINGS):
+                yield lambda: None
+        else:
+            yield lambda: None
+
+    with wrapped() as step:
+        for x, y in data:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            step()
+            ends.append(time.perf_counter())
+    return _steady_ms(ends)
+
+
+# --------------------------------------------------------------------------- comparisons
+def interleaved(measure: Callable[[str, str], float], variants: tuple[str, ...], rounds: int,
+                label: str) -> dict[str, Any]:
+    """Run every variant once per round, in turn, after a warm-up; per-round ratios to ``variants[0]``."""
     with tempfile.TemporaryDirectory() as out:
-        if with_perf:
-            callbacks.insert(0, PerfCallback(output_dir=out, schedule=None, console=False, **settings))
-        torch.manual_seed(0)
-        trainer = L.Trainer(max_steps=steps, accelerator="auto", devices=1, logger=False, enable_checkpointing=False,
-                            enable_model_summary=False, enable_progress_bar=False, callbacks=callbacks)
-        model = lightning_module(d_model, max(1, d_model // 64))
-        trainer.fit(model, make_dataloader(steps, batch_size, seq_len, d_model))
-    ends = timer.ends
-    return [(ends[i + 1] - ends[i]) * 1e3 for i in range(2, len(ends) - 1)]  # the first steps warm up
+        measure(variants[0], out)  # warm-up: imports, allocator, thread pools
+    per_round: list[dict[str, float]] = []
+    for index in range(rounds):
+        times = {}
+        for variant in variants:
+            with tempfile.TemporaryDirectory() as out:
+                times[variant] = measure(variant, out)
+        per_round.append(times)
+        print(f"  {label} round {index + 1}: " + "  ".join(f"{v} {t:.2f} ms" for v, t in times.items()), flush=True)
+    return {"rounds": per_round, "step_ms": {v: statistics.median(r[v] for r in per_round) for v in variants}}
+
+
+def ratio(result: dict[str, Any], numerator: str, denominator: str) -> dict[str, float]:
+    """Per-round ``numerator / denominator`` step time: median, min, max."""
+    values = [r[numerator] / r[denominator] for r in result["rounds"]]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def host_cost_us(steps: int = 20_000, repeats: int = 5) -> float:
-    """µs per step for the engine's events alone (no training work), median of ``repeats``."""
+    """µs per step for the engine's events alone (the 7 a Lightning step sends; no training work)."""
     from perfhooks import Engine, PerfConfig
 
     results = []
@@ -83,55 +226,47 @@ def host_cost_us(steps: int = 20_000, repeats: int = 5) -> float:
     return statistics.median(results)
 
 
+def run(quick: bool, rounds: int) -> dict[str, Any]:
+    d_model = 256 if quick else 512
+    steps = 10 if quick else 20
+    results: dict[str, Any] = {"settings": {"d_model": d_model, "steps": steps, "rounds": rounds,
+                                            "batch": "16 x 128"}}
+    print(f"Lightning, tutorial layer d_model {d_model}, {steps} steps per run, {rounds} rounds", flush=True)
+    lightning = interleaved(lambda v, out: lightning_step_ms(v, steps, d_model, out), LIGHTNING_VARIANTS,
+                            rounds, "lightning")
+    lightning["ratios"] = {v: ratio(lightning, v, "none") for v in LIGHTNING_VARIANTS[1:]}
+    lightning["ratios"]["perfhooks_window/bare_torch_profiler"] = ratio(lightning, "perfhooks_window",
+                                                                        "bare_torch_profiler")
+    results["lightning"] = lightning
+    print(f"accelerate, tutorial layer d_model {d_model}, {steps} steps per run", flush=True)
+    accel = interleaved(lambda v, out: accelerate_step_ms(v, steps, d_model, out), ACCELERATE_VARIANTS, rounds,
+                        "accelerate")
+    accel["ratios"] = {v: ratio(accel, v, "none") for v in ACCELERATE_VARIANTS[1:]}
+    accel["ratios"]["perfhooks_window/ProfileKwargs"] = ratio(accel, "perfhooks_window", "ProfileKwargs")
+    results["accelerate"] = accel
+    hf_steps = 20 if quick else 40
+    print(f"transformers Trainer, tiny GPT-2, {hf_steps} steps per run", flush=True)
+    hf = interleaved(lambda v, out: hf_step_ms(v, hf_steps, out), HF_VARIANTS, rounds, "transformers")
+    hf["ratios"] = {"perfhooks": ratio(hf, "perfhooks", "none")}
+    results["transformers"] = hf
+    results["host_cost_us"] = host_cost_us(steps=5_000 if quick else 20_000)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller model, fewer steps (d_model 256, 12 steps)")
-    parser.add_argument("--pairs", type=int, default=5, help="interleaved A/B pairs (at least 5)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per run")
+    parser.add_argument("--quick", action="store_true", help="d_model 256 and fewer steps")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (at least 5)")
     args = parser.parse_args(argv)
-    if args.pairs < 5:
-        parser.error("--pairs must be at least 5")
-    d_model = 256 if args.quick else 512
-    steps = args.steps or (12 if args.quick else 20)
-
-    print(f"machine: {machine()}")
-    print(f"example: tutorial transformer layer, d_model {d_model}, batch 16 x 128, {steps} steps per run")
-    step_times_ms(False, 4, d_model, 16, 128)  # warm-up: imports, allocator, thread pools
-    ratios: list[float] = []
-    all_base: list[float] = []
-    all_perf: list[float] = []
-    for pair in range(args.pairs):
-        base_steps = step_times_ms(False, steps, d_model, 16, 128)
-        perf_steps = step_times_ms(True, steps, d_model, 16, 128)
-        base, perf = statistics.median(base_steps), statistics.median(perf_steps)
-        all_base += base_steps
-        all_perf += perf_steps
-        ratios.append(perf / base)
-        print(f"  pair {pair + 1}: without {base:8.2f} ms  with {perf:8.2f} ms  ratio {perf / base:.4f}")
-    pooled = statistics.median(all_perf) / statistics.median(all_base)
-    print(f"step-time ratio with/without PerfCallback (outside windows): median of pairs "
-          f"{statistics.median(ratios):.4f} (min {min(ratios):.4f}, max {max(ratios):.4f}) over {args.pairs} A/B "
-          f"pairs; pooled median step {statistics.median(all_perf):.2f} / {statistics.median(all_base):.2f} ms "
-          f"= {pooled:.4f}; target <= 1.01")
-    cost = host_cost_us()
-    print(f"engine host cost per step: {cost:.2f} µs (7 events, no NVTX tool attached); target <= 20 µs")
-    memory_history_overhead(args.pairs, steps, d_model)
+    if args.rounds < 5:
+        parser.error("--rounds must be at least 5")
+    print(f"machine: {describe_machine()}")
+    results = run(args.quick, args.rounds)
+    for framework in ("lightning", "accelerate", "transformers"):
+        for name, r in results[framework]["ratios"].items():
+            print(f"{framework:>12} {name:<40} median {r['median']:.4f} (min {r['min']:.4f}, max {r['max']:.4f})")
+    print(f"engine host cost per step: {results['host_cost_us']:.2f} µs")
     return 0
-
-
-def memory_history_overhead(pairs: int, steps: int, d_model: int) -> None:
-    """CUDA only: step time with torch.cuda.memory._record_memory_history on, over off (interleaved pairs)."""
-    if not torch.cuda.is_available():
-        print("memory history overhead: needs CUDA (history records CUDA allocations only); not measured here")
-        return
-    ratios = []
-    for _ in range(pairs):
-        off = statistics.median(step_times_ms(True, steps, d_model, 16, 128, memory_history=False))
-        on = statistics.median(step_times_ms(True, steps, d_model, 16, 128, memory_history=True))
-        torch.cuda.memory._record_memory_history(enabled=None)
-        ratios.append(on / off)
-    print(f"memory history on / off (max_entries 100000): median {statistics.median(ratios):.4f} "
-          f"(min {min(ratios):.4f}, max {max(ratios):.4f}) over {pairs} pairs")
 
 
 if __name__ == "__main__":

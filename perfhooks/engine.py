@@ -32,7 +32,7 @@ from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.hooks import HookHandles, add_module_ranges
 from perfhooks.memory import MemoryMonitor
 from perfhooks.phases import DATA_WAIT, FORWARD, PHASES
-from perfhooks.report import build_report, write_report
+from perfhooks.report import build_report, write_merged_report, write_report
 from perfhooks.schedule import Action, OnDemandWindow
 from perfhooks.sinks.console import format_table
 from perfhooks.sinks.html import render_html
@@ -272,6 +272,9 @@ class Engine:
             if self.wandb is not None:
                 self._guarded_call("wandb_close", lambda: self._close_wandb(report))
             self._guarded_call("report_write", lambda: write_report(self.output_dir, report))
+            if self.world_size > 1:
+                self._guarded_call("report_merge", lambda: write_merged_report(
+                    self.output_dir, self.world_size, self.config.thresholds))
             if self.config.console and self.rank == 0:
                 print(format_table(report), file=sys.stderr)
         except Exception as error:

@@ -162,3 +162,54 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
     if memory and "used_bytes" in memory:
         metrics["perf/mem/used_bytes"] = memory["used_bytes"]
     return metrics
+
+
+def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None) -> dict[str, Any]:
+    """One run's report from its per-rank reports: rank 0's as the base, plus a ``ranks`` section
+    (per-rank step time, phase shares and status) and the cross-rank diagnoses (``straggler``)."""
+    from perfhooks.analysis.diagnoses import Thresholds, diagnose_rank_phases, rank
+
+    by_rank = sorted(reports, key=lambda r: r["rank"])
+    merged = dict(by_rank[0])
+    step_ms = {r["rank"]: r["step_ms"]["mean"] for r in by_rank if r.get("steps")}
+    values = list(step_ms.values())
+    median = sorted(values)[len(values) // 2] if values else 0.0
+    merged["ranks"] = {
+        "count": len(by_rank),
+        "step_ms": {str(k): v for k, v in step_ms.items()},
+        "spread": (max(values) - min(values)) / median if median else 0.0,
+        "per_rank": [{"rank": r["rank"], "status": r["status"], "steps": r["steps"], "step_ms": r["step_ms"],
+                      "coverage": r["coverage"], "shares": {n: p["share"] for n, p in r["phases"].items()},
+                      "diagnoses": [d["id"] for d in r["diagnoses"]], "faults": len(r["faults"])}
+                     for r in by_rank],
+    }
+    phase_ms = {r["rank"]: {"step": r["step_ms"]["mean"], **{n: p["mean_ms"] for n, p in r["phases"].items()}}
+                for r in by_rank if r.get("steps")}
+    cross = diagnose_rank_phases(phase_ms, thresholds or Thresholds())
+    merged["diagnoses"] = rank(list(merged["diagnoses"]) + cross)
+    merged["status"] = "failed" if any(r["status"] == "failed" for r in by_rank) else merged["status"]
+    return merged
+
+
+def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = None) -> Path | None:
+    """Once every rank's ``report.rank{R}.json`` is there, ``report.json`` (and ``.html``) for the whole run.
+
+    Each rank calls this after writing its own report; the last to finish sees them all. No
+    collective is involved, so a rank that died or is slow delays nothing.
+    """
+    import json
+
+    from perfhooks.files import atomic_write_bytes
+    from perfhooks.sinks.html import render_html
+
+    reports = []
+    for rank_index in range(world_size):
+        path = output_dir / f"report.rank{rank_index}.json"
+        if not path.exists():
+            return None
+        reports.append(json.loads(path.read_text()))
+    merged = merge_rank_reports(reports, thresholds)
+    target = output_dir / REPORT_FILE
+    atomic_write_json(target, merged)
+    atomic_write_bytes(target.with_suffix(".html"), render_html(merged, series=merged.get("series")).encode())
+    return target

@@ -171,17 +171,25 @@ class CaptureWindows:
         self.traces_dir.mkdir(parents=True, exist_ok=True)
         final = self.traces_dir / trace_name(self.rank, first)
         temp = self.traces_dir / f".{final.name}.{os.getpid()}.json"
-        profiler.export_chrome_trace(str(temp))
+        # This cycle's results: torch gives the next cycle a new object, so the export can run later,
+        # on the writer thread. The training thread goes straight on to its next step (and collective).
+        results = profiler.profiler
         record = {"path": str(final), "first_step": first, "last_step": last, "trigger": self._trigger,
                   "pruned": False}
         with self._lock:
             self.windows.append(record)
-        self.writer.submit("trace_export", lambda: self._finish(temp, final, record))
+        self.writer.submit("trace_export", lambda: self._finish(results, temp, final, record))
         self.on_saved()
 
-    def _finish(self, temp: Path, final: Path, record: dict[str, Any]) -> None:
-        """On the writer thread: compress and place the trace, prune old ones, then hand it to analysis."""
-        atomic_gzip_file(temp, final)
+    def _finish(self, results: Any, temp: Path, final: Path, record: dict[str, Any]) -> None:
+        """On the writer thread: export, compress and place the trace, prune old ones, then hand it to analysis."""
+        try:
+            results.export_chrome_trace(str(temp))
+            atomic_gzip_file(temp, final)
+        except BaseException as error:
+            temp.unlink(missing_ok=True)
+            self.update(record, pruned=True, error=f"export failed: {type(error).__name__}")
+            raise
         self._prune()
         if self.on_written is not None and final.exists():
             self.on_written(final, record)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from perfhooks.analysis import ranges
-from perfhooks.analysis.diagnoses import Thresholds, diagnose_ranks, diagnose_trace, rank
+from perfhooks.analysis.diagnoses import Thresholds, diagnose_rank_phases, diagnose_ranks, diagnose_trace, rank
 from perfhooks.analysis.host import compilation, host_synchronizations
 from perfhooks.analysis.kernels import (
     attention_kernels,
@@ -120,14 +121,42 @@ def find_traces(paths: list[str | Path]) -> list[str]:
     found: list[str] = []
     for path in map(Path, paths):
         if path.is_dir():
-            found += sorted(str(p) for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+            found += sorted(str(p) for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+                            and not _is_perfhooks_output(p.relative_to(path)))
         elif path.exists():
             found.append(str(path))
         else:
             raise TraceError(f"{path}: no such file or folder")
     if not found:
         raise TraceError(f"{', '.join(map(str, paths))}: no trace files (*.json, *.json.gz) found")
-    return found
+    return latest_window_per_rank(found)
+
+
+_REPORT = re.compile(r"^report(\.rank\d+)?\.json$")
+
+
+def _is_perfhooks_output(relative: Path) -> bool:
+    """perfhooks' own JSON beside its traces in an output folder: reports, memory captures, OOM dumps."""
+    return bool(_REPORT.match(relative.name)) or relative.parts[0] in ("memory", "oom")
+
+
+_PERFHOOKS_TRACE = re.compile(r"^rank(\d+)\.step(\d+)\.pt\.trace\.json(\.gz)?$")
+
+
+def latest_window_per_rank(files: list[str]) -> list[str]:
+    """Of perfhooks' own traces (``rank{R}.step{N}...``), keep each rank's latest window; others stay."""
+    latest: dict[tuple[str, int], tuple[int, str]] = {}
+    kept: list[str] = []
+    for name in files:
+        match = _PERFHOOKS_TRACE.match(Path(name).name)
+        if match is None:
+            kept.append(name)
+            continue
+        key = (str(Path(name).parent), int(match.group(1)))
+        step = int(match.group(2))
+        if key not in latest or step > latest[key][0]:
+            latest[key] = (step, name)
+    return sorted(kept + [name for _, name in latest.values()])
 
 
 def analyze_paths(paths: list[str | Path], workers: int | None = None,
@@ -160,5 +189,9 @@ def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = N
                       "diagnoses": [d["id"] for d in r["diagnoses"]]} for r in by_rank],
     }
     merged = [d for r in by_rank for d in r["diagnoses"]] + diagnose_ranks(step_us, thresholds or Thresholds())
+    if all(r["phases"]["backward"]["mean_ms"] > 0 for r in by_rank):  # perfhooks labels: the synchronised view
+        phase_ms = {r["rank"]: {"step": r["step_ms"]["mean"], **{n: p["mean_ms"] for n, p in r["phases"].items()}}
+                    for r in by_rank}
+        merged += diagnose_rank_phases(phase_ms, thresholds or Thresholds())
     base["diagnoses"] = rank(merged)
     return base

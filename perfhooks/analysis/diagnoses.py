@@ -324,3 +324,32 @@ def diagnose_ranks(step_us_by_rank: dict[int, float], t: Thresholds = Thresholds
         f"Every rank waits for rank {slowest} at each collective: check its data shard, host load "
         "(other processes, CPU affinity), GPU clocks and thermals.",
         slowest_rank=slowest, spread=spread)]
+
+
+def diagnose_rank_phases(phase_ms_by_rank: dict[int, dict[str, float]],
+                         t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+    """The straggler among synchronised ranks, from live phase timings (ms per step).
+
+    Under DDP every rank's step takes the same time: the others wait for the slow one inside the
+    gradient all-reduce, i.e. in their backward phase. So the slow rank is the one with the most
+    time *outside* backward (data wait, forward, optimizer, other), and the gain is what the
+    others lose waiting.
+    """
+    if len(phase_ms_by_rank) < 2:
+        return []
+    outside = {r: max(0.0, p["step"] - p.get("backward", 0.0)) for r, p in phase_ms_by_rank.items()}
+    slowest, worst = max(outside.items(), key=lambda item: item[1])
+    median = statistics.median(v for r, v in outside.items() if r != slowest)  # of the others
+    step = phase_ms_by_rank[slowest]["step"]
+    excess = worst - median
+    if step <= 0 or excess / step < t.straggler_spread:
+        return []
+    return [make(
+        "straggler", "warning", f"Rank {slowest} is slower than the others",
+        f"rank {slowest} spends {worst:.1f} ms per step outside backward vs {median:.1f} ms on the others "
+        f"(+{excess:.1f} ms, {pct(excess / step)} of its {step:.1f} ms step); the other ranks wait that long "
+        f"in the gradient all-reduce. Threshold {pct(t.straggler_spread)} of step time",
+        excess / step,
+        f"Every rank waits for rank {slowest} at each collective: check its data shard and loader, host load "
+        "(other processes, CPU affinity), GPU clocks and thermals.",
+        slowest_rank=slowest, excess_ms=round(excess, 3))]

@@ -18,6 +18,7 @@ current row (``commit=False``, so wandb's own step is never advanced under the u
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -233,7 +234,10 @@ class WandbSink:
                                             "W&B logging is off, local files are written")
             self.failed = "not installed"
             return None
-        run = wandb.init(project="perfhooks", dir=str(self.output_dir), job_type="perfhooks")
+        # The run's files go beside perfhooks' own, unless the user chose a place (WANDB_DIR).
+        where = {} if os.environ.get("WANDB_DIR") else {"dir": str(self.output_dir)}
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        run = wandb.init(project=os.environ.get("WANDB_PROJECT", "perfhooks"), job_type="perfhooks", **where)
         self.owned = True
         return run
 

@@ -176,7 +176,7 @@ def test_wandb_true_opens_one_run_and_finishes_it(offline_wandb: Path, tmp_path:
     assert wandb.run is None  # perfhooks finished the run it opened
     records = wandb_records(offline_wandb)
     assert [row["perf/step"] for row in _perf_rows(records)] == [5, 10]
-    assert read_report(tmp_path)["wandb"]["project"] == "perfhooks"
+    assert read_report(tmp_path)["wandb"]["project"] == "perfhooks-tests"  # WANDB_PROJECT is honoured
 
 
 def test_wandb_true_without_wandb_installed_warns_and_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,43 @@
+"""A hand-written accelerate loop on 2 CPU processes with attach(); started by ``accelerate launch``.
+
+    accelerate launch --cpu --num_processes 2 tests/distributed/accelerate_ddp.py OUTPUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import perfhooks
+from helpers import mlp, random_loader
+from perfhooks.integrations.accelerate import attach
+
+
+def main(output_dir: str) -> int:
+    slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, random_loader(24))
+    with attach(accelerator, model, optimizer, loader, output_dir=output_dir, console=False, analyze_windows=False,
+                schedule=perfhooks.Schedule(skip_first=3, warmup=1, active=2)):
+        for x, y in loader:
+            if accelerator.process_index == slow_rank:
+                time.sleep(0.03)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))

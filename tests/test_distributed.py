@@ -1,0 +1,95 @@
+"""Multi-rank runs: 2 CPU processes with gloo under torchrun, Lightning DDP and accelerate launch.
+
+Each rank writes its own trace and report; the last rank to finish writes the merged report.json
+(no collective of perfhooks' own); a rank made slow is named by the straggler diagnosis, both in
+that report and by ``perfhooks analyze`` on the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import read_report
+
+pytestmark = pytest.mark.distributed
+HERE = Path(__file__).resolve().parent / "distributed"
+
+
+def _run(command: list[str], out: Path, timeout: int = 240, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    done = subprocess.run([*command, str(out)], capture_output=True, text=True, timeout=timeout, env=environment,
+                          cwd=out.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _torchrun(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                 str(HERE / "plain_ddp.py")], out, **env)
+
+
+def _assert_one_run_per_rank_and_a_straggler(out: Path, slow_rank: int = 1) -> dict:
+    assert sorted(p.name for p in (out / "traces").iterdir()) == ["rank0.step4.pt.trace.json.gz",
+                                                                 "rank1.step4.pt.trace.json.gz"]
+    per_rank = [json.loads((out / f"report.rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["rank"] for r in per_rank] == [0, 1] and all(r["world_size"] == 2 for r in per_rank)
+    merged = read_report(out)
+    assert merged["ranks"]["count"] == 2 and set(merged["ranks"]["step_ms"]) == {"0", "1"}
+    straggler = next(d for d in merged["diagnoses"] if d["id"] == "straggler")
+    assert straggler["measured"]["slowest_rank"] == slow_rank
+    assert f"rank {slow_rank}" in straggler["evidence"]
+    return merged
+
+
+def test_torchrun_writes_per_rank_files_and_names_the_straggler(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _torchrun(out, SLOW_RANK="1", SLOW_MS="30")
+    _assert_one_run_per_rank_and_a_straggler(out)
+    # perfhooks analyze on the output folder: each rank's trace, per-rank step time, the straggler.
+    done = subprocess.run([sys.executable, "-m", "perfhooks.cli", "analyze", str(out), "--format", "json"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    analysed = json.loads(done.stdout)
+    assert set(analysed["ranks"]["step_us"]) == {"0", "1"}
+    straggler = next(d for d in analysed["diagnoses"] if d["id"] == "straggler")
+    assert straggler["measured"]["slowest_rank"] == 1
+    text = subprocess.run([sys.executable, "-m", "perfhooks.cli", "analyze", str(out)], capture_output=True,
+                          text=True, timeout=120, check=True).stdout
+    assert "2 ranks, step time rank 0:" in text and "straggler" in text
+
+
+def test_a_rank_slow_to_export_does_not_time_out_the_others(tmp_path: Path) -> None:
+    """Rank 1's trace export takes 6 s; the process group times out after 3 s. Training must not notice:
+    the export runs on perfhooks' writer thread while the training thread goes on to the next all-reduce."""
+    out = tmp_path / "run"
+    done = _torchrun(out, SLOW_EXPORT_S="6", PG_TIMEOUT_S="3")
+    assert "rank 0 trained 16 steps" in done.stdout and "rank 1 trained 16 steps" in done.stdout
+    assert (out / "traces" / "rank1.step4.pt.trace.json.gz").exists()  # written, late
+    assert read_report(out)["ranks"]["count"] == 2
+
+
+def test_lightning_ddp_rank_zero_alone_logs_to_wandb(tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    out = tmp_path / "run"
+    wandb_dir = tmp_path / "wandb"
+    _run([sys.executable, str(HERE / "lightning_ddp.py")], out, SLOW_RANK="1", WANDB="1", WANDB_MODE="offline",
+         WANDB_DIR=str(wandb_dir), WANDB_CACHE_DIR=str(wandb_dir / "cache"), WANDB_DATA_DIR=str(wandb_dir / "data"),
+         WANDB_CONFIG_DIR=str(wandb_dir / "config"), WANDB_SILENT="true")
+    merged = _assert_one_run_per_rank_and_a_straggler(out)
+    assert merged["framework"] == "lightning"
+    assert len(list(wandb_dir.rglob("*.wandb"))) == 1  # one run: rank 0's
+    per_rank = [json.loads((out / f"report.rank{r}.json").read_text()) for r in (0, 1)]
+    assert "wandb" in per_rank[0] and "wandb" not in per_rank[1]
+
+
+def test_accelerate_launch_two_cpu_processes(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+          str(HERE / "accelerate_ddp.py")], out, SLOW_RANK="1")
+    assert _assert_one_run_per_rank_and_a_straggler(out)["framework"] == "accelerate"
