@@ -340,13 +340,11 @@ class Engine:
         The analysis runs in a separate interpreter (``perfhooks analyze``, which imports no torch):
         in this process it would hold the GIL for a second or so and slow the steps it overlaps.
         """
-        import dataclasses
         import json
         import subprocess
 
-        command = [sys.executable, "-m", "perfhooks.cli", "analyze", str(path), "--format", "json",
-                   "--thresholds", json.dumps(dataclasses.asdict(self.config.thresholds))]
         try:
+            command = self._analysis_command(path)
             done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
             if done.returncode != 0:
                 raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
@@ -360,6 +358,13 @@ class Engine:
         for diagnosis in result["diagnoses"]:
             diagnosis["step"] = window["first_step"]
         self.trace_diagnoses = result["diagnoses"]
+
+    def _analysis_command(self, path: Path) -> list[str]:
+        import dataclasses
+        import json
+
+        return [sys.executable, "-m", "perfhooks.cli", "analyze", str(path), "--format", "json",
+                "--thresholds", json.dumps(dataclasses.asdict(self.config.thresholds))]
 
     def _save_report_async(self) -> None:
         """At a window's end: snapshot the statistics here, write on the writer thread once the window's

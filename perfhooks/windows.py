@@ -44,6 +44,8 @@ def trace_name(rank: int, first_step: int) -> str:
 
 
 _TRACE_RE = re.compile(r"^rank(\d+)\.step(\d+)\.pt\.trace\.json\.gz$")
+#: Window records kept (the most recent): a long run with ``repeat=0`` keeps its report bounded.
+MAX_WINDOW_RECORDS = 100
 
 
 class CaptureWindows:
@@ -178,6 +180,7 @@ class CaptureWindows:
                   "pruned": False}
         with self._lock:
             self.windows.append(record)
+            del self.windows[:-MAX_WINDOW_RECORDS]
         self.writer.submit("trace_export", lambda: self._finish(results, temp, final, record))
         self.on_saved()
 

@@ -21,6 +21,28 @@ def test_defaults() -> None:
     ({"nvtx": "yes"}, TypeError, "nvtx must be True or False"),
     ({"schedule": {"active": 3}}, TypeError, "schedule must be a perfhooks.Schedule or None"),
     ({"output_dir": 3}, TypeError, "output_dir must be a path"),
+    ({"max_traces": None}, ValueError, "max_traces must be an integer >= 1"),
+    ({"max_traces": "5"}, ValueError, "max_traces must be an integer >= 1"),
+    ({"max_memory_captures": -3}, ValueError, "max_memory_captures must be an integer >= 1"),
+    ({"memory_history_entries": 0}, ValueError, "memory_history_entries must be an integer >= 1"),
+    ({"memory_threshold": 0}, ValueError, r"memory_threshold must be a fraction in \(0, 1\]"),
+    ({"memory_threshold": 1.5}, ValueError, r"memory_threshold must be a fraction in \(0, 1\]"),
+    ({"memory_threshold": float("nan")}, ValueError, r"memory_threshold must be a fraction in \(0, 1\]"),
+    ({"memory_threshold": "0.9"}, ValueError, r"memory_threshold must be a fraction in \(0, 1\]"),
+    ({"memory_capacity_bytes": 0}, ValueError, "memory_capacity_bytes must be an integer >= 1 or None"),
+    ({"memory_capacity_bytes": 1e9}, ValueError, "memory_capacity_bytes must be an integer >= 1 or None"),
+    ({"memory_poll_s": -0.1}, ValueError, "memory_poll_s must be a finite number of seconds >= 0"),
+    ({"memory_poll_s": float("inf")}, ValueError, "memory_poll_s must be a finite number of seconds >= 0"),
+    ({"trigger_poll_s": -1}, ValueError, "trigger_poll_s must be a finite number"),
+    ({"console": 1}, TypeError, "console must be True or False"),
+    ({"memory": None}, TypeError, "memory must be True or False"),
+    ({"thresholds": {"dataloader_share": 0.1}}, TypeError, "thresholds must be a perfhooks.analysis.diagnoses"),
+    ({"wandb": "yes"}, TypeError, "wandb must be True, False or None"),
+    ({"wandb_run": "my-run"}, TypeError, "wandb_run must be a wandb Run"),
+    ({"wandb": False, "wandb_run": type("Run", (), {"log": lambda self: None})()}, ValueError,
+     "wandb=False and a wandb_run contradict"),
+    ({"wandb_log_every": 0}, ValueError, "wandb_log_every must be an integer >= 1"),
+    ({"wandb_queue": -1}, ValueError, "wandb_queue must be an integer >= 1"),
 ])
 def test_bad_values_name_the_parameter(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
@@ -30,3 +52,14 @@ def test_bad_values_name_the_parameter(kwargs: dict, error: type, match: str) ->
 def test_unknown_argument_lists_the_allowed_ones() -> None:
     with pytest.raises(TypeError, match=r"PerfCallback got unknown argument\(s\) max_trace\b.*allowed: .*max_traces"):
         PerfConfig.from_kwargs("PerfCallback", {"max_trace": 3})
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"active": 0}, "active must be an integer >= 1"),
+    ({"warmup": -1}, "warmup must be an integer >= 0"),
+    ({"repeat": 1.5}, "repeat must be an integer >= 0"),
+    ({"skip_first": True}, "skip_first must be an integer >= 0"),
+])
+def test_bad_schedules_name_the_parameter(kwargs: dict, match: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        Schedule(**kwargs)

@@ -1,0 +1,230 @@
+"""Each failure mode a profiler must survive, proven on a real Lightning fit (README, "Reliability").
+
+Faults are injected where they cannot be produced for real here: an exception inside perfhooks at
+each event, a full disk. Everything else (OOM, Ctrl-C, torch.compile, nested profilers) is real.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import perfhooks
+from helpers import lightning_mlp, quiet_trainer, random_loader, read_report
+from perfhooks.faults import PerfhooksWarning
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+WINDOW = perfhooks.Schedule(skip_first=2, warmup=1, active=2)
+
+
+def _fit(out: Path, steps: int = 10, model: Any = None, **settings: Any) -> Any:
+    from perfhooks.integrations.lightning import PerfCallback
+
+    callback = PerfCallback(output_dir=out, **{"console": False, "schedule": WINDOW, **settings})
+    trainer = quiet_trainer(max_steps=steps, callbacks=[callback])
+    trainer.fit(model if model is not None else lightning_mlp(), random_loader(steps))
+    return trainer
+
+
+def _perfhooks_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, PerfhooksWarning)]
+
+
+def _assert_no_partial_files(out: Path) -> None:
+    leftovers = [p for p in out.rglob("*") if p.name.endswith(".tmp") or (p.name.startswith(".") and p.is_file())]
+    assert leftovers == []
+    for trace in out.rglob("*.json.gz"):
+        json.loads(gzip.decompress(trace.read_bytes()))  # every trace that is there is whole
+    for report in out.rglob("report*.json"):
+        json.loads(report.read_text())
+
+
+# --------------------------------------------------------------------------- faults inside perfhooks
+def _raise(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("injected fault")
+
+
+#: (what is broken, the object and attribute replaced by a raising function, the fault kinds reported).
+INJECTIONS = [
+    ("timing", "perfhooks.clock.HostClock.elapsed_ms", {"step_end"}),
+    ("annotation", "perfhooks.annotate.ProfilerLabels.enter", {"phase_start"}),
+    ("window", "perfhooks.windows.CaptureWindows.at_step", {"window"}),
+    ("export", "torch.autograd.profiler.profile.export_chrome_trace", {"trace_export"}),
+    ("analysis", "perfhooks.engine.Engine._analysis_command", {"window_analysis"}),
+    ("memory", "perfhooks.memory.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
+    ("report", "perfhooks.engine.write_report", {"report_write"}),
+    ("diagnoses", "perfhooks.analysis.diagnoses.diagnose_live", {"live_diagnoses"}),
+    ("trigger", "perfhooks.trigger.OnDemandTrigger.poll", {"trigger"}),
+]
+
+
+@pytest.mark.parametrize(("what", "target", "kinds"), INJECTIONS, ids=[i[0] for i in INJECTIONS])
+def test_a_fault_at_each_place_warns_once_per_kind_and_training_completes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str, target: str, kinds: set[str]) -> None:
+    module, _, attribute = target.rpartition(".")
+    owner: Any
+    try:
+        owner = __import__(module, fromlist=["_"])
+    except ImportError:
+        module, _, cls = module.rpartition(".")
+        owner = getattr(__import__(module, fromlist=["_"]), cls)
+    monkeypatch.setattr(owner, attribute, _raise)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _fit(tmp_path, steps=10)
+    assert trainer.global_step == 10  # training completed
+    said = _perfhooks_warnings(caught)
+    reported = {message.split()[1] for message in said if "failed and was skipped" in message}
+    assert reported == kinds, said
+    assert len([m for m in said if "failed and was skipped" in m]) == len(kinds)  # once per kind
+    if what != "report":
+        assert {f["kind"] for f in read_report(tmp_path)["faults"]} == kinds
+
+
+# --------------------------------------------------------------------------- disk
+class _DiskFullFile:
+    """A file whose writes stop with ENOSPC after a few bytes, as on a full disk."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+
+    def write(self, data: bytes) -> int:
+        self.raw.write(data[:16])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+    def __enter__(self) -> _DiskFullFile:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        self.raw.close()
+
+
+class _DiskFullOs:
+    """``os`` as perfhooks.files sees it on a full disk."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    @staticmethod
+    def fdopen(fd: int, mode: str = "r", *args: Any) -> _DiskFullFile:
+        return _DiskFullFile(os.fdopen(fd, mode, *args))
+
+
+def test_a_full_disk_warns_and_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import perfhooks.files
+
+    monkeypatch.setattr(perfhooks.files, "os", _DiskFullOs())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _fit(tmp_path, steps=10)
+    assert trainer.global_step == 10
+    said = _perfhooks_warnings(caught)
+    assert any("No space left on device" in m for m in said), said
+    assert not (tmp_path / "report.json").exists()
+    assert not list((tmp_path / "traces").glob("*.gz"))
+    _assert_no_partial_files(tmp_path)
+
+
+def test_an_unwritable_output_folder_warns_and_training_completes(tmp_path: Path) -> None:
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("a file where the output folder should be")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = _fit(blocker / "perf", steps=8)
+    assert trainer.global_step == 8
+    assert _perfhooks_warnings(caught)
+
+
+# --------------------------------------------------------------------------- leaks
+def test_capture_cycles_do_not_leak_host_memory(tmp_path: Path) -> None:
+    """After a warm-up (allocator arenas, Kineto's first sessions), RSS over 10 more capture cycles
+    must not climb by more than 100 KB per cycle (least-squares slope)."""
+    warmup, measured = 60, 10
+    done = subprocess.run([sys.executable, str(SCRIPTS / "capture_cycles_rss.py"), str(tmp_path),
+                           str(warmup + measured)], capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["windows"] == min(warmup + measured, perfhooks.windows.MAX_WINDOW_RECORDS)
+    rss = result["rss"][warmup:]
+    xs = range(len(rss))
+    mean_x, mean_y = sum(xs) / len(rss), sum(rss) / len(rss)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, rss, strict=True)) / sum(
+        (x - mean_x) ** 2 for x in xs)
+    assert slope <= 100 * 1024, f"RSS grows {slope / 1024:.1f} KB per capture cycle"
+    assert len(list((tmp_path / "traces").glob("*.gz"))) <= 2  # max_traces
+
+
+# --------------------------------------------------------------------------- torch.compile
+def test_torch_compile_with_every_feature_on_has_no_graph_break(tmp_path: Path) -> None:
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = torch.compile(lightning_mlp(), backend="eager")
+    trainer = _fit(tmp_path, steps=8, model=model, module_ranges=True, memory=True, nvtx=True,
+                   record_shapes=True, profile_memory=True, with_stack=True)
+    assert trainer.global_step == 8
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] >= 1  # it did compile
+    report = read_report(tmp_path)
+    assert report["steps"] == 8 and report["windows"] and report["faults"] == []
+
+
+# --------------------------------------------------------------------------- other profilers
+def test_inside_a_users_torch_profiler_one_warning_and_no_crash(tmp_path: Path) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.profiler.profile() as user_profiler:
+            trainer = _fit(tmp_path, steps=8)
+    assert trainer.global_step == 8
+    assert user_profiler.events()  # the user's profile is intact
+    said = _perfhooks_warnings(caught)
+    assert len([m for m in said if "another torch.profiler session" in m]) == 1
+    assert read_report(tmp_path)["windows"] == []
+
+
+# --------------------------------------------------------------------------- interrupts and OOMs
+def test_ctrl_c_in_the_middle_of_a_window(tmp_path: Path) -> None:
+    """Lightning turns Ctrl-C into a graceful shutdown and exit status 1, with perfhooks as without it;
+    the partial window is saved whole and the report says why the run stopped."""
+    statuses = {}
+    for perf in (False, True):
+        out = tmp_path / f"perf{int(perf)}"
+        done = subprocess.run([sys.executable, str(SCRIPTS / "interrupt_in_window.py"), str(int(perf)), str(out)],
+                              capture_output=True, text=True, timeout=300)
+        statuses[perf] = done.returncode
+        assert "fit returned" not in done.stdout
+    assert statuses[True] == statuses[False] == 1
+    out = tmp_path / "perf1"
+    _assert_no_partial_files(out)
+    report = read_report(out)
+    assert report["status"] == "failed" and report["error"]["type"] == "KeyboardInterrupt"
+    assert [(w["first_step"], w["last_step"]) for w in report["windows"]] == [(3, 4)]
+
+
+@pytest.mark.parametrize(("where", "phase"), [("forward", "forward"), ("backward", "backward"),
+                                              ("optimizer", "optimizer"), ("data", "data_wait")])
+def test_an_oom_anywhere_propagates_with_the_same_exit_status(tmp_path: Path, where: str, phase: str) -> None:
+    results = {}
+    for perf in (False, True):
+        out = tmp_path / f"perf{int(perf)}"
+        done = subprocess.run([sys.executable, str(SCRIPTS / "oom_anywhere.py"), where, str(int(perf)), str(out)],
+                              capture_output=True, text=True, timeout=300)
+        results[perf] = (done.returncode, done.stderr.strip().splitlines()[-1])
+    assert results[True] == results[False]
+    assert results[True][0] == 1 and results[True][1].startswith("torch.OutOfMemoryError: CUDA out of memory")
+    report = read_report(tmp_path / "perf1")
+    assert report["error"]["type"] == "OutOfMemoryError" and report["error"]["phase"] == phase
+    assert (tmp_path / "perf1" / "oom" / "summary.json").exists()
