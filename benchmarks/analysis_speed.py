@@ -66,7 +66,7 @@ def hta_seconds(path: Path) -> float | None:
     except ImportError:
         return None
     with tempfile.TemporaryDirectory() as folder:
-        os.symlink(path.resolve(), Path(folder) / "rank0.json.gz")
+        os.symlink(path.resolve(), Path(folder) / ("rank0.json.gz" if path.name.endswith(".gz") else "rank0.json"))
         start = time.perf_counter()
         TraceAnalysis(trace_dir=folder).get_temporal_breakdown(visualize=False)
         return time.perf_counter() - start
