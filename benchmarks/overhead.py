@@ -2,10 +2,11 @@
 
     python benchmarks/overhead.py [--quick] [--rounds N]      # or all benchmarks: benchmarks/suite.py
 
-Every comparison runs its variants in turn, round after round (A/B/C/A/B/C...), after a warm-up
-run, and reports per-round ratios to the baseline as the median and min-max of the rounds. A
-run's step time is the median of its steps' wall times (batch end to batch end), the first two
-steps and the last one left out (warm-up; the trace export at a window's end).
+Every comparison runs its variants in turn, round after round (A/B/C, B/C/A, C/A/B...: each round
+starts one variant later), after a warm-up run, and reports per-round ratios to the baseline as
+the median and min-max of the rounds. A run's step time is the median of its steps' wall times
+(batch end to batch end), the first two steps and the last one left out (warm-up; the trace
+export at a window's end).
 """
 
 from __future__ import annotations
@@ -190,9 +191,11 @@ def interleaved(measure: Callable[[str, str], float], variants: tuple[str, ...],
     per_round: list[dict[str, float]] = []
     for index in range(rounds):
         times = {}
-        for variant in variants:
+        # Each round starts one variant later, so that no variant always follows the same one.
+        for variant in variants[index % len(variants):] + variants[:index % len(variants)]:
             with tempfile.TemporaryDirectory() as out:
                 times[variant] = measure(variant, out)
+        times = {variant: times[variant] for variant in variants}
         per_round.append(times)
         print(f"  {label} round {index + 1}: " + "  ".join(f"{v} {t:.2f} ms" for v, t in times.items()), flush=True)
     return {"rounds": per_round, "step_ms": {v: statistics.median(r[v] for r in per_round) for v in variants}}
