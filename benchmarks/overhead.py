@@ -207,6 +207,57 @@ def ratio(result: dict[str, Any], numerator: str, denominator: str) -> dict[str,
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def alternating_steps(steps: int, d_model: int) -> dict[str, Any]:
+    """The telemetry's cost measured inside one process: the tutorial layer's training loop, with the
+    engine's events sent on every other step only. Adjacent steps share the process, its thread
+    pools, allocator and caches, which process-level A/B runs do not; the ratio of each on-step to
+    the off-step before it, as median and min-max, is the overhead with everything but windows on
+    (phase timing, NVTX, memory sampling)."""
+    from perfhooks import Engine, PerfConfig
+    from tutorial_transformer import TransformerLayer, make_dataloader
+
+    torch.manual_seed(0)
+    model = TransformerLayer(d_model, max(1, d_model // 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batches = iter(make_dataloader(steps + 1, 16, 128, d_model))
+    on_ms: list[float] = []
+    off_ms: list[float] = []
+    with tempfile.TemporaryDirectory() as out:
+        engine = Engine(PerfConfig(schedule=None, console=False), out, "benchmark")
+        engine.watch_model(model)
+        for index in range(steps):
+            on = index % 2 == 1
+            start = time.perf_counter()
+            if on:
+                engine.phase_start("data_wait")
+            x, y = next(batches)
+            if on:
+                engine.phase_start("forward")
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if on:
+                engine.phase_start("backward")
+            loss.backward()
+            if on:
+                engine.phase_start("optimizer")
+            optimizer.step()
+            optimizer.zero_grad()
+            if on:
+                engine.phase_end("optimizer")
+                engine.step_end()
+            (on_ms if on else off_ms).append((time.perf_counter() - start) * 1e3)
+        engine.close()
+    pairs = [on / off for on, off in zip(on_ms[2:], off_ms[2:], strict=False)]  # the first steps warm up
+    return {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs), "n": len(pairs),
+            "pooled": statistics.median(on_ms[2:]) / statistics.median(off_ms[2:]),
+            "step_ms": statistics.median(off_ms[2:])}
+
+
+def run_alternating(quick: bool) -> dict[str, Any]:
+    d_model, steps = (256, 60) if quick else (512, 200)
+    print(f"alternating steps in one process, tutorial layer d_model {d_model}, {steps} steps", flush=True)
+    return {"d_model": d_model, "steps": steps, **alternating_steps(steps, d_model)}
+
+
 def host_cost_us(steps: int = 20_000, repeats: int = 5) -> float:
     """µs per step for the engine's events alone (the 7 a Lightning step sends; no training work)."""
     from perfhooks import Engine, PerfConfig
@@ -253,6 +304,7 @@ def run(quick: bool, rounds: int) -> dict[str, Any]:
     hf["ratios"] = {"perfhooks": ratio(hf, "perfhooks", "none")}
     results["transformers"] = hf
     results["host_cost_us"] = host_cost_us(steps=5_000 if quick else 20_000)
+    results["alternating"] = run_alternating(quick)
     return results
 
 
@@ -269,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, r in results[framework]["ratios"].items():
             print(f"{framework:>12} {name:<40} median {r['median']:.4f} (min {r['min']:.4f}, max {r['max']:.4f})")
     print(f"engine host cost per step: {results['host_cost_us']:.2f} µs")
+    a = results["alternating"]
+    print(f"telemetry on/off, alternating steps in one process: median {a['median']:.4f} (min {a['min']:.4f}, "
+          f"max {a['max']:.4f}) over {a['n']} pairs; pooled {a['pooled']:.4f}")
     return 0
 
 

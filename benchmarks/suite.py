@@ -4,7 +4,8 @@
     python benchmarks/suite.py --quick         # about 8 min: smaller model, fewer steps, smaller synthetic traces
 
 1. Overhead on the training loop (benchmarks/overhead.py): Lightning, accelerate and HF Trainer,
-   each variant against no profiling, interleaved rounds.
+   each variant against no profiling, interleaved rounds; and the telemetry's cost inside one
+   process, the engine's events sent on every other step ("alternating").
 2. Annotation cost (benchmarks/annotation_cost.py), ns per call.
 3. Analysis speed and memory (benchmarks/analysis_speed.py) on the repo's real traces and on
    synthetic traces of 1M and 3M events (benchmarks/synthetic.py), against ``json.loads``, HTA
@@ -46,6 +47,9 @@ TARGETS = {
     "speedup_vs_peers": ("speed-up vs HTA and the TB plugin", 5.0, "min"),
     "scaling_3m_over_1m": ("time at 3M events / time at 1M", 3.3, "max"),
 }
+
+
+SECTIONS = ("overhead", "alternating", "annotation", "analysis", "cuda")
 
 
 def check(name: str, value: float | None, verdicts: dict[str, Any], detail: str = "") -> None:
@@ -155,13 +159,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per comparison (at least 5)")
     parser.add_argument("--peers-python", default=os.environ.get("PERFHOOKS_PEERS_PYTHON"),
                         help="interpreter with HTA and torch-tb-profiler ($PERFHOOKS_PEERS_PYTHON, else this one)")
-    parser.add_argument("--only", choices=("overhead", "annotation", "analysis", "cuda"), action="append",
+    parser.add_argument("--only", choices=SECTIONS, action="append",
                         help="run only these sections (repeatable)")
+    parser.add_argument("--update", action="store_true", help="add the sections run to the existing results file")
     parser.add_argument("--output", type=Path, help="results file (default benchmarks/results/<host>-<date>.json)")
     args = parser.parse_args(argv)
     if args.rounds < 5:
         parser.error("--rounds must be at least 5")
-    sections = set(args.only or ("overhead", "annotation", "analysis", "cuda"))
+    sections = set(args.only or SECTIONS)
     info = machine_info()
     print(f"machine: {describe_machine()}")
     results: dict[str, Any] = {"machine": info, "date": datetime.date.today().isoformat(), "quick": args.quick,
@@ -180,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         check("window_vs_bare", results["overhead"]["accelerate"]["ratios"]["perfhooks_window/ProfileKwargs"]
               ["median"], verdicts, "accelerate (vs ProfileKwargs)")
         check("host_cost_us", results["overhead"]["host_cost_us"], verdicts)
+    if "alternating" in sections:
+        a = results["alternating"] = overhead.run_alternating(args.quick)
+        print(f"  telemetry on/off, alternating steps in one process: median {a['median']:.4f} "
+              f"(min {a['min']:.4f}, max {a['max']:.4f}) over {a['n']} pairs; pooled {a['pooled']:.4f}")
+        check("telemetry_overhead", a["median"], verdicts, "alternating steps in one process")
     if "annotation" in sections:
         print("2. annotation cost (ns per call, no NVTX tool attached, no profiler recording)")
         results["annotation_ns"] = annotation_cost.measure()
@@ -197,9 +207,14 @@ def main(argv: list[str] | None = None) -> int:
             results["cuda"] = cuda_section(args.quick)
         else:
             print("4. CUDA: no GPU here; skipped")
-    results["targets"] = verdicts
     name = f"{info['hostname']}-{results['date']}{'-quick' if args.quick else ''}.json"
     target = args.output or HERE / "results" / name
+    if args.update and target.exists():  # add these sections to an earlier run's results
+        earlier = json.loads(target.read_text())
+        verdicts = {**earlier.get("targets", {}), **verdicts}
+        results = {**earlier, **{k: v for k, v in results.items() if k not in ("command", "date")},
+                   "command": f"{earlier.get('command')}; {results['command']}"}
+    results["targets"] = verdicts
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(f"results: {target}")
