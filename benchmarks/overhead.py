@@ -312,10 +312,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="d_model 256 and fewer steps")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (at least 5)")
+    parser.add_argument("--lightning", nargs="+", choices=LIGHTNING_VARIANTS, metavar="VARIANT",
+                        help=f"only these Lightning variants, ratios to the first ({', '.join(LIGHTNING_VARIANTS)})")
     args = parser.parse_args(argv)
     if args.rounds < 5:
         parser.error("--rounds must be at least 5")
     print(f"machine: {describe_machine()}")
+    if args.lightning:
+        d_model, steps = (256, 10) if args.quick else (512, 20)
+        variants = tuple(args.lightning)
+        result = interleaved(lambda v, out: lightning_step_ms(v, steps, d_model, out), variants, args.rounds,
+                             "lightning")
+        for variant in variants[1:]:
+            r = ratio(result, variant, variants[0])
+            print(f"lightning {variant} / {variants[0]}: median {r['median']:.4f} (min {r['min']:.4f}, "
+                  f"max {r['max']:.4f}) over {r['n']} rounds")
+        return 0
     results = run(args.quick, args.rounds)
     for framework in ("lightning", "accelerate", "transformers"):
         for name, r in results[framework]["ratios"].items():
