@@ -32,7 +32,7 @@ from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.hooks import HookHandles, add_module_ranges
 from perfhooks.memory import MemoryMonitor
 from perfhooks.phases import DATA_WAIT, FORWARD, PHASES
-from perfhooks.report import build_report, write_merged_report, write_report
+from perfhooks.report import build_report, merge_rank_reports, rank_reports, write_merged_report, write_report
 from perfhooks.schedule import Action, OnDemandWindow
 from perfhooks.sinks.console import format_table
 from perfhooks.sinks.html import render_html
@@ -43,6 +43,8 @@ from perfhooks.windows import CaptureWindows, WindowSettings
 from perfhooks.writer import BackgroundWriter
 
 _PHASE_NAMES = frozenset(PHASES)
+#: Seconds the logging rank waits, at the end, for the other ranks' reports to attach to W&B.
+RANK_WAIT_S = 10.0
 
 
 class Engine:
@@ -387,7 +389,16 @@ class Engine:
         sink = self.wandb
         recent = list(self.stats.recent)[-self.config.wandb_log_every:]
         latest = self.memory.latest if self.memory is not None else None
-        sink.close(self.step, report, recent, latest, render_html(report, series=report.get("series")))
+        run_report = report
+        if self.world_size > 1:  # the other ranks' summaries, if they are written within RANK_WAIT_S
+            others = rank_reports(self.output_dir, [r for r in range(self.world_size) if r != self.rank],
+                                  wait_s=RANK_WAIT_S)
+            if others is None:
+                self.once.warn("ranks_late", f"not every rank's report was there within {RANK_WAIT_S:.0f} s; "
+                                             "W&B gets this rank's figures only")
+            else:
+                run_report = merge_rank_reports([report, *others], self.config.thresholds)
+        sink.close(self.step, run_report, recent, latest, render_html(run_report, series=report.get("series")))
         if sink.run is not None or sink.failed:
             report["wandb"] = sink.section()
 

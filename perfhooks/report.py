@@ -197,19 +197,32 @@ def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = Non
     Each rank calls this after writing its own report; the last to finish sees them all. No
     collective is involved, so a rank that died or is slow delays nothing.
     """
-    import json
-
     from perfhooks.files import atomic_write_bytes
     from perfhooks.sinks.html import render_html
 
-    reports = []
-    for rank_index in range(world_size):
-        path = output_dir / f"report.rank{rank_index}.json"
-        if not path.exists():
-            return None
-        reports.append(json.loads(path.read_text()))
+    reports = rank_reports(output_dir, range(world_size))
+    if reports is None:
+        return None
     merged = merge_rank_reports(reports, thresholds)
     target = output_dir / REPORT_FILE
     atomic_write_json(target, merged)
     atomic_write_bytes(target.with_suffix(".html"), render_html(merged, series=merged.get("series")).encode())
     return target
+
+
+def rank_reports(output_dir: Path, ranks: Any, wait_s: float = 0.0) -> list[dict[str, Any]] | None:
+    """The ``report.rank{R}.json`` of ``ranks``, waiting up to ``wait_s`` seconds for them to appear
+    (file polling, no collective); ``None`` if one is still missing or unreadable."""
+    import json
+    import time
+
+    deadline = time.monotonic() + wait_s
+    paths = [output_dir / f"report.rank{r}.json" for r in ranks]
+    while not all(p.exists() for p in paths):
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+    try:
+        return [json.loads(p.read_text()) for p in paths]
+    except (OSError, ValueError):
+        return None

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import read_report
+from wandb_records import summary, wandb_records
 
 pytestmark = pytest.mark.distributed
 HERE = Path(__file__).resolve().parent / "distributed"
@@ -85,6 +86,13 @@ def test_lightning_ddp_rank_zero_alone_logs_to_wandb(tmp_path: Path) -> None:
     assert len(list(wandb_dir.rglob("*.wandb"))) == 1  # one run: rank 0's
     per_rank = [json.loads((out / f"report.rank{r}.json").read_text()) for r in (0, 1)]
     assert "wandb" in per_rank[0] and "wandb" not in per_rank[1]
+    # Rank 0's run carries every rank's summary (perf/ranks) and the cross-rank verdict.
+    tables = list(wandb_dir.rglob("media/table/perf/ranks_*.table.json"))
+    assert len(tables) == 1
+    table = json.loads(tables[0].read_text())
+    assert [row[0] for row in table["data"]] == [0, 1] and table["columns"][:3] == ["rank", "status", "steps"]
+    top = {v for k, v in summary(wandb_records(wandb_dir)).items() if k.startswith("perf/top")}
+    assert "straggler" in top
 
 
 def test_accelerate_launch_two_cpu_processes(tmp_path: Path) -> None:

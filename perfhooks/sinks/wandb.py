@@ -136,7 +136,8 @@ class WandbSink:
 
     def close(self, step: int, report: dict[str, Any], timings: list[Any], memory_latest: dict[str, Any] | None,
               html: str, timeout_s: float = 30.0) -> None:
-        """End of training: a last row, the diagnoses table, the summary, the HTML report and memory files.
+        """End of training: a last row, the diagnoses table, the summary, the HTML report and memory files;
+        with a multi-rank ``report`` (a ``ranks`` section), the ``perf/ranks`` table too.
 
         Waits at most ``timeout_s`` for the queue to drain (what is left then is dropped).
         """
@@ -157,11 +158,13 @@ class WandbSink:
             summary["perf/mem/capacity_bytes"] = memory["capacity_bytes"]
             summary["perf/mem/peak_used_bytes"] = memory.get("peak_used_bytes", 0)
         memory_files = self._memory_files(memory)
+        ranks = (report.get("ranks") or {}).get("per_rank")
 
         def job() -> None:
             import wandb
 
-            self._log_row({**row, "perf/diagnoses": self._table(diagnoses),
+            extra = {"perf/ranks": _ranks_table(ranks)} if ranks else {}
+            self._log_row({**row, **extra, "perf/diagnoses": self._table(diagnoses),
                            "perf/report": wandb.Html(html, inject=False)}, step)
             self.run.summary.update(summary)
             if memory_files:
@@ -275,3 +278,17 @@ def _row(diagnosis: dict[str, Any]) -> list[Any]:
     return [str(diagnosis.get("id", "")), str(diagnosis.get("severity", "")), str(diagnosis.get("title", "")),
             str(diagnosis.get("evidence", "")), round(float(gain), 4) if gain is not None else None,
             str(diagnosis.get("recommendation", "")), int(step) if step is not None else None]
+
+
+RANK_COLUMNS = ("rank", "status", "steps", "step_ms", "coverage", "data_wait_share", "forward_share",
+                "backward_share", "optimizer_share", "diagnoses")
+
+
+def _ranks_table(per_rank: list[dict[str, Any]]) -> Any:
+    """One row per rank: status, steps, mean step time (ms), coverage and phase shares (0..1), diagnosis ids."""
+    import wandb
+
+    rows = [[int(r["rank"]), str(r["status"]), int(r["steps"]), float(r["step_ms"]["mean"]), float(r["coverage"]),
+             *(float(r["shares"].get(name, 0.0)) for name in ("data_wait", "forward", "backward", "optimizer")),
+             ", ".join(r["diagnoses"])] for r in per_rank]
+    return wandb.Table(columns=list(RANK_COLUMNS), data=rows)
