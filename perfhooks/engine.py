@@ -390,9 +390,9 @@ class Engine:
         recent = list(self.stats.recent)[-self.config.wandb_log_every:]
         latest = self.memory.latest if self.memory is not None else None
         run_report = report
-        if self.world_size > 1:  # the other ranks' summaries, if they are written within RANK_WAIT_S
+        if self.world_size > 1 and sink.resolve():  # the other ranks' summaries, if written within RANK_WAIT_S
             others = rank_reports(self.output_dir, [r for r in range(self.world_size) if r != self.rank],
-                                  wait_s=RANK_WAIT_S)
+                                  wait_s=RANK_WAIT_S, final=True)
             if others is None:
                 self.once.warn("ranks_late", f"not every rank's report was there within {RANK_WAIT_S:.0f} s; "
                                              "W&B gets this rank's figures only")

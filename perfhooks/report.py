@@ -210,19 +210,23 @@ def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = Non
     return target
 
 
-def rank_reports(output_dir: Path, ranks: Any, wait_s: float = 0.0) -> list[dict[str, Any]] | None:
-    """The ``report.rank{R}.json`` of ``ranks``, waiting up to ``wait_s`` seconds for them to appear
-    (file polling, no collective); ``None`` if one is still missing or unreadable."""
+def rank_reports(output_dir: Path, ranks: Any, wait_s: float = 0.0, final: bool = False
+                 ) -> list[dict[str, Any]] | None:
+    """The ``report.rank{R}.json`` of ``ranks``, polling up to ``wait_s`` seconds (no collective);
+    with ``final``, only end-of-training ones count (not those a window's end wrote). ``None`` if one
+    is still missing then."""
     import json
     import time
 
     deadline = time.monotonic() + wait_s
     paths = [output_dir / f"report.rank{r}.json" for r in ranks]
-    while not all(p.exists() for p in paths):
+    while True:
+        try:
+            reports = [json.loads(p.read_text()) for p in paths]
+            if not final or all(r.get("status") != "running" for r in reports):
+                return reports
+        except (OSError, ValueError):  # not written yet (written atomically: never half a file)
+            pass
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)
-    try:
-        return [json.loads(p.read_text()) for p in paths]
-    except (OSError, ValueError):
-        return None
