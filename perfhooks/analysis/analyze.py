@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
 import statistics
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -113,7 +116,24 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
 
 
 def _analyze_file(path: str, thresholds: Thresholds | None = None) -> dict[str, Any]:
-    return analyze_trace(load_trace(path), thresholds)
+    with _no_cyclic_gc():
+        return analyze_trace(load_trace(path), thresholds)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a trace is parsed and analysed.
+
+    A trace becomes millions of objects with no reference cycles; the collector would walk them
+    again and again as they are allocated (about 20% of the time on a 600k-event trace).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def find_traces(paths: list[str | Path]) -> list[str]:
