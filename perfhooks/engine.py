@@ -95,9 +95,8 @@ class Engine:
         self.wandb: WandbSink | None = None
         if config.wandb is not False and ranks.logs_to_trackers(self.rank):
             self.wandb = WandbSink(source=wandb_source or RunSource(), explicit_run=config.wandb_run,
-                                   open_if_missing=config.wandb is True, log_every=config.wandb_log_every,
-                                   queue=config.wandb_queue, output_dir=self.output_dir, faults=self.faults,
-                                   once=self.once)
+                                   open_if_missing=config.wandb is True, queue=config.wandb_queue,
+                                   output_dir=self.output_dir, faults=self.faults, once=self.once)
         self._next_wandb_step = start_step + config.wandb_log_every
         #: Diagnoses from the latest analysed window (trace rules); live rules are added at report time.
         self.trace_diagnoses: list[dict[str, Any]] = []

@@ -77,13 +77,17 @@ def report_path(output_dir: Path, rank: int, world_size: int) -> Path:
 
 def write_report(output_dir: Path, report: dict[str, Any]) -> Path:
     """``report.json`` and, beside it, the same content as a self-contained ``report.html``."""
+    path = report_path(output_dir, report["rank"], report["world_size"])
+    _write_json_and_html(path, report)
+    return path
+
+
+def _write_json_and_html(path: Path, report: dict[str, Any]) -> None:
     from perfhooks.files import atomic_write_bytes
     from perfhooks.sinks.html import render_html
 
-    path = report_path(output_dir, report["rank"], report["world_size"])
     atomic_write_json(path, report)
     atomic_write_bytes(path.with_suffix(".html"), render_html(report, series=report.get("series")).encode())
-    return path
 
 
 def validate_report(report: dict[str, Any]) -> list[str]:
@@ -157,10 +161,8 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
             metrics[f"perf/phase/{name}_share"] = round(phase_ms / total_ms, 6) if total_ms > 0 else 0.0
         metrics["perf/coverage"] = round(min(covered / total_ms, 1.0), 6) if total_ms > 0 else 0.0
     for key, value in (memory or {}).items():
-        if key.endswith("_bytes") and key != "used_bytes" and isinstance(value, (int, float)):
+        if key.endswith("_bytes") and isinstance(value, (int, float)):
             metrics[f"perf/mem/{key}"] = value
-    if memory and "used_bytes" in memory:
-        metrics["perf/mem/used_bytes"] = memory["used_bytes"]
     return metrics
 
 
@@ -183,9 +185,7 @@ def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None) ->
                       "diagnoses": [d["id"] for d in r["diagnoses"]], "faults": len(r["faults"])}
                      for r in by_rank],
     }
-    phase_ms = {r["rank"]: {"step": r["step_ms"]["mean"], **{n: p["mean_ms"] for n, p in r["phases"].items()}}
-                for r in by_rank if r.get("steps")}
-    cross = diagnose_rank_phases(phase_ms, thresholds or Thresholds())
+    cross = diagnose_rank_phases(by_rank, thresholds or Thresholds())
     merged["diagnoses"] = rank(list(merged["diagnoses"]) + cross)
     merged["status"] = "failed" if any(r["status"] == "failed" for r in by_rank) else merged["status"]
     return merged
@@ -197,16 +197,11 @@ def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = Non
     Each rank calls this after writing its own report; the last to finish sees them all. No
     collective is involved, so a rank that died or is slow delays nothing.
     """
-    from perfhooks.files import atomic_write_bytes
-    from perfhooks.sinks.html import render_html
-
     reports = rank_reports(output_dir, range(world_size))
     if reports is None:
         return None
-    merged = merge_rank_reports(reports, thresholds)
     target = output_dir / REPORT_FILE
-    atomic_write_json(target, merged)
-    atomic_write_bytes(target.with_suffix(".html"), render_html(merged, series=merged.get("series")).encode())
+    _write_json_and_html(target, merge_rank_reports(reports, thresholds))
     return target
 
 

@@ -210,8 +210,6 @@ def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = N
     }
     merged = [d for r in by_rank for d in r["diagnoses"]] + diagnose_ranks(step_us, thresholds or Thresholds())
     if all(r["phases"]["backward"]["mean_ms"] > 0 for r in by_rank):  # perfhooks labels: the synchronised view
-        phase_ms = {r["rank"]: {"step": r["step_ms"]["mean"], **{n: p["mean_ms"] for n, p in r["phases"].items()}}
-                    for r in by_rank}
-        merged += diagnose_rank_phases(phase_ms, thresholds or Thresholds())
+        merged += diagnose_rank_phases(by_rank, thresholds or Thresholds())
     base["diagnoses"] = rank(merged)
     return base

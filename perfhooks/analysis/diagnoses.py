@@ -307,6 +307,11 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10)
     return out
 
 
+def _straggler_fix(slowest: int) -> str:
+    return (f"Every rank waits for rank {slowest} at each collective: check its data shard and loader, host load "
+            "(other processes, CPU affinity), GPU clocks and thermals.")
+
+
 def diagnose_ranks(step_us_by_rank: dict[int, float], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
     """Rules across the ranks of one run."""
     if len(step_us_by_rank) < 2:
@@ -321,20 +326,20 @@ def diagnose_ranks(step_us_by_rank: dict[int, float], t: Thresholds = Thresholds
         f"rank {slowest} steps take {worst / 1e3:.1f} ms vs a median of {median / 1e3:.1f} ms (+{pct(spread)}); "
         f"threshold +{pct(t.straggler_spread)}",
         (worst - median) / worst,
-        f"Every rank waits for rank {slowest} at each collective: check its data shard, host load "
-        "(other processes, CPU affinity), GPU clocks and thermals.",
+        _straggler_fix(slowest),
         slowest_rank=slowest, spread=spread)]
 
 
-def diagnose_rank_phases(phase_ms_by_rank: dict[int, dict[str, float]],
-                         t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
-    """The straggler among synchronised ranks, from live phase timings (ms per step).
+def diagnose_rank_phases(reports: list[dict[str, Any]], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+    """The straggler among synchronised ranks, from their version-1 reports (``step_ms``, ``phases``).
 
     Under DDP every rank's step takes the same time: the others wait for the slow one inside the
     gradient all-reduce, i.e. in their backward phase. So the slow rank is the one with the most
     time *outside* backward (data wait, forward, optimizer, other), and the gain is what the
     others lose waiting.
     """
+    phase_ms_by_rank = {r["rank"]: {"step": r["step_ms"]["mean"], "backward": r["phases"]["backward"]["mean_ms"]}
+                        for r in reports if r.get("steps")}
     if len(phase_ms_by_rank) < 2:
         return []
     outside = {r: max(0.0, p["step"] - p.get("backward", 0.0)) for r, p in phase_ms_by_rank.items()}
@@ -350,6 +355,5 @@ def diagnose_rank_phases(phase_ms_by_rank: dict[int, dict[str, float]],
         f"(+{excess:.1f} ms, {pct(excess / step)} of its {step:.1f} ms step); the other ranks wait that long "
         f"in the gradient all-reduce. Threshold {pct(t.straggler_spread)} of step time",
         excess / step,
-        f"Every rank waits for rank {slowest} at each collective: check its data shard and loader, host load "
-        "(other processes, CPU affinity), GPU clocks and thermals.",
+        _straggler_fix(slowest),
         slowest_rank=slowest, excess_ms=round(excess, 3))]

@@ -23,6 +23,12 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
+def _legend(items: dict[str, str]) -> str:
+    """A colour swatch and the name for each series, with an optional figure after the name."""
+    return "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)}'
+                   f'{" " + note if note else ""}</span>' for n, note in items.items())
+
+
 def _stacked_bar(parts: dict[str, float], width: int = 1000, height: int = 28) -> str:
     total = sum(v for v in parts.values() if v > 0)
     if not total:
@@ -36,8 +42,7 @@ def _stacked_bar(parts: dict[str, float], width: int = 1000, height: int = 28) -
         rects.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="{height}" fill="{COLORS.get(name, "#999")}">'
                      f"<title>{_e(name)}: {value / total:.1%}</title></rect>")
         x += w
-    legend = "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)} '
-                     f'{v / total:.1%}</span>' for n, v in parts.items() if v > 0)
+    legend = _legend({n: f"{v / total:.1%}" for n, v in parts.items() if v > 0})
     return (f'<svg width="{width}" height="{height}" role="img" aria-label="step breakdown">{"".join(rects)}</svg>'
             f'<div class="legend">{legend}</div>')
 
@@ -65,8 +70,7 @@ def _series(series: dict[str, list[float]], width: int = 1000, height: int = 180
         coords = " ".join(f"{i * step:.1f},{_y(v, top, height)}" for i, v in enumerate(points))
         lines.append(f'<polyline fill="none" stroke="{COLORS.get(name, "#999")}" stroke-width="1.5" '
                      f'points="{coords}"><title>{_e(name)}</title></polyline>')
-    legend = "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)}</span>'
-                     for n in series)
+    legend = _legend(dict.fromkeys(series, ""))
     return (f'<svg width="{width}" height="{height}" role="img" aria-label="phase time series">{"".join(lines)}</svg>'
             f'<div class="legend">{legend} (axis top {top:.2f} ms; max {max(values):.2f} ms)</div>')
 
@@ -91,8 +95,7 @@ def _stacked_series(series: dict[str, list[float]], width: int = 1000, height: i
         areas.append(f'<polygon fill="{COLORS.get(name, "#999")}" fill-opacity="0.85" points="{" ".join(points)}">'
                      f"<title>{_e(name)}</title></polygon>")
         base = upper
-    legend = "".join(f'<span><i class="sw" style="background:{COLORS.get(n, "#999")}"></i>{_e(n)}</span>'
-                     for n in names)
+    legend = _legend(dict.fromkeys(names, ""))
     return (f'<svg width="{width}" height="{height}" role="img" aria-label="stacked phase breakdown">'
             f'{"".join(areas)}</svg><div class="legend">{legend} (axis top {top:.2f} ms per step; '
             f'max {max(totals):.2f} ms)</div>')

@@ -59,10 +59,9 @@ def current_run() -> Any | None:
 class WandbSink:
     """Logs one engine's figures into one W&B run; every public method is safe to call and never raises."""
 
-    def __init__(self, *, source: RunSource, explicit_run: Any, open_if_missing: bool, log_every: int,
-                 queue: int, output_dir: Path, faults: FaultLog, once: Once) -> None:
+    def __init__(self, *, source: RunSource, explicit_run: Any, open_if_missing: bool, queue: int,
+                 output_dir: Path, faults: FaultLog, once: Once) -> None:
         self.source = source
-        self.log_every = log_every
         self.output_dir = output_dir
         self.faults = faults
         self.once = once
