@@ -49,7 +49,7 @@ TARGETS = {
 }
 
 
-SECTIONS = ("overhead", "alternating", "annotation", "analysis", "cuda")
+SECTIONS = ("overhead", "alternating", "host_cost", "annotation", "analysis", "cuda")
 
 
 def check(name: str, value: float | None, verdicts: dict[str, Any], detail: str = "") -> None:
@@ -190,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  telemetry on/off, alternating steps in one process: median {a['median']:.4f} "
               f"(min {a['min']:.4f}, max {a['max']:.4f}) over {a['n']} pairs; pooled {a['pooled']:.4f}")
         check("telemetry_overhead", a["median"], verdicts, "alternating steps in one process")
+    if "host_cost" in sections and "overhead" not in sections:  # the overhead section measures it too
+        results["host_cost_us"] = overhead.host_cost_us(steps=5_000 if args.quick else 20_000)
+        print(f"  engine host cost per step: {results['host_cost_us']:.2f} µs")
+        check("host_cost_us", results["host_cost_us"], verdicts)
     if "annotation" in sections:
         print("2. annotation cost (ns per call, no NVTX tool attached, no profiler recording)")
         results["annotation_ns"] = annotation_cost.measure()

@@ -1,32 +1,42 @@
 """accelerate: one call wires a hand-written loop.
 
-    perf = attach(accelerator, model, optimizer, dataloader, output_dir="runs/perf")
-    for batch in dataloader:                 # the same, prepared dataloader object
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+    perf = attach(accelerator, output_dir="runs/perf")   # everything the accelerator prepared
+    for batch in dataloader:
         with accelerator.accumulate(model):
             loss = loss_fn(model(batch))
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-    perf.close()                              # or: with attach(...) as perf: ...
+    perf.close()                                          # or: with attach(...) as perf: ...
 
 Where the events come from:
 
-=====================================  ==========================================
-the loop                               engine
-=====================================  ==========================================
-``next()`` on the dataloader           ``phase_start("data_wait")`` (ends the step if the optimizer stepped)
-model forward pre-hook                 ``phase_start("forward")``; the forward phase includes the loss
-``accelerator.backward`` (wrapped)     ``phase_start("backward")`` ... ``phase_end("backward")``
-torch optimizer step pre/post hooks    ``phase_start("optimizer")`` / ``phase_end("optimizer")``
-end of the dataloader, ``close()``     ``step_end()`` if the optimizer stepped; ``idle()``
-``accelerator.profile()`` (wrapped)    capture windows step aside for the user's profiler
-=====================================  ==========================================
+=======================================  ==========================================
+the loop                                 engine
+=======================================  ==========================================
+``next()`` on a prepared dataloader      ``fetch()`` (a step that stepped ends here), when a watched
+                                         model is in training mode with grad enabled; otherwise the
+                                         loop is evaluating: ``aside("evaluation")`` until it ends
+model forward pre-hook (each model)      ``phase_start("forward")``; the forward phase includes the loss
+``accelerator.backward`` (wrapped)       ``phase_start("backward")`` ... ``phase_end("backward")``
+``optimizer.step()`` (wrapped, each)     ``phase_start("optimizer")`` ... ``phase_end("optimizer")``;
+                                         when accelerate synchronized gradients: ``stepped()``
+``accelerator.save_state`` (wrapped)     ``aside("checkpoint")``
+``accelerator.skip_first_batches``       the loader it returns is timed like the one it came from
+end of the training loader, ``close()``  ``idle()``; the last step ends
+``accelerator.profile()`` (wrapped)      capture windows step aside for the user's profiler
+=======================================  ==========================================
 
-The hooks sit on the torch optimizer under the ``AcceleratedOptimizer``; it steps only when
-gradients sync, so ``accelerator.accumulate`` adds micro-batches to a step, never steps.
-The dataloader is left as the same object: its class is swapped for a subclass whose
-``__iter__`` times ``next()``, and restored by ``close()``; ``accelerator.backward`` and
-``accelerator.profile`` are wrapped on the instance and restored likewise.
+A step ends when accelerate says gradients were synchronized (``sync_gradients``) at an
+``optimizer.step()`` call: ``accelerator.accumulate`` adds micro-batches, never steps; two
+optimizers stepped in one iteration make one step; a step that GradScaler skipped after an
+fp16 overflow still ends, and so does one under DeepSpeed, whose optimizer wrapper's ``step``
+does nothing (the real step runs inside ``accelerator.backward``). The optimizer phase covers
+``AcceleratedOptimizer.step`` as the user calls it. Each dataloader stays the same object: its
+class is swapped for a subclass whose ``__iter__`` times ``next()``; methods are wrapped on the
+instances; ``close()`` restores all of it. A fault while wiring is one warning and the loop runs
+unwatched: ``attach`` never raises into the user's loop (bad arguments still get a ``TypeError``).
 """
 
 from __future__ import annotations
@@ -37,32 +47,51 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
+import torch
+
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
-from perfhooks.hooks import HookHandles, watch_optimizer_steps, watch_training_forward
-from perfhooks.phases import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER
+from perfhooks.faults import FaultLog
+from perfhooks.hooks import HookHandles, watch_training_forward
+from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.sinks.wandb import RunSource
 
 
-def attach(accelerator: Any, model: Any, optimizer: Any, dataloader: Any,
+def attach(accelerator: Any, model: Any = None, optimizer: Any = None, dataloader: Any = None,
            output_dir: str | os.PathLike[str] | None = None, **settings: Any) -> PerfSession:
     """Profile a hand-written accelerate loop; returns a session to ``close()`` (or use as a context manager).
 
     Args:
-        accelerator, model, optimizer, dataloader: the ones ``accelerator.prepare`` returned.
+        accelerator: the ``accelerate.Accelerator`` of the loop.
+        model, optimizer, dataloader: what ``accelerator.prepare`` returned, one object or a list of
+            them each; ``None`` (the default) watches every one the accelerator has prepared so far.
         output_dir: where ``report.json`` and ``traces/`` go; default ``<accelerator.project_dir>/perfhooks``
             or ``./perfhooks``.
         **settings: any :class:`perfhooks.PerfConfig` field (``schedule``, ``max_traces``, ...).
     """
     config = PerfConfig.from_kwargs("attach", {"output_dir": output_dir, **settings})
-    for name, value in (("model", model), ("optimizer", optimizer), ("dataloader", dataloader)):
-        if value is None:
-            raise TypeError(f"attach() needs the prepared {name}, got None")
-    if not hasattr(type(dataloader), "__iter__"):
-        raise TypeError(f"attach() dataloader must be iterable, got {type(dataloader).__name__}")
-    if not callable(getattr(accelerator, "backward", None)):
+    if not callable(getattr(accelerator, "backward", None)) or not hasattr(accelerator, "gradient_state"):
         raise TypeError(f"attach() accelerator must be an accelerate.Accelerator, got {type(accelerator).__name__}")
-    return PerfSession(accelerator, model, optimizer, dataloader, config)
+    models = _listed(model, getattr(accelerator, "_models", []))
+    optimizers = _listed(optimizer, getattr(accelerator, "_optimizers", []))
+    dataloaders = _listed(dataloader, getattr(accelerator, "_dataloaders", []))
+    for item in models:
+        if not isinstance(item, torch.nn.Module):
+            raise TypeError(f"attach() model must be a torch.nn.Module or a list of them, got {type(item).__name__}")
+    for item in optimizers:
+        if not callable(getattr(item, "step", None)):
+            raise TypeError(f"attach() optimizer must be an optimizer (with a step method) or a list of them, "
+                            f"got {type(item).__name__}")
+    for loader in dataloaders:
+        if not hasattr(type(loader), "__iter__"):
+            raise TypeError(f"attach() dataloader must be iterable, got {type(loader).__name__}")
+    return PerfSession(accelerator, models, optimizers, dataloaders, config)
+
+
+def _listed(given: Any, prepared: list[Any]) -> list[Any]:
+    if given is None:
+        return list(prepared)
+    return list(given) if isinstance(given, (list, tuple)) else [given]
 
 
 def _set_class(instance: Any, cls: type) -> None:
@@ -85,12 +114,13 @@ def _wandb_tracker_run(accelerator: Any) -> Any | None:
 class PerfSession:
     """The wiring ``attach`` made; ``close()`` (idempotent) unwires it and writes the report."""
 
-    def __init__(self, accelerator: Any, model: Any, optimizer: Any, dataloader: Any, config: PerfConfig) -> None:
+    def __init__(self, accelerator: Any, models: list[Any], optimizers: list[Any], dataloaders: list[Any],
+                 config: PerfConfig) -> None:
         self.accelerator = accelerator
-        self.dataloader = dataloader
+        self.models = models
         self._hooks = HookHandles()
-        self._stepped = False
-        self._original_class = type(dataloader)
+        self._wrapped: list[tuple[Any, str]] = []
+        self._swapped: list[tuple[Any, type]] = []
         self._closed = False
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
@@ -98,41 +128,83 @@ class PerfSession:
         if self.engine is None:
             self._closed = True
             return
-        if getattr(accelerator, "profile_handler", None) is not None:
-            self.engine.defer_windows_to("accelerate's ProfileKwargs")
-        watch_training_forward(model, self._forward_start, None, self._hooks)
-        watch_optimizer_steps([optimizer], self._optimizer_end, self._hooks, on_before_step=self._optimizer_start)
-        self.engine.watch_model(model)
-        self._wrap_backward()
-        self._wrap_profile()
-        self._wrap_dataloader()
+        try:
+            self._wire(optimizers, dataloaders)
+        except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched
+            self._unwire()
+            self.engine.faults.report("attach", error)
+            self.engine = None
+            self._closed = True
+
+    def _wire(self, optimizers: list[Any], dataloaders: list[Any]) -> None:
+        engine = self.engine
+        if getattr(self.accelerator, "profile_handler", None) is not None:
+            engine.defer_windows_to("accelerate's ProfileKwargs")
+        for model in self.models:
+            watch_training_forward(model, self._forward_start, None, self._hooks)
+            engine.watch_model(model)
+        for optimizer in optimizers:
+            self._wrap_optimizer(optimizer)
+        self._wrap_method("backward", self._timed_backward)
+        self._wrap_method("save_state", self._timed_save_state)
+        self._wrap_method("skip_first_batches", self._timed_skip)
+        self._wrap_method("profile", self._deferring_profile)
+        for loader in dataloaders:
+            self._wrap_dataloader(loader)
 
     # --------------------------------------------------------------- events
     def _forward_start(self) -> None:
         self.engine.phase_start(FORWARD)
 
-    def _optimizer_start(self) -> None:
-        self.engine.phase_start(OPTIMIZER)
-
-    def _optimizer_end(self) -> None:
-        self.engine.phase_end(OPTIMIZER)
-        self._stepped = True
+    def _training(self) -> bool:
+        """A fetch for training: a watched model is in training mode and grad is on (else evaluation)."""
+        return torch.is_grad_enabled() and any(model.training for model in self.models)
 
     def _before_next(self) -> None:
-        if self._stepped:
-            self._stepped = False
-            self.engine.step_end()
-        self.engine.phase_start(DATA_WAIT)
+        engine = self.engine
+        if self._training():
+            if engine.account.innermost == EVALUATION:
+                engine.end_aside(EVALUATION)
+            engine.fetch()
+        elif engine.account.innermost != EVALUATION:
+            engine.idle()
+            engine.begin_aside(EVALUATION)
 
     def _exhausted(self) -> None:
-        if self._stepped:
-            self._stepped = False
-            self.engine.step_end()
-        self.engine.idle()
+        engine = self.engine
+        if engine.account.innermost == EVALUATION:
+            engine.end_aside(EVALUATION)
+        else:
+            engine.idle()
 
     # --------------------------------------------------------------- wrappers
-    def _wrap_backward(self) -> None:
-        original = self.accelerator.backward
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        owner.__dict__[name] = value
+        self._wrapped.append((owner, name))
+
+    def _wrap_method(self, name: str, make: Any) -> None:
+        original = getattr(self.accelerator, name, None)
+        if callable(original):
+            self._set(self.accelerator, name, make(original))
+
+    def _wrap_optimizer(self, optimizer: Any) -> None:
+        engine = self.engine
+        original = optimizer.step
+        gradient_state = getattr(optimizer, "gradient_state", None) or self.accelerator.gradient_state
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if not gradient_state.sync_gradients:  # an accumulation micro-batch: accelerate skips the step
+                return original(*args, **kwargs)
+            engine.phase_start(OPTIMIZER)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                engine.phase_end(OPTIMIZER)
+                engine.stepped()
+
+        self._set(optimizer, "step", step)
+
+    def _timed_backward(self, original: Any) -> Any:
         engine = self.engine
 
         def backward(loss: Any, **kwargs: Any) -> Any:
@@ -142,10 +214,30 @@ class PerfSession:
             finally:
                 engine.phase_end(BACKWARD)
 
-        self.accelerator.backward = backward
+        return backward
 
-    def _wrap_profile(self) -> None:
-        original = self.accelerator.profile
+    def _timed_save_state(self, original: Any) -> Any:
+        engine = self.engine
+
+        def save_state(*args: Any, **kwargs: Any) -> Any:
+            with engine.aside(CHECKPOINT):
+                return original(*args, **kwargs)
+
+        return save_state
+
+    def _timed_skip(self, original: Any) -> Any:
+        def skip_first_batches(*args: Any, **kwargs: Any) -> Any:
+            loader = original(*args, **kwargs)
+            if not self._closed:
+                try:
+                    self._wrap_dataloader(loader)
+                except Exception as error:
+                    self.engine.faults.report("attach", error)
+            return loader
+
+        return skip_first_batches
+
+    def _deferring_profile(self, original: Any) -> Any:
         engine = self.engine
 
         @contextlib.contextmanager
@@ -154,24 +246,38 @@ class PerfSession:
             with original(*args, **kwargs) as profiler:
                 yield profiler
 
-        self.accelerator.profile = profile
+        return profile
 
-    def _wrap_dataloader(self) -> None:
+    def _wrap_dataloader(self, loader: Any) -> None:
+        if any(loader is swapped for swapped, _ in self._swapped):
+            return
         session = self
-        base = self._original_class
+        base = type(loader)
 
-        def __iter__(loader: Any) -> Iterator[Any]:
-            iterator = base.__iter__(loader)
+        def __iter__(instance: Any) -> Iterator[Any]:
+            iterator = base.__iter__(instance)
             while True:
-                session._before_next()
+                if not session._closed:
+                    session._before_next()
                 try:
                     batch = next(iterator)
                 except StopIteration:
-                    session._exhausted()
+                    if not session._closed:
+                        session._exhausted()
                     return
                 yield batch
 
-        _set_class(self.dataloader, type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__}))
+        _set_class(loader, type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__}))
+        self._swapped.append((loader, base))
+
+    def _unwire(self) -> None:
+        self._hooks.remove()
+        wrapped, self._wrapped = self._wrapped, []
+        for owner, name in wrapped:
+            owner.__dict__.pop(name, None)
+        swapped, self._swapped = self._swapped, []
+        for loader, base in swapped:
+            _set_class(loader, base)
 
     # --------------------------------------------------------------- end
     def close(self) -> dict[str, Any] | None:
@@ -179,12 +285,10 @@ class PerfSession:
         if self._closed:
             return None
         self._closed = True
-        self._hooks.remove()
-        for name in ("backward", "profile"):
-            self.accelerator.__dict__.pop(name, None)
-        _set_class(self.dataloader, self._original_class)
-        if self._stepped:
-            self.engine.step_end()
+        try:
+            self._unwire()
+        except Exception as error:
+            FaultLog().report("detach", error)
         return self.engine.close()
 
     def __enter__(self) -> PerfSession:

@@ -2,21 +2,29 @@
 
 Event mapping (no Trainer subclass, no change to ``TrainingArguments`` or ``report_to``):
 
-====================================  =========================================
-transformers / torch                  engine
-====================================  =========================================
-``on_epoch_begin``                    ``phase_start("data_wait")``
-model forward pre-hook                ``phase_start("forward")`` (ends the wait)
-model forward post-hook               ``phase_start("backward")``
-``on_substep_end``                    ``phase_end("backward")`` (accumulation micro-batch)
-``on_pre_optimizer_step``             ``phase_start("optimizer")``
-``on_optimizer_step``                 ``phase_end("optimizer")``
-``on_step_end``                       ``step_end()``, then ``phase_start("data_wait")``
-``on_evaluate``, ``on_save``          ``idle()``, then ``phase_start("data_wait")``
-``on_epoch_end``                      ``idle()``
-``on_log``                            headline figures added to ``logs``
-``on_train_end``                      ``close()``: report and table
-====================================  =========================================
+=======================================  =========================================
+transformers / torch                     engine
+=======================================  =========================================
+``trainer.get_batch_samples`` (wrapped)  ``fetch()``: the step's micro-batches are fetched
+model forward pre-hook                   ``phase_start("forward")`` (ends the wait)
+model forward post-hook                  ``phase_start("backward")``
+``on_substep_end``                       ``phase_end("backward")`` (accumulation micro-batch)
+``on_pre_optimizer_step``                ``phase_start("optimizer")``
+``on_optimizer_step``                    ``phase_end("optimizer")``
+``on_step_end``                          ``stepped(state.global_step)``; the step ends at the next fetch
+``trainer.evaluate`` (wrapped)           ``aside("evaluation")``
+``trainer._save_checkpoint`` (wrapped)   ``aside("checkpoint")``
+``on_epoch_end``                         ``idle()``
+``on_log``                               headline figures added to ``logs``
+``on_train_end``                         ``close()``: report and table
+=======================================  =========================================
+
+The Trainer fetches all of a step's micro-batches at once, in ``get_batch_samples``, after the
+previous step's logging, evaluation and saving; that call is the data wait. Logging (and its
+``.item()``) is the step's ``other``; evaluation and checkpoint writes are timed in the run
+account. The three methods are wrapped on the Trainer instance for the run (found on the call
+stack at ``on_train_begin``: callbacks get no handle on it) and restored at its end; a Trainer
+subclass's own overrides are what gets wrapped.
 
 The Trainer calls the model and then ``accelerator.backward`` with nothing observable in
 between, so the backward phase runs from the end of the model's forward: a loss computed
@@ -28,8 +36,8 @@ guard notes an uncaught error and writes the report at exit.
 
 from __future__ import annotations
 
-import gc
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +46,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
 from perfhooks.hooks import HookHandles, watch_training_forward
-from perfhooks.phases import BACKWARD, DATA_WAIT, FORWARD, OPTIMIZER
+from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.report import headline_metrics
 from perfhooks.sinks.wandb import RunSource, current_run
 
@@ -58,6 +66,7 @@ class PerfTrainerCallback(TrainerCallback):
         self.config = PerfConfig.from_kwargs("PerfTrainerCallback", {"output_dir": output_dir, **settings})
         self.engine: Engine | None = None
         self._hooks = HookHandles()
+        self._wrapped: list[tuple[Any, str]] = []
 
     # --------------------------------------------------------------- lifecycle
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -67,7 +76,13 @@ class PerfTrainerCallback(TrainerCallback):
                                    start_step=state.global_step, wandb_source=_wandb_source(args))
         if self.engine is None:
             return
-        self._run_before_reporting_callbacks()
+        trainer = _calling_trainer(self)
+        if trainer is not None:
+            self._run_before_reporting_callbacks(trainer)
+            self._wrap_trainer(trainer, self.engine)
+        else:
+            self.engine.once.warn("hf_trainer", "the Trainer running this callback was not found on the call stack; "
+                                  "data wait, evaluation and checkpoints are not timed apart")
         if model is not None:
             watch_training_forward(model, self._forward_start, self._forward_end, self._hooks)
             self.engine.watch_model(model)
@@ -75,15 +90,11 @@ class PerfTrainerCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._hooks.remove()
+        self._unwrap()
         if self.engine is not None:
             self.engine.close()
 
     # --------------------------------------------------------------- training steps
-    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                       **kwargs: Any) -> None:
-        if self.engine is not None:
-            self.engine.phase_start(DATA_WAIT)
-
     def _forward_start(self) -> None:
         if self.engine is not None:
             self.engine.phase_start(FORWARD)
@@ -110,18 +121,10 @@ class PerfTrainerCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         if self.engine is not None:
-            self.engine.step_end()
-            self.engine.phase_start(DATA_WAIT)
+            self.engine.phase_end(OPTIMIZER)
+            self.engine.stepped(state.global_step)
 
     # --------------------------------------------------------------- not training
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> None:
-        self._restart_wait()
-
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                **kwargs: Any) -> None:
-        self._restart_wait()
-
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         if self.engine is not None:
@@ -133,25 +136,63 @@ class PerfTrainerCallback(TrainerCallback):
             logs.update(headline_metrics(self.engine.report()))
 
     # --------------------------------------------------------------- internals
-    def _restart_wait(self) -> None:
-        """Evaluation or a checkpoint ran since the last step: that was no data wait."""
-        if self.engine is not None:
-            self.engine.idle()
-            self.engine.phase_start(DATA_WAIT)
+    def _wrap_trainer(self, trainer: Any, engine: Engine) -> None:
+        """The fetch, evaluation and checkpoint writes, wrapped on the instance until the run ends."""
+        get_batch_samples = trainer.get_batch_samples
 
-    def _run_before_reporting_callbacks(self) -> None:
+        def fetch(*args: Any, **kwargs: Any) -> Any:
+            engine.fetch()
+            fetched = get_batch_samples(*args, **kwargs)
+            engine.fetched(len(fetched[0]))
+            return fetched
+
+        self._set(trainer, "get_batch_samples", fetch)
+        for name, kind in (("evaluate", EVALUATION), ("_save_checkpoint", CHECKPOINT)):
+            original = getattr(trainer, name, None)
+            if callable(original):
+                self._set(trainer, name, _timed_aside(engine, kind, original))
+
+    def _set(self, owner: Any, name: str, value: Any) -> None:
+        owner.__dict__[name] = value
+        self._wrapped.append((owner, name))
+
+    def _unwrap(self) -> None:
+        wrapped, self._wrapped = self._wrapped, []
+        for owner, name in wrapped:
+            owner.__dict__.pop(name, None)
+
+    def _run_before_reporting_callbacks(self, trainer: Any) -> None:
         """Move this callback to the front of the Trainer's callback list.
 
         ``on_log`` passes one ``logs`` dict to every callback in turn, and the reporting
         integrations (``report_to``) come first; going before them is how the figures added here
-        reach every one of them. The Trainer gives callbacks no handle on that list, so it is
-        found as the list that holds this callback and the Trainer's ``DefaultFlowCallback``.
+        reach every one of them.
         """
-        for referrer in gc.get_referrers(self):
-            if isinstance(referrer, list) and any(type(c).__name__ == "DefaultFlowCallback" for c in referrer):
-                referrer.remove(self)
-                referrer.insert(0, self)
-                return
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+            callbacks.insert(0, self)
+
+
+def _timed_aside(engine: Engine, kind: str, method: Any) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with engine.aside(kind):
+            return method(*args, **kwargs)
+
+    return timed
+
+
+def _calling_trainer(callback: TrainerCallback) -> Any | None:
+    """The ``Trainer`` whose callback handler is calling ``callback`` now (the nearest ``self`` up the stack)."""
+    from transformers import Trainer
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, Trainer) and callback in candidate.callback_handler.callbacks:
+            return candidate
+        frame = frame.f_back
+    return None
 
 
 def _wandb_source(args: TrainingArguments) -> RunSource:

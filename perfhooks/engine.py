@@ -2,11 +2,15 @@
 
 Integrations translate their framework's hooks into these calls and nothing else:
 
-- :meth:`Engine.step_start` / :meth:`Engine.step_end`: one optimizer step (a step opens by
-  itself at the first phase);
+- :meth:`Engine.fetch`: the loop asks its loader for a training batch (``data_wait`` starts; a
+  step whose optimizer stepped ends here, so callbacks and logging after the optimizer are
+  that step's ``other``);
 - :meth:`Engine.phase_start` / :meth:`Engine.phase_end`: ``data_wait``, ``forward``,
   ``backward``, ``optimizer`` (exclusive: starting one ends the one open);
-- :meth:`Engine.idle`: what follows until the next phase is no step's time (evaluation, ...);
+- :meth:`Engine.stepped`: the framework counted an optimizer step (with its own counter);
+- :meth:`Engine.aside`: evaluation or a checkpoint write, timed apart and taken out of any step;
+- :meth:`Engine.idle`: an epoch ended (ends a step that stepped);
+- :meth:`Engine.step_end`: end the open step now (loops that know their step boundary);
 - :meth:`Engine.exception`: the user's error is on its way out; save what we have.
 
 Every event is guarded: a fault inside perfhooks is reported once per kind and training goes
@@ -15,7 +19,10 @@ on. Nothing here synchronizes the host with the GPU except :meth:`Engine.close`.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +30,7 @@ import torch
 import torch.autograd.profiler as autograd_profiler
 
 from perfhooks import ranks
+from perfhooks.account import RunAccount
 from perfhooks.annotate import NvtxRanges, ProfilerLabels
 from perfhooks.clock import CudaClock, HostClock
 from perfhooks.config import PerfConfig
@@ -31,7 +39,7 @@ from perfhooks.exit_guard import ExitGuard
 from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.hooks import HookHandles, add_module_ranges
 from perfhooks.memory import MemoryMonitor
-from perfhooks.phases import DATA_WAIT, FORWARD, PHASES
+from perfhooks.phases import ASIDES, DATA_WAIT, PHASES
 from perfhooks.report import build_report, merge_rank_reports, rank_reports, write_merged_report, write_report
 from perfhooks.schedule import Action, OnDemandWindow
 from perfhooks.sinks.console import format_table
@@ -59,11 +67,15 @@ class Engine:
         self.faults = FaultLog()
         self.once = Once()
         self.step = start_step
+        #: The framework's own step counter (Lightning ``global_step``, transformers ``state.global_step``,
+        #: or the optimizer steps counted here); W&B rows and the report use it.
+        self.global_step = start_step
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
         self.device = describe_device(device)
         on_cuda = self.device["type"] == "cuda"
         self.clock: HostClock = clock or (CudaClock() if on_cuda else HostClock())
+        self.account = RunAccount(time.perf_counter_ns if self.clock.device_timed else self.clock.mark)
         self.stats = PhaseStatistics()
         self.pending = PendingSteps(self.clock)
         self.nvtx = NvtxRanges(enabled=config.nvtx)
@@ -106,6 +118,11 @@ class Engine:
         self._record: StepRecord | None = None
         self._phase: tuple[str, Any] | None = None
         self._windows_at: int | None = None
+        self._aside_mark: tuple[str, Any] | None = None  # the outermost aside inside the open step
+        self._aside_labels: list[Any] = []
+        self._writer_seen = 0
+        self._captures_seen = 0
+        self._compiles_at_start = compiled_graphs()
         self._closed = False
         self._exit_guard = ExitGuard(self)
 
@@ -143,7 +160,42 @@ class Engine:
         if self._windows_at != step:  # a step discarded by idle() has driven the windows already
             self._windows_at = step
             self._drive_windows(step)
-        self._record = StepRecord(step, self.clock.mark())
+        self.account.started()
+        record = StepRecord(step, self.clock.mark())
+        writer = self.writer
+        record.own = self.windows.is_open or writer.running
+        self._writer_seen = writer.started
+        self._record = record
+
+    def fetch(self) -> None:
+        """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts."""
+        try:
+            if self._closed:
+                return
+            record = self._record
+            if record is not None and record.stepped:
+                self.step_end()
+            self.phase_start(DATA_WAIT)
+        except Exception as error:
+            self.faults.report("fetch", error)
+
+    def fetched(self, batches: int) -> None:
+        """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
+        record = self._record
+        if record is not None and batches > 1:
+            record.micro_batches += batches - 1
+
+    def stepped(self, global_step: int | None = None) -> None:
+        """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
+        try:
+            record = self._record
+            if record is None or self._closed:
+                return
+            record.stepped = True
+            self.global_step = global_step if global_step is not None else self.global_step + 1
+            record.global_step = self.global_step
+        except Exception as error:
+            self.faults.report("stepped", error)
 
     # The four events below run several times per step: the fault guard is inlined (no wrapper
     # frame) and NVTX/label calls are skipped when neither is on.
@@ -165,7 +217,7 @@ class Engine:
                 mark = self._close_phase()
             else:
                 mark = self.clock.mark()
-            if name == FORWARD:
+            if name == DATA_WAIT:  # each fetch is one micro-batch (see fetched() for loaders that take several)
                 record.micro_batches += 1
             if self._nvtx_on:
                 self.nvtx.push(name)
@@ -190,26 +242,88 @@ class Engine:
             if record is None:
                 return
             record.end = self._close_phase() if self._phase is not None else self.clock.mark()
+            self.windows.end_step_label()
             self._record = None
+            if record.global_step is None:
+                record.global_step = self.global_step
+            record.micro_batches = max(1, record.micro_batches)  # a loop that reports no fetch: one batch
+            writer = self.writer
+            if writer.running or writer.started != self._writer_seen:
+                record.own = True
             self.step += 1
             self.pending.push(record)
             self.pending.drain(self.stats)
             if self.wandb is not None and self.step >= self._next_wandb_step:
                 self._next_wandb_step = self.step + self.config.wandb_log_every
-                self.wandb.log_steps(self.step, list(self.stats.recent)[-self.config.wandb_log_every:],
+                self.wandb.log_steps(self.global_step, list(self.stats.recent)[-self.config.wandb_log_every:],
                                      self.memory.latest if self.memory is not None else None)
         except Exception as error:
             self.faults.report("step_end", error)
 
     @guarded("idle")
     def idle(self) -> None:
-        """Time from now until the next phase belongs to no step (evaluation, checkpoints, epoch ends)."""
+        """Time from now until the next phase belongs to no step (an epoch's end, the loader ran out)."""
         if self._phase is not None:
             self._close_phase()
         record = self._record
-        if record is not None and all(name == DATA_WAIT for name, _, _ in record.intervals):
+        if record is None:
+            return
+        if record.stepped:
+            self.step_end()
+        elif all(name == DATA_WAIT for name, _, _ in record.intervals):
+            self.windows.end_step_label()
             self._record = None  # only waited so far: that wait was not for a training batch
             self.pending.discard(record)
+
+    def begin_aside(self, kind: str) -> None:
+        """Evaluation or a checkpoint write starts: timed apart, out of the open step and its ``ProfilerStep``."""
+        try:
+            if self._closed:
+                return
+            if kind not in ASIDES:
+                raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
+            if self._phase is not None:
+                self._close_phase()
+            self.windows.end_step_label()
+            if self.account.depth == 0 and self._record is not None:
+                self._aside_mark = (kind, self.clock.mark())
+            self.account.begin(kind)
+            if self._nvtx_on:
+                self.nvtx.push(kind)
+            label = None
+            if autograd_profiler._is_profiler_enabled:
+                label = autograd_profiler.record_function(kind)
+                label.__enter__()
+            self._aside_labels.append(label)
+        except Exception as error:
+            self.faults.report("aside", error)
+
+    def end_aside(self, kind: str) -> None:
+        """The aside ``kind`` (the innermost open one) ends; an unmatched end is ignored."""
+        try:
+            if not self.account.end(kind):
+                return
+            label = self._aside_labels.pop() if self._aside_labels else None
+            if label is not None:
+                label.__exit__(None, None, None)
+            if self._nvtx_on:
+                self.nvtx.pop()
+            if self.account.depth == 0 and self._aside_mark is not None:
+                outer, start = self._aside_mark
+                self._aside_mark = None
+                if self._record is not None:
+                    self._record.intervals.append((outer, start, self.clock.mark()))
+        except Exception as error:
+            self.faults.report("aside", error)
+
+    @contextlib.contextmanager
+    def aside(self, kind: str) -> Iterator[None]:
+        """``with engine.aside("checkpoint"): ...``: the user's errors pass through untouched."""
+        self.begin_aside(kind)
+        try:
+            yield
+        finally:
+            self.end_aside(kind)
 
     @guarded("exception")
     def exception(self, error: BaseException) -> None:
@@ -237,6 +351,10 @@ class Engine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state.get("step", self.step))
 
+    def compiled_in_run(self) -> bool:
+        """True when torch.compile compiled a graph in this process since this engine started."""
+        return compiled_graphs() > self._compiles_at_start
+
     # ----------------------------------------------------------------- output
     def report(self, live: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The report now (on the training thread: it reads the statistics)."""
@@ -244,7 +362,8 @@ class Engine:
                             world_size=self.world_size, device=self.device, stats=self.stats,
                             windows=self.windows.snapshot(), diagnoses=self.diagnoses(live),
                             faults=self.faults.as_list(), error=self.error,
-                            memory=self._guarded_value("memory_report", self.memory.section) if self.memory else None)
+                            memory=self._guarded_value("memory_report", self.memory.section) if self.memory else None,
+                            run=self.account.section(self.stats.training_ms), global_step=self.global_step)
 
     def close(self) -> dict[str, Any] | None:
         """End of training: flush pending timings (the one host sync), write the report, print the table."""
@@ -255,11 +374,17 @@ class Engine:
             self.status = "completed"
         report = None
         try:
+            while self.account.depth:  # an aside cut short by an error
+                self.end_aside(self.account.innermost)  # type: ignore[arg-type]
             if self._phase is not None:
                 self._close_phase()
+            if self._record is not None and self._record.stepped and self.status == "completed":
+                self.step_end()  # the last step: its optimizer stepped, no next fetch will end it
             if self._record is not None:  # a step cut short (end of data or an error) is not counted
+                self.windows.end_step_label()
                 self.pending.discard(self._record)
                 self._record = None
+            self.account.close()
             self._guarded_call("window_close", self.windows.close)
             self._guarded_call("flush_timings", lambda: self.pending.drain(self.stats, block=True))
             self.hooks.remove()
@@ -296,6 +421,9 @@ class Engine:
         if self.memory is not None:
             try:
                 self.memory.observe(self.step, name)
+                if len(self.memory.captures) != self._captures_seen:  # a capture paused this step
+                    self._captures_seen = len(self.memory.captures)
+                    self._record.own = True  # type: ignore[union-attr]
             except Exception as error:
                 self.faults.report("memory_sample", error)
         return end
@@ -321,7 +449,8 @@ class Engine:
         from perfhooks.analysis.diagnoses import diagnose_live
 
         try:
-            live = diagnose_live(self.stats, self.config.thresholds)
+            live = diagnose_live(self.stats, self.config.thresholds, compiled=self.compiled_in_run(),
+                                 run=self.account.section(self.stats.training_ms))
             if self.memory is not None:
                 live += self.memory.diagnoses(self.config.thresholds.memory_fraction)
             return live
@@ -372,6 +501,7 @@ class Engine:
         trace has been written and analysed (the writer runs jobs in order), with its diagnoses merged."""
         live = self.live_diagnoses()
         report = self.report(live)
+        global_step = self.global_step
 
         def write() -> None:
             report["windows"] = self.windows.snapshot()
@@ -379,7 +509,7 @@ class Engine:
             write_report(self.output_dir, report)
             written = [w for w in report["windows"] if not w.get("pruned")]
             if self.wandb is not None and written:
-                self.wandb.log_window(written[-1]["last_step"] + 1, written[-1], report["diagnoses"])
+                self.wandb.log_window(global_step, written[-1], report["diagnoses"])
 
         self.writer.submit("report_write", write)
 
@@ -397,7 +527,7 @@ class Engine:
                                              "W&B gets this rank's figures only")
             else:
                 run_report = merge_rank_reports([report, *others], self.config.thresholds)
-        sink.close(self.step, run_report, recent, latest, render_html(run_report, series=report.get("series")))
+        sink.close(self.global_step, run_report, recent, latest, render_html(run_report, series=report.get("series")))
         if sink.run is not None or sink.failed:
             report["wandb"] = sink.section()
 
@@ -413,3 +543,14 @@ class Engine:
             fn()
         except Exception as error:
             self.faults.report(kind, error)
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile (dynamo) has compiled in this process; 0 when dynamo was never imported."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0

@@ -2,16 +2,19 @@
 
 One optimizer step of a training loop, as the engine sees it::
 
-    step_start                      # the loop starts waiting for the step's first batch
+    fetch                           # the loop asks its loader for the step's first batch
       phase data_wait               # host time until the batch is in hand (incl. H2D copy)
       phase forward                 # model forward and loss
       phase backward                # loss.backward()
-      ...                           # gradient accumulation repeats data_wait/forward/backward
+      ...                           # gradient accumulation repeats fetch/forward/backward
       phase optimizer               # optimizer.step()
-    step_end                        # whatever no phase covered is reported as ``other``
+      stepped                       # the framework counted an optimizer step
+      ...                           # callbacks, logging, LR schedulers: the step's ``other``
+    fetch                           # the next batch: the step ends here
 
-``idle`` marks time that belongs to no step (evaluation, checkpointing, epoch ends);
-``exception`` reports the user's error on its way out.
+``aside("evaluation")`` and ``aside("checkpoint")`` bracket work that is not training: it is
+timed in the run account and taken out of any step it interrupts. ``idle`` ends a step that
+stepped (epoch ends); ``exception`` reports the user's error on its way out.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ FORWARD = "forward"
 BACKWARD = "backward"
 OPTIMIZER = "optimizer"
 OTHER = "other"
+
+EVALUATION = "evaluation"
+CHECKPOINT = "checkpoint"
+
+#: Work inside a training run that is not a training step: timed apart (the run account), taken out of any
+#: step it interrupts, and labelled in traces so that no ``ProfilerStep`` contains it.
+ASIDES: frozenset[str] = frozenset({EVALUATION, CHECKPOINT})
 
 #: The measured phases, in loop order.
 PHASES: tuple[str, ...] = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
@@ -34,4 +44,6 @@ PHASE_COLORS: dict[str, int] = {
     FORWARD: 0xFF2E86DE,  # blue
     BACKWARD: 0xFF8E44AD,  # purple
     OPTIMIZER: 0xFF27AE60,  # green
+    EVALUATION: 0xFF16A085,  # teal
+    CHECKPOINT: 0xFFC0392B,  # red
 }

@@ -36,8 +36,11 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  diagnoses: list[dict[str, Any]] | None = None,
                  faults: list[dict[str, Any]] | None = None,
                  error: dict[str, Any] | None = None,
-                 memory: dict[str, Any] | None = None) -> dict[str, Any]:
+                 memory: dict[str, Any] | None = None,
+                 run: dict[str, Any] | None = None,
+                 global_step: int | None = None) -> dict[str, Any]:
     step = stats.step.summary()
+    steady = stats.steady_step.summary("_ms")
     phases = {}
     for name in (*PHASES, OTHER):
         phase = stats.phases[name].summary("_ms")
@@ -57,17 +60,31 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "step_ms": {"mean": step["mean"], "p50": step["p50"], "p95": step["p95"], "max": step["max"]},
         "phases": phases,
         "coverage": round(stats.coverage, 6),
+        "global_step": global_step if global_step is not None else stats.steps,
+        "steady": {"steps": steady["count"], "perfhooks_steps": stats.own_steps,
+                   "step_ms": {key: steady[f"{key}_ms"] for key in ("mean", "p50", "p95", "max")},
+                   "shares": {name: round(stats.steady_share(name), 6) for name in (*PHASES, OTHER)}},
         "windows": windows,
         "diagnoses": list(diagnoses or []),
         "faults": list(faults or []),
-        "series": {name: [round(timing.phase_ms.get(name, 0.0), 4) for timing in list(stats.recent)[-SERIES_STEPS:]]
-                   for name in (*PHASES, OTHER)},
+        "series": _series(list(stats.recent)[-SERIES_STEPS:]),
     }
+    if run is not None:
+        report["run"] = run
     if memory is not None:
         report["memory"] = memory
     if error is not None:
         report["error"] = error
     return report
+
+
+def _series(timings: list[Any]) -> dict[str, list[Any]]:
+    """Per-step ms of each phase, the framework's step of each, and which steps perfhooks' own work overlapped."""
+    series: dict[str, list[Any]] = {name: [round(timing.phase_ms.get(name, 0.0), 4) for timing in timings]
+                                    for name in (*PHASES, OTHER)}
+    series["global_step"] = [timing.global_step for timing in timings]
+    series["perfhooks"] = [int(timing.own) for timing in timings]
+    return series
 
 
 def report_path(output_dir: Path, rank: int, world_size: int) -> Path:

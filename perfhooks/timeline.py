@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfhooks.clock import HostClock
-from perfhooks.phases import HOST_TIMED_PHASES, OTHER, PHASES
+from perfhooks.phases import ASIDES, HOST_TIMED_PHASES, OTHER, PHASES
 from perfhooks.stats import StreamingStats
 
 
@@ -18,8 +18,15 @@ class StepRecord:
     step: int
     start: Any  # a clock mark: an int on the host, a clock.Mark on CUDA
     end: Any = None
+    #: ``(name, start, end)`` of each phase, and of each evaluation/checkpoint the step contained.
     intervals: list[tuple[str, Any, Any]] = field(default_factory=list)
     micro_batches: int = 0
+    #: An optimizer stepped during this record: it is a training step (ends at the next fetch).
+    stepped: bool = False
+    #: The framework's own step counter when the optimizer stepped.
+    global_step: int | None = None
+    #: perfhooks' own work (a capture window, trace export, window analysis, memory capture) overlapped it.
+    own: bool = False
 
 
 @dataclass(slots=True)
@@ -30,6 +37,10 @@ class StepTiming:
     step_ms: float
     phase_ms: dict[str, float]
     micro_batches: int
+    global_step: int | None = None
+    own: bool = False
+    #: Evaluation/checkpoint time inside the step, taken out of ``step_ms`` (ms).
+    aside_ms: float = 0.0
 
 
 class PhaseStatistics:
@@ -43,6 +54,12 @@ class PhaseStatistics:
         self._step = StreamingStats()
         self._phases: dict[str, StreamingStats] = {name: StreamingStats() for name in (*PHASES, OTHER)}
         self._micro_batches = 0
+        #: Steps that perfhooks' own work overlapped, and totals over the others (the steady steps).
+        self.own_steps = 0
+        self._steady_step = StreamingStats()
+        self._steady_phase_total: dict[str, float] = dict.fromkeys((*PHASES, OTHER), 0.0)
+        #: Every step's time, own ones included (ms): the run account's training time.
+        self.training_ms = 0.0
         self._unfolded: list[StepTiming] = []
         self._fold_every = fold_every
         #: The most recent resolved steps, for time series and live diagnoses.
@@ -62,6 +79,12 @@ class PhaseStatistics:
         for name, stats in self._phases.items():
             stats.add_many([timing.phase_ms.get(name, 0.0) for timing in batch])
         self._micro_batches += sum(timing.micro_batches for timing in batch)
+        self.training_ms += sum(timing.step_ms for timing in batch)
+        steady = [timing for timing in batch if not timing.own]
+        self.own_steps += len(batch) - len(steady)
+        self._steady_step.add_many([timing.step_ms for timing in steady])
+        for name in self._steady_phase_total:
+            self._steady_phase_total[name] += sum(timing.phase_ms.get(name, 0.0) for timing in steady)
 
     @property
     def step(self) -> StreamingStats:
@@ -81,6 +104,26 @@ class PhaseStatistics:
     @property
     def steps(self) -> int:
         return self.step.count
+
+    @property
+    def steady_step(self) -> StreamingStats:
+        """Step times (ms) of the steps no perfhooks work overlapped."""
+        self._fold()
+        return self._steady_step
+
+    def steady_share(self, name: str) -> float:
+        """Fraction 0..1 of steady step time spent in phase ``name`` (all steps if none is steady)."""
+        total = self.steady_step.total
+        if total <= 0:
+            return self.share(name)
+        return self._steady_phase_total[name] / total
+
+    def steady_mean(self, name: str) -> float:
+        """Mean time (ms) per steady step in phase ``name`` (over all steps if none is steady)."""
+        count = self.steady_step.count
+        if not count:
+            return self.phases[name].mean
+        return self._steady_phase_total[name] / count
 
     def share(self, name: str) -> float:
         """Fraction 0..1 of all step time spent in phase ``name``."""
@@ -133,14 +176,19 @@ class PendingSteps:
         elapsed, host_ms = clock.elapsed_ms, clock.host_ms
         step_ms = elapsed(record.start, record.end)
         phase_ms: dict[str, float] = {}
-        covered = 0.0
+        covered = aside_ms = 0.0
         for name, start, end in record.intervals:
+            if name in ASIDES:
+                aside_ms += max(0.0, elapsed(start, end))
+                continue
             ms = host_ms(start, end) if name in HOST_TIMED_PHASES else elapsed(start, end)
             if ms > 0.0:
                 phase_ms[name] = phase_ms.get(name, 0.0) + ms
                 covered += ms
+        step_ms = max(0.0, step_ms - aside_ms)
         phase_ms[OTHER] = max(0.0, step_ms - covered)
-        return StepTiming(record.step, step_ms, phase_ms, record.micro_batches)
+        return StepTiming(record.step, step_ms, phase_ms, record.micro_batches, record.global_step, record.own,
+                          aside_ms)
 
     def discard(self, record: StepRecord) -> None:
         """Return a step's CUDA events to the pool (host marks hold nothing)."""

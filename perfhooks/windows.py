@@ -110,6 +110,18 @@ class CaptureWindows:
                 self._nsys(start=True)
             self._last_step = step
 
+    def end_step_label(self) -> None:
+        """Close ``ProfilerStep#N`` now: what follows (an evaluation, a checkpoint, an epoch end) is not step N's.
+
+        torch opens the label at ``profiler.step()`` and closes it at the next one; it drops its
+        reference when it closes it, and so does this.
+        """
+        profiler = self._profiler
+        label = getattr(profiler, "step_rec_fn", None) if profiler is not None else None
+        if label is not None:
+            profiler.step_rec_fn = None
+            label.__exit__(None, None, None)
+
     def close(self) -> None:
         """Stop an open window; a partially recorded one is saved."""
         profiler, self._profiler = self._profiler, None

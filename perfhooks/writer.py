@@ -19,6 +19,10 @@ class BackgroundWriter:
         self.faults = faults
         self.name = name
         self.dropped = 0
+        #: Jobs started so far, and whether one is running now: steps that overlap one are marked as
+        #: perturbed by perfhooks' own work (it holds the GIL part of the time).
+        self.started = 0
+        self.running = False
         self._queue: queue.Queue[tuple[str, Job] | None] = queue.Queue(maxsize=capacity)
         self._thread: threading.Thread | None = None
 
@@ -57,7 +61,12 @@ class BackgroundWriter:
             if item is None:
                 return
             kind, job = item
+            if kind != "flush":
+                self.started += 1
+                self.running = True
             try:
                 job()
             except Exception as error:
                 self.faults.report(kind, error)
+            finally:
+                self.running = False

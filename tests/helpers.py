@@ -68,6 +68,33 @@ def lightning_mlp(manual: bool = False, fail_at_step: int | None = None, feature
     return TinyModule()
 
 
+def default_trainer(root: Path, **overrides: Any):
+    """A CPU Trainer with Lightning's defaults kept on: its logger, checkpointing, progress bar and summary."""
+    import lightning as L
+
+    return L.Trainer(accelerator="cpu", devices=1, default_root_dir=str(root), **overrides)
+
+
+def sized_loader(batches: int, batch_size: int = 128, features: int = 256, seed: int = 0) -> DataLoader:
+    """Batches for :func:`sized_mlp`: steps of about 10 ms on a CPU, so phase shares mean something."""
+    return random_loader(batches, batch_size=batch_size, features=features, seed=seed)
+
+
+def sized_mlp(features: int = 256, hidden: int = 1024) -> nn.Module:
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                         nn.Linear(hidden, 1))
+
+
+def trace_spans(trace: dict[str, Any], prefix: str) -> list[tuple[float, float]]:
+    """``(start, end)`` µs of the user annotations whose name starts with ``prefix``."""
+    return sorted((e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
+                  if e.get("cat") == "user_annotation" and e["name"].startswith(prefix))
+
+
+def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
 def quiet_trainer(**overrides: Any):
     """A CPU Trainer with no logger, checkpoint, progress bar or summary."""
     import lightning as L
@@ -97,8 +124,9 @@ def train_steps(engine: Any, loss_of: Any, optimizer: torch.optim.Optimizer, bat
         engine.step_end()
 
 
-def plain_loop(engine: Any, steps: int, accumulate: int = 1, before_step: Any = None) -> None:
-    """A hand-written training loop feeding the engine its events (what an integration does)."""
+def plain_loop(engine: Any, steps: int, accumulate: int = 1, before_step: Any = None, in_forward: Any = None) -> None:
+    """A hand-written training loop feeding the engine its events (what an integration does);
+    ``before_step(step)`` runs before the step opens, ``in_forward(step)`` inside its forward."""
     model = mlp()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = iter(random_loader(steps * accumulate))
@@ -109,6 +137,8 @@ def plain_loop(engine: Any, steps: int, accumulate: int = 1, before_step: Any = 
             engine.phase_start("data_wait")
             x, y = next(batches)
             engine.phase_start("forward")
+            if in_forward is not None:
+                in_forward(step)
             loss = nn.functional.mse_loss(model(x), y)
             engine.phase_start("backward")
             loss.backward()

@@ -53,7 +53,7 @@ def make_rank_trace(out: Path, rank: int, step_sleep_s: float, monkeypatch: pyte
     monkeypatch.setenv("WORLD_SIZE", "2")
     engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=3), console=False,
                                on_demand=False, analyze_windows=False), out, "test")
-    plain_loop(engine, steps=6, before_step=lambda step: time.sleep(step_sleep_s))
+    plain_loop(engine, steps=6, in_forward=lambda step: time.sleep(step_sleep_s))
     engine.close()
 
 

@@ -39,6 +39,8 @@ class Thresholds:
     warmup_slowdown: float = 3.0
     warmup_share: float = 0.05
     memory_fraction: float = 0.90
+    evaluation_share: float = 0.25
+    checkpoint_share: float = 0.10
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -70,6 +72,8 @@ DOCS = {
     "straggler": "https://pytorch.org/docs/stable/distributed.html",
     "step_time_variance": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
     "tensor_core_alignment": "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/",
+    "evaluation_heavy": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#val-check-interval",
+    "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
@@ -250,23 +254,29 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     return out
 
 
-def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10) -> list[dict[str, Any]]:
-    """Rules that need no trace: they read the engine's per-phase statistics on every run."""
+def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
+                  run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Rules that need no trace: they read the engine's per-phase statistics on every run.
+
+    Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
+    analysis, a memory capture) are left out of the phase and variance rules. ``compiled`` says
+    torch.compile compiled a graph during the run; ``run`` is the report's run account.
+    """
+    out = diagnose_run(run, t)
     if stats.steps < min_steps:
-        return []
-    out = []
-    wait = stats.share("data_wait")
+        return out
+    wait = stats.steady_share("data_wait")
     if wait >= t.dataloader_share:
         out.append(make(
             "dataloader_bound", "critical" if wait >= t.dataloader_critical_share else "warning",
             "The training loop waits for data",
-            f"data_wait takes {pct(wait)} of step time (mean {stats.phases['data_wait'].mean:.2f} ms); "
-            f"threshold {pct(t.dataloader_share)}",
+            f"fetching the next batch takes {pct(wait)} of step time (mean {stats.steady_mean('data_wait'):.2f} ms "
+            f"a step, timed around the loader's next()); threshold {pct(t.dataloader_share)}",
             wait,
             "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2); "
             "move decoding/augmentation off the training process.",
             data_wait_share=wait))
-    optimizer = stats.share("optimizer")
+    optimizer = stats.steady_share("optimizer")
     if optimizer >= t.optimizer_share:
         out.append(make(
             "optimizer_heavy", "warning", "The optimizer step takes a large share of each step",
@@ -275,35 +285,69 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10)
             "Use a fused or foreach optimizer: torch.optim.AdamW(params, lr=..., fused=True) (CUDA), or "
             "foreach=True.",
             optimizer_share=optimizer))
-    # steady state only: the first steps are compile_warmup's business
-    steady = sorted(timing.step_ms for timing in list(stats.recent)[3:])
+    recent = list(stats.recent)
+    own = sum(1 for timing in recent if timing.own)
+    # steady state only: the first steps are warm-up, and perfhooks' own steps are not the user's
+    steady = sorted(timing.step_ms for timing in recent[3:] if not timing.own)
     p50 = steady[len(steady) // 2] if steady else 0.0
     p95 = steady[min(len(steady) - 1, round(0.95 * (len(steady) - 1)))] if steady else 0.0
-    if p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
+    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
         out.append(make(
             "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
             "Some steps take much longer than the rest",
-            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms; threshold {t.step_p95_over_p50:g}×",
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steps "
+            f"({own} steps that overlapped perfhooks' own work left out); threshold {t.step_p95_over_p50:g}×",
             max(0.0, 1 - p50 / statistics.fmean(steady)),
-            "Look at what the slow steps do (periodic logging, checkpoints, evaluation, GC, data stalls); the "
+            "Look at what the slow steps do (periodic logging, .item() calls in callbacks, GC, data stalls); the "
             "per-phase p95 in the report shows which phase spikes.",
             p95_over_p50=p95 / p50))
-    recent = list(stats.recent)
-    if len(recent) >= min_steps:
+    if compiled and len(recent) >= min_steps:
         first = [timing.step_ms for timing in recent[:3]]
-        steady = statistics.median(timing.step_ms for timing in recent[3:])
-        excess = sum(max(0.0, ms - steady) for ms in first)
+        steady_ms = statistics.median(timing.step_ms for timing in recent[3:])
+        excess = sum(max(0.0, ms - steady_ms) for ms in first)
         total = sum(timing.step_ms for timing in recent)
-        if steady > 0 and statistics.fmean(first) >= t.warmup_slowdown * steady and excess / total >= t.warmup_share:
+        slow = statistics.fmean(first) >= t.warmup_slowdown * steady_ms
+        if steady_ms > 0 and slow and excess / total >= t.warmup_share:
             out.append(make(
-                "compile_warmup", "info", "The first steps are much slower than steady state",
-                f"the first 3 steps average {statistics.fmean(first):.1f} ms vs a steady {steady:.1f} ms "
-                f"({excess / total:.1%} of the run's time); thresholds {t.warmup_slowdown:g}× and "
-                f"{pct(t.warmup_share)}",
+                "compile_warmup", "info", "torch.compile compiled during the first steps",
+                f"torch.compile compiled graphs in this run; the first 3 steps average {statistics.fmean(first):.1f} "
+                f"ms vs a steady {steady_ms:.1f} ms ({excess / total:.1%} of the run's step time); thresholds "
+                f"{t.warmup_slowdown:g}× and {pct(t.warmup_share)}",
                 excess / total,
-                "Expected with torch.compile, cudnn.benchmark or lazy init; if it recurs, look for recompilation "
-                "(torch._logging.set_logs(recompiles=True)).",
-                first_steps_ms=statistics.fmean(first), steady_ms=steady))
+                "Expected once per process; if it recurs, look for recompilation "
+                "(torch._logging.set_logs(recompiles=True)) and mark dynamic shapes (torch._dynamo.mark_dynamic).",
+                first_steps_ms=statistics.fmean(first), steady_ms=steady_ms))
+    return out
+
+
+def diagnose_run(run: dict[str, Any] | None, t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+    """Rules on the run account: evaluation and checkpoint writes as shares of the run's wall time."""
+    if not run or not run.get("wall_s"):
+        return []
+    out = []
+    wall = run["wall_s"]
+    evaluation = run["evaluation_s"] / wall
+    if evaluation >= t.evaluation_share:
+        out.append(make(
+            "evaluation_heavy", "warning", "Evaluation takes a large share of the run",
+            f"{run['evaluations']} evaluation(s) took {run['evaluation_s']:.2f} s, {pct(evaluation)} of the "
+            f"{wall:.2f} s run; threshold {pct(t.evaluation_share)}",
+            evaluation * 0.5,
+            "Evaluate less often or on fewer batches: Lightning Trainer(val_check_interval=..., "
+            "limit_val_batches=...); transformers TrainingArguments(eval_steps=..., eval_strategy=...); in a "
+            "hand-written loop, run the evaluation loop every N steps.",
+            evaluation_share=evaluation))
+    checkpointing = run["checkpointing_s"] / wall
+    if checkpointing >= t.checkpoint_share:
+        out.append(make(
+            "checkpoint_heavy", "warning", "Writing checkpoints takes a large share of the run",
+            f"{run['checkpoints']} checkpoint write(s) took {run['checkpointing_s']:.2f} s, {pct(checkpointing)} of "
+            f"the {wall:.2f} s run, with training stopped; threshold {pct(t.checkpoint_share)}",
+            checkpointing * 0.9,
+            "Save less often (Lightning ModelCheckpoint(every_n_train_steps=...), transformers "
+            "TrainingArguments(save_steps=...)), or write in the background: Lightning "
+            "Trainer(plugins=[AsyncCheckpointIO()]), torch.distributed.checkpoint.async_save.",
+            checkpointing_share=checkpointing))
     return out
 
 

@@ -19,6 +19,16 @@ def format_table(report: dict[str, Any]) -> str:
         phase = report["phases"][name]
         lines.append(f"  {name:<10} {phase['share']:>7.1%} {phase['mean_ms']:>10.3f} {phase['p50_ms']:>10.3f} "
                      f"{phase['p95_ms']:>10.3f} {phase['max_ms']:>10.3f}")
+    steady = report.get("steady") or {}
+    if steady.get("perfhooks_steps"):
+        lines.append(f"  {steady['perfhooks_steps']} step(s) overlapped perfhooks' own work (capture windows, trace "
+                     f"export, analysis); the other {steady['steps']}: mean {steady['step_ms']['mean']:.2f} ms, "
+                     f"p95 {steady['step_ms']['p95']:.2f} ms")
+    run = report.get("run")
+    if run and run["wall_s"] > 0:
+        lines.append(f"  run {run['wall_s']:.1f} s: training {run['shares']['training']:.1%}, evaluation "
+                     f"{run['shares']['evaluation']:.1%} ({run['evaluations']}), checkpointing "
+                     f"{run['shares']['checkpointing']:.1%} ({run['checkpoints']}), other {run['shares']['other']:.1%}")
     kept = [w for w in report["windows"] if not w.get("pruned")]
     if kept:
         lines.append(f"  traces: {len(kept)} window(s), latest {kept[-1]['path']}")

@@ -7,7 +7,10 @@ from typing import Any
 
 COLORS = {"kernel": "#2e86de", "memcpy": "#e67e22", "memset": "#f1c40f", "communication": "#8e44ad",
           "runtime": "#16a085", "dataloader": "#e8a317", "cpu_exec": "#7f8c8d", "other": "#bdc3c7",
-          "data_wait": "#e8a317", "forward": "#2e86de", "backward": "#8e44ad", "optimizer": "#27ae60"}
+          "data_wait": "#e8a317", "forward": "#2e86de", "backward": "#8e44ad", "optimizer": "#27ae60",
+          "training": "#2e86de", "evaluation": "#16a085", "checkpointing": "#c0392b"}
+#: The per-step series that are phase times (the others label the steps).
+PHASE_SERIES = ("data_wait", "forward", "backward", "optimizer", "other")
 STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1040px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
@@ -145,10 +148,19 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
             f'{diagnosis.get("estimated_gain", 0):.0%} of step time<br>Evidence: {_e(diagnosis["evidence"])}<br>'
             f'Fix: {_e(diagnosis["recommendation"])}'
             + (f' (<a href="{_e(diagnosis["docs"])}">docs</a>)' if diagnosis.get("docs") else "") + "</div>")
+    run = report.get("run")
+    if run:
+        parts += [f"<h2>Where the run's time went</h2><p>{run['wall_s']:.2f} s from the first step to the end: "
+                  f"{run['evaluations']} evaluation(s), {run['checkpoints']} checkpoint write(s)</p>",
+                  _stacked_bar({"training": run["training_s"], "evaluation": run["evaluation_s"],
+                                "checkpointing": run["checkpointing_s"], "other": run["other_s"]})]
     parts += ["<h2>Step breakdown</h2>", _stacked_bar(breakdown)]
     if series:
-        parts += ["<h2>Phases per step, stacked (ms)</h2>", _stacked_series(series),
-                  "<h2>Phases per step (ms)</h2>", _series(series)]
+        phases = {name: series[name] for name in PHASE_SERIES if name in series}
+        steps = [s for s in series.get("global_step") or [] if s is not None]
+        axis = f'<div class="legend">steps {steps[0]}–{steps[-1]} (the framework\'s step)</div>' if steps else ""
+        parts += ["<h2>Phases per step, stacked (ms)</h2>", _stacked_series(phases), axis,
+                  "<h2>Phases per step (ms)</h2>", _series(phases), axis]
     if report.get("memory"):
         parts += ['<h2 id="memory">Memory</h2>', _memory_line(report["memory"])]
     kernels = (metrics.get("kernels") or {}).get("top") or []

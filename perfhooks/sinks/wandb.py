@@ -150,6 +150,10 @@ class WandbSink:
         diagnoses = [dict(d) for d in report.get("diagnoses", [])]
         summary = headline_metrics(report, top=SUMMARY_TOP)
         summary["perf/steps"] = report.get("steps", 0)
+        summary["perf/global_step"] = report.get("global_step", report.get("steps", 0))
+        for key, value in (report.get("run") or {}).items():
+            if isinstance(value, (int, float)):
+                summary[f"perf/run/{key}"] = value
         for index, diagnosis in enumerate(diagnoses[:SUMMARY_TOP], 1):
             summary[f"perf/top{index}/id"] = diagnosis["id"]
             summary[f"perf/top{index}/gain"] = float(diagnosis.get("estimated_gain", 0.0))

@@ -170,3 +170,52 @@ def test_sdpa_is_recognised_and_nothing_fires_on_the_optimized_cpu_trace(tmp_pat
     result = tutorial_trace(tmp_path, optimized=True)
     assert set(result["metrics"]["attention"]) == {"flash"}
     assert result["diagnoses"] == []
+
+
+def timings_stats(step_ms: list[float], own: set[int] = frozenset(), wait_ms: float = 0.0):
+    from perfhooks.timeline import PhaseStatistics, StepTiming
+
+    stats = PhaseStatistics()
+    for index, ms in enumerate(step_ms):
+        stats.add(StepTiming(index, ms, {"data_wait": wait_ms, "forward": ms - wait_ms}, 1, index + 1,
+                             own=index in own))
+    return stats
+
+
+def test_steps_perfhooks_slowed_are_not_the_users_variance() -> None:
+    step_ms = [10.0] * 30
+    for index in (12, 13, 14, 15, 16):  # a window and its trace export
+        step_ms[index] = 30.0
+    assert "step_time_variance" in [d["id"] for d in diagnose_live(timings_stats(step_ms))]
+    own = {12, 13, 14, 15, 16}
+    assert "step_time_variance" not in [d["id"] for d in diagnose_live(timings_stats(step_ms, own=own))]
+
+
+def test_data_wait_share_leaves_out_steps_perfhooks_slowed() -> None:
+    step_ms = [10.0] * 30
+    stats = timings_stats(step_ms, own={20, 21}, wait_ms=0.5)
+    stats.add(stats.recent[0].__class__(30, 60.0, {"data_wait": 50.0, "forward": 10.0}, 1, 31, own=True))
+    assert stats.share("data_wait") > 0.10
+    assert "dataloader_bound" not in [d["id"] for d in diagnose_live(stats)]
+
+
+def test_compile_warmup_needs_a_compilation() -> None:
+    step_ms = [400.0, 300.0, 200.0] + [10.0] * 27  # slow first steps: lazy init, allocator warm-up
+    assert "compile_warmup" not in [d["id"] for d in diagnose_live(timings_stats(step_ms), compiled=False)]
+    [warmup] = [d for d in diagnose_live(timings_stats(step_ms), compiled=True) if d["id"] == "compile_warmup"]
+    assert "torch.compile compiled" in warmup["evidence"]
+
+
+def test_the_engine_sees_a_compilation_in_its_run(tmp_path: Path) -> None:
+    import torch
+
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test")
+    eager = torch.nn.Linear(4, 4)
+    eager(torch.randn(2, 4))
+    assert engine.compiled_in_run() is False
+    compiled = torch.compile(torch.nn.Linear(4, 4), backend="eager")
+    compiled(torch.randn(2, 4))
+    assert engine.compiled_in_run() is True
+    assert Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path / "b", "test").compiled_in_run() \
+        is False, "a second run in the process compiles nothing new"
+    engine.close()

@@ -79,7 +79,7 @@ def test_an_error_in_the_loop_writes_a_failed_report_and_propagates(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
-    ((None,), {}, TypeError, "needs the prepared model"),
+    (("not a model",), {}, TypeError, "model must be a torch.nn.Module"),
     ((), {"max_traces": 0}, ValueError, "max_traces must be an integer >= 1"),
     ((), {"bogus": 1}, TypeError, r"attach got unknown argument\(s\) bogus"),
 ])
@@ -94,3 +94,114 @@ def test_accelerator_must_be_an_accelerator(tmp_path: Path) -> None:
     _, model, optimizer, data = prepared()
     with pytest.raises(TypeError, match=r"accelerator must be an accelerate\.Accelerator"):
         attach(object(), model, optimizer, data, output_dir=tmp_path)
+
+
+# ------------------------------------------------------------------ fidelity on the loops users write
+def sized_setup(models: int = 1, batches: int = 24, accumulate: int = 1, **accelerator_args):
+    from helpers import sized_loader, sized_mlp
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accumulate, **accelerator_args)
+    nets = [sized_mlp() for _ in range(models)]
+    optimizers = [torch.optim.SGD(net.parameters(), lr=1e-3) for net in nets]
+    prepared_objects = accelerator.prepare(*nets, *optimizers, sized_loader(batches))
+    return accelerator, list(prepared_objects[:models]), list(prepared_objects[models:2 * models]), prepared_objects[-1]
+
+
+def test_attach_with_no_objects_watches_what_was_prepared_and_a_resumed_epoch(tmp_path: Path) -> None:
+    accelerator, (model,), (optimizer,), data = sized_setup(batches=24)
+    with attach(accelerator, output_dir=tmp_path, schedule=None, console=False) as session:
+        resumed = accelerator.skip_first_batches(data, 8)  # the epoch a checkpoint was taken in
+        for epoch_loader in (resumed, data):
+            for x, y in epoch_loader:
+                loss = nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 16 + 24 and report["global_step"] == 40
+    assert report["coverage"] >= 0.9
+    assert type(resumed).__iter__ is not session  # the skipping loader is restored too
+    assert "perfhooks" not in type(resumed).__dict__.get("__module__", "")
+
+
+def test_two_models_and_two_optimizers_make_one_step_per_iteration(tmp_path: Path) -> None:
+    accelerator, (first, second), (first_opt, second_opt), data = sized_setup(models=2, batches=20)
+    with attach(accelerator, output_dir=tmp_path, schedule=None, console=False):
+        for x, y in data:
+            loss = nn.functional.mse_loss(first(x), y)
+            accelerator.backward(loss)
+            first_opt.step()
+            first_opt.zero_grad()
+            loss = nn.functional.mse_loss(second(x), y)
+            accelerator.backward(loss)
+            second_opt.step()
+            second_opt.zero_grad()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 20 and report["micro_batches"] == 20
+    assert report["coverage"] >= 0.9
+
+
+def test_accumulation_and_an_optimizer_whose_step_does_nothing(tmp_path: Path) -> None:
+    """DeepSpeed's optimizer wrapper steps inside backward and its ``step`` is empty: steps still end."""
+
+    class EmptyStep:  # what accelerate's DeepSpeedOptimizerWrapper.step is
+        def step(self, closure=None):
+            pass
+
+        def zero_grad(self, set_to_none=True):
+            pass
+
+    accelerator, (model,), _, data = sized_setup(batches=24, accumulate=4)
+    optimizer = EmptyStep()
+    with attach(accelerator, model, optimizer, data, output_dir=tmp_path, schedule=None, console=False):
+        for x, y in data:
+            with accelerator.accumulate(model):
+                accelerator.backward(nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 6 and report["micro_batches"] == 24
+
+
+def test_evaluation_loop_is_evaluation_and_save_state_is_checkpointing(tmp_path: Path) -> None:
+    import time
+
+    from helpers import sized_loader
+
+    accelerator, (model,), (optimizer,), data = sized_setup(batches=12)
+    evaluation = accelerator.prepare(sized_loader(4, seed=1))
+    with attach(accelerator, output_dir=tmp_path / "perf", schedule=None, console=False):
+        for step, (x, y) in enumerate(data):
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == 5:
+                model.eval()
+                with torch.no_grad():
+                    for ex, ey in evaluation:
+                        time.sleep(0.05)
+                        nn.functional.mse_loss(model(ex), ey)
+                model.train()
+                accelerator.save_state(str(tmp_path / "state"))
+    report = json.loads((tmp_path / "perf" / "report.json").read_text())
+    run = report["run"]
+    assert report["steps"] == 12
+    assert run["evaluations"] == 1 and run["evaluation_s"] >= 0.2
+    assert run["checkpoints"] == 1 and run["checkpointing_s"] > 0
+    assert report["phases"]["data_wait"]["max_ms"] < 50 and report["step_ms"]["max"] < 150
+
+
+def test_a_fault_while_wiring_is_a_warning_and_the_loop_runs(tmp_path: Path) -> None:
+    class Slotted:  # no instance dict: its step cannot be wrapped
+        __slots__ = ()
+
+        def step(self, closure=None):
+            pass
+
+    accelerator, (model,), _, data = sized_setup(batches=4)
+    with pytest.warns(PerfhooksWarning, match="attach failed"):
+        session = attach(accelerator, model, Slotted(), data, output_dir=tmp_path, schedule=None, console=False)
+    for x, y in data:
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+    assert session.close() is None
+    assert type(data).__module__.startswith("accelerate")

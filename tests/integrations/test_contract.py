@@ -119,4 +119,6 @@ def test_nvtx_phase_sequence_for_three_steps(runner, tmp_path: Path, nvtx_record
             if domain == "perfhooks"]
     one_step = [event for phase in ("data_wait", "forward", "backward", "optimizer")
                 for event in (("push", phase), ("pop", ""))]
-    assert ours == one_step * 3 + [("push", "data_wait"), ("pop", "")]
+    # Lightning and transformers stop at max_steps; the accelerate loop asks its loader once more and finds it empty
+    tail = [("push", "data_wait"), ("pop", "")] if runner.name == "accelerate" else []
+    assert ours == one_step * 3 + tail

@@ -49,7 +49,8 @@ def test_gradient_accumulation_adds_micro_batches_not_steps(tmp_path: Path, accu
     report = read_report(tmp_path)
     assert report["steps"] == 3
     assert report["micro_batches"] == 3 * accumulate
-    assert report["coverage"] >= 0.9
+    # sub-ms steps: Lightning's own bookkeeping between the optimizer and the next fetch is `other`
+    assert report["coverage"] >= 0.75
 
 
 def test_manual_optimization(tmp_path: Path) -> None:
@@ -186,7 +187,7 @@ def test_nvtx_ranges_for_three_steps_in_exact_order(tmp_path: Path, nvtx_recorde
     one_step = []
     for phase in ("data_wait", "forward", "backward", "optimizer"):
         one_step += [("push", phase), ("pop", "")]
-    assert ours == one_step * 3 + [("push", "data_wait"), ("pop", "")]
+    assert ours == one_step * 3  # max_steps reached: no fourth fetch
 
 
 def test_module_ranges_come_from_forward_hooks(tmp_path: Path, nvtx_recorder: Path) -> None:
@@ -211,3 +212,177 @@ def test_core_imports_no_framework() -> None:
 def test_torch_cuda_is_not_touched_on_cpu(tmp_path: Path) -> None:
     fit(tmp_path, steps=2)
     assert not torch.cuda.is_initialized()
+
+
+# ------------------------------------------------------------------ fidelity with Lightning's defaults on
+def timed_batches(loader, times_ms: list):
+    """The loader's batches, with the time each ``next()`` took appended to ``times_ms``."""
+    iterator = iter(loader)
+    while True:
+        start = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        times_ms.append((time.perf_counter() - start) * 1e3)
+        yield batch
+
+
+def sized_module(save_sleep_s: float = 0.0, val_sleep_s: float = 0.0):
+    """A LightningModule with steps of a few ms, a slow checkpoint hook and a slow validation step."""
+    import lightning as L
+
+    from helpers import sized_mlp
+
+    class Sized(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = sized_mlp()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss, prog_bar=True)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            time.sleep(val_sleep_s)
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+        def on_save_checkpoint(self, checkpoint):
+            time.sleep(save_sleep_s)  # a slow filesystem
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    return Sized()
+
+
+def test_checkpoint_saves_are_checkpointing_not_data_wait(tmp_path: Path) -> None:
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from helpers import default_trainer, sized_loader
+
+    callback = PerfCallback(output_dir=tmp_path / "perf", console=False, schedule=None)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=10)
+    trainer = default_trainer(tmp_path, max_steps=30, callbacks=[callback, checkpoints], log_every_n_steps=5)
+    fetch_ms = []
+    for _ in zip(range(30), timed_batches(sized_loader(40), fetch_ms), strict=False):
+        pass
+    start = time.perf_counter()
+    trainer.fit(sized_module(save_sleep_s=0.3), sized_loader(40))
+    wall_s = time.perf_counter() - start
+    report = read_report(tmp_path / "perf")
+
+    assert report["steps"] == 30 and report["global_step"] == trainer.global_step == 30
+    # The loader hands over a batch in about a ms; three 0.3 s saves are not data wait.
+    assert report["phases"]["data_wait"]["max_ms"] < max(fetch_ms) + 5
+    assert report["step_ms"]["max"] < 250, "a 300 ms save inside a step"
+    run = report["run"]
+    assert run["checkpoints"] == 3 and 0.9 <= run["checkpointing_s"] <= 1.5
+    parts = run["training_s"] + run["evaluation_s"] + run["checkpointing_s"] + run["other_s"]
+    assert parts == pytest.approx(run["wall_s"], rel=0.01)
+    assert run["wall_s"] <= wall_s
+    ids = [d["id"] for d in report["diagnoses"]]
+    assert "checkpoint_heavy" in ids
+    assert "dataloader_bound" not in ids
+    assert "compile_warmup" not in ids, "nothing was compiled"
+    assert report["coverage"] >= 0.9
+
+
+def test_validation_inside_a_window_is_outside_every_profiler_step(tmp_path: Path) -> None:
+    from helpers import default_trainer, load_trace, overlaps, sized_loader, trace_spans
+
+    callback = PerfCallback(output_dir=tmp_path / "perf", console=False, analyze_windows=False,
+                            schedule=Schedule(skip_first=8, warmup=1, active=4))
+    trainer = default_trainer(tmp_path, max_steps=16, callbacks=[callback], val_check_interval=10,
+                              limit_val_batches=4, num_sanity_val_steps=0, log_every_n_steps=5)
+    trainer.fit(sized_module(val_sleep_s=0.1), sized_loader(32), sized_loader(4))
+    report = read_report(tmp_path / "perf")
+
+    assert report["steps"] == 16
+    assert report["run"]["evaluations"] == 1  # after batch 10 (max_steps ends the fit before the epoch ends)
+    window = report["windows"][0]
+    trace = load_trace(Path(window["path"]))
+    steps = trace_spans(trace, "ProfilerStep#")
+    evaluation = trace_spans(trace, "evaluation")
+    assert len(steps) == 4 and len(evaluation) == 1
+    assert not any(overlaps(step, evaluation[0]) for step in steps)
+    assert evaluation[0][1] - evaluation[0][0] >= 400_000  # four 100 ms batches
+    longest_ms = max(end - start for start, end in steps) / 1e3
+    assert longest_ms < 100, f"a ProfilerStep of {longest_ms:.0f} ms holds more than one step"
+    assert report["step_ms"]["max"] < 100
+
+
+def gan_module():
+    """A GAN in Lightning's manual optimization: two optimizers, two forwards per batch."""
+    import lightning as L
+
+    from helpers import sized_mlp
+
+    class Gan(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = False
+            self.generator = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+            self.discriminator = sized_mlp()
+
+        def training_step(self, batch, batch_idx):
+            real, _ = batch
+            g_opt, d_opt = self.optimizers()
+            fake = self.generator(torch.randn(real.shape[0], 64))
+            g_loss = torch.nn.functional.softplus(-self.discriminator(fake)).mean()
+            g_opt.zero_grad()
+            self.manual_backward(g_loss)
+            g_opt.step()
+            d_loss = (torch.nn.functional.softplus(-self.discriminator(real))
+                      + torch.nn.functional.softplus(self.discriminator(fake.detach()))).mean()
+            d_opt.zero_grad()
+            self.manual_backward(d_loss)
+            d_opt.step()
+            self.log_dict({"g_loss": g_loss, "d_loss": d_loss}, prog_bar=True)
+
+        def configure_optimizers(self):
+            return (torch.optim.Adam(self.generator.parameters(), lr=2e-4),
+                    torch.optim.Adam(self.discriminator.parameters(), lr=2e-4))
+
+    return Gan()
+
+
+def test_gan_with_two_optimizers_counts_batches_and_keeps_lightnings_step(tmp_path: Path) -> None:
+    from helpers import default_trainer, sized_loader
+
+    callback = PerfCallback(output_dir=tmp_path / "perf", console=False, schedule=None)
+    trainer = default_trainer(tmp_path, max_steps=40, callbacks=[callback], log_every_n_steps=5)
+    trainer.fit(gan_module(), sized_loader(40))
+    report = read_report(tmp_path / "perf")
+
+    assert trainer.global_step == 40  # Lightning counts each optimizer's step
+    assert report["steps"] == 20 and report["global_step"] == 40
+    assert report["series"]["global_step"][:3] == [2, 4, 6]
+    assert report["coverage"] >= 0.95
+    assert report["phases"]["forward"]["mean_ms"] > report["phases"]["optimizer"]["mean_ms"]
+
+
+def test_the_fetch_falls_back_to_the_profilers_action_where_the_loop_has_no_fetch_hook(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    from perfhooks import Engine, PerfConfig
+
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "lightning")
+    profiler = SimpleProfiler()
+    callback = PerfCallback(output_dir=tmp_path)
+    callback._wrap_fetch(SimpleNamespace(profiler=profiler), engine)  # a Lightning with no _on_before_fetch
+    profiler.start("[Callback]Other.on_train_batch_start")
+    profiler.stop("[Callback]Other.on_train_batch_start")
+    assert engine._record is None
+    profiler.start("[_TrainingEpochLoop].train_dataloader_next")
+    profiler.stop("[_TrainingEpochLoop].train_dataloader_next")
+    assert engine._phase[0] == "data_wait"
+    assert "[_TrainingEpochLoop].train_dataloader_next" in profiler.recorded_durations, "the profiler still sees it"
+    callback._unwrap()
+    assert "start" not in profiler.__dict__
+    engine.close()

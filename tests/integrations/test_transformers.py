@@ -97,3 +97,60 @@ def test_accumulation_sums_micro_batches_into_one_step(tmp_path: Path) -> None:
     RUNNERS["transformers"].run(tmp_path, steps=2, accumulate=4, schedule=None)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 2 and report["micro_batches"] == 8
+
+
+# ------------------------------------------------------------------ fidelity with the Trainer's defaults on
+def test_evaluation_and_saves_are_apart_from_steps_and_windows(tmp_path: Path, offline_wandb: Path) -> None:
+    """eval/save every 10 steps, report_to a real integration (W&B, offline), the progress bar on."""
+    from helpers import load_trace, overlaps, trace_spans
+    from hf_trainer_example import SyntheticTokens
+    from perfhooks import Schedule
+
+    callback = PerfTrainerCallback(console=False, analyze_windows=False,
+                                   schedule=Schedule(skip_first=8, warmup=1, active=4))
+    trainer = build_trainer(str(tmp_path), steps=20, batch_size=4, callback=callback, eval_strategy="steps",
+                            eval_steps=10, save_strategy="steps", save_steps=10, report_to="wandb",
+                            logging_steps=5, disable_tqdm=False, per_device_eval_batch_size=4,
+                            eval_dataset=SyntheticTokens(32, seed=1))
+    save = trainer.model.save_pretrained
+
+    def slow_save(*args, **kwargs):  # a slow filesystem
+        time.sleep(0.3)
+        return save(*args, **kwargs)
+
+    trainer.model.save_pretrained = slow_save
+    trainer.train()
+    report = json.loads((tmp_path / "perfhooks" / "report.json").read_text())
+
+    assert report["steps"] == 20 and report["global_step"] == trainer.state.global_step == 20
+    series = report["series"]
+    # the step after the window overlaps its trace export (marked); every other fetch is a tiny tensor batch
+    assert series["perfhooks"][8:14] == [1] * 6 and sum(series["perfhooks"]) <= 12
+    steady_wait = [ms for ms, own in zip(series["data_wait"], series["perfhooks"], strict=True) if not own]
+    assert max(steady_wait) < 20, "evaluation or a save counted as data wait"
+    assert report["step_ms"]["max"] < 250
+    run = report["run"]
+    assert run["evaluations"] == 2 and run["checkpoints"] == 2
+    assert run["checkpointing_s"] >= 0.6
+    parts = run["training_s"] + run["evaluation_s"] + run["checkpointing_s"] + run["other_s"]
+    assert parts == pytest.approx(run["wall_s"], rel=0.01)
+    ids = [d["id"] for d in report["diagnoses"]]
+    assert "checkpoint_heavy" in ids and "dataloader_bound" not in ids and "compile_warmup" not in ids
+    trace = load_trace(Path(report["windows"][0]["path"]))
+    steps = trace_spans(trace, "ProfilerStep#")
+    asides = trace_spans(trace, "evaluation") + trace_spans(trace, "checkpoint")
+    assert len(steps) == 4 and len(asides) == 2  # the evaluation and the save after step 10
+    assert not any(overlaps(step, aside) for step in steps for aside in asides)
+
+
+def test_a_resumed_run_times_the_skipped_loader(tmp_path: Path) -> None:
+    first = build_trainer(str(tmp_path), steps=6, batch_size=2, save_strategy="steps", save_steps=3,
+                          callback=PerfTrainerCallback(schedule=None, console=False))
+    first.train()
+    callback = PerfTrainerCallback(output_dir=tmp_path / "resumed", schedule=None, console=False)
+    resumed = build_trainer(str(tmp_path), steps=6, batch_size=2, callback=callback)
+    resumed.train_dataset = first.train_dataset
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    report = json.loads((tmp_path / "resumed" / "report.json").read_text())
+    assert report["steps"] == 3 and report["global_step"] == 6
+    assert report["coverage"] >= 0.9

@@ -50,7 +50,8 @@ def test_lightning_wandb_logger_run_gets_perf_metrics_table_and_trace(offline_wa
     rows = _perf_rows(records)
     assert [row["trainer/global_step"] for row in rows] == [5, 10, 15, 20]
     # Each row is the mean over its 5 steps: step time = the sum of the per-step phase times in report.series.
-    series = report["series"]
+    series = {name: report["series"][name] for name in ("data_wait", "forward", "backward", "optimizer", "other")}
+    assert report["series"]["global_step"] == list(range(1, 21))
     for row in rows:
         last = row["trainer/global_step"]
         steps = range(last - 5, last)

@@ -1,0 +1,91 @@
+"""Where a run's wall time went: training steps, evaluation, checkpointing and the rest.
+
+Host time only (``time.perf_counter_ns``): evaluation and checkpoint writes are bracketed by the
+integrations (``Engine.aside``); the steps' time comes from the phase statistics. Asides may nest
+(a checkpoint written at the end of validation): each nanosecond is charged to the innermost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from perfhooks.phases import ASIDES, CHECKPOINT, EVALUATION
+
+
+class RunAccount:
+    """Host time of evaluation and checkpointing, and the run's wall clock (seconds in the report)."""
+
+    def __init__(self, clock: Any = time.perf_counter_ns) -> None:
+        self._clock = clock
+        self.first_ns: int | None = None
+        self.end_ns: int | None = None
+        self.total_ns: dict[str, int] = dict.fromkeys(ASIDES, 0)
+        self.counts: dict[str, int] = dict.fromkeys(ASIDES, 0)
+        self._stack: list[list[Any]] = []  # [kind, start of the stretch now charged to it]
+
+    def started(self) -> None:
+        """The first step started: the wall clock runs from here."""
+        if self.first_ns is None:
+            self.first_ns = self._clock()
+
+    @property
+    def depth(self) -> int:
+        return len(self._stack)
+
+    @property
+    def innermost(self) -> str | None:
+        """The aside open now (the innermost), or ``None``."""
+        return self._stack[-1][0] if self._stack else None
+
+    def begin(self, kind: str) -> None:
+        if kind not in ASIDES:
+            raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
+        now = self._clock()
+        if self._stack:
+            outer = self._stack[-1]
+            self.total_ns[outer[0]] += now - outer[1]
+        self._stack.append([kind, now])
+        self.counts[kind] += 1
+
+    def end(self, kind: str) -> bool:
+        """End the innermost aside if it is ``kind``; False (nothing changed) otherwise."""
+        if not self._stack or self._stack[-1][0] != kind:
+            return False
+        now = self._clock()
+        _, start = self._stack.pop()
+        self.total_ns[kind] += now - start
+        if self._stack:
+            self._stack[-1][1] = now
+        return True
+
+    def close(self) -> None:
+        while self._stack:
+            self.end(self._stack[-1][0])
+        self.end_ns = self._clock()
+
+    def section(self, training_ms: float) -> dict[str, Any] | None:
+        """The report's ``run`` section (seconds); ``None`` before the first step."""
+        if self.first_ns is None:
+            return None
+        end = self.end_ns if self.end_ns is not None else self._clock()
+        wall_s = max(0.0, (end - self.first_ns) / 1e9)
+        evaluation_s = self.total_ns[EVALUATION] / 1e9
+        checkpointing_s = self.total_ns[CHECKPOINT] / 1e9
+        training_s = training_ms / 1e3
+        other_s = max(0.0, wall_s - training_s - evaluation_s - checkpointing_s)
+
+        def share(seconds: float) -> float:
+            return round(seconds / wall_s, 6) if wall_s > 0 else 0.0
+
+        return {
+            "wall_s": round(wall_s, 6),
+            "training_s": round(training_s, 6),
+            "evaluation_s": round(evaluation_s, 6),
+            "checkpointing_s": round(checkpointing_s, 6),
+            "other_s": round(other_s, 6),
+            "evaluations": self.counts[EVALUATION],
+            "checkpoints": self.counts[CHECKPOINT],
+            "shares": {"training": share(training_s), "evaluation": share(evaluation_s),
+                       "checkpointing": share(checkpointing_s), "other": share(other_s)},
+        }
