@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="perfhooks_out/hf")
     args = parser.parse_args(argv)
     build_trainer(args.output_dir, args.steps, args.accumulate).train()
-    report = Path(args.output_dir) / "perfhooks" / "report.json"
+    report = Path(args.output_dir) / "_perfhooks" / "report.json"
     print(f"report: {report} (coverage {json.loads(report.read_text())['coverage']:.3f})")
     return 0
 

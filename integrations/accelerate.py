@@ -52,7 +52,7 @@ import torch
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
 from perfhooks.faults import FaultLog
-from perfhooks.hooks import HookHandles, watch_training_forward
+from perfhooks.hooks import HookHandles, InstancePatches, noting_errors, timed_aside, watch_training_forward
 from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.sinks.wandb import RunSource
 
@@ -119,7 +119,7 @@ class PerfSession:
         self.accelerator = accelerator
         self.models = models
         self._hooks = HookHandles()
-        self._wrapped: list[tuple[Any, str]] = []
+        self._patches = InstancePatches()
         self._swapped: list[tuple[Any, type]] = []
         self._closed = False
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
@@ -152,6 +152,20 @@ class PerfSession:
         for loader in dataloaders:
             self._wrap_dataloader(loader)
 
+    # --------------------------------------------------------------- copies
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy of a session (pickle, deepcopy) is a closed one: it never carries a run or the loop's objects."""
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.accelerator = None
+        self.models = []
+        self._hooks = HookHandles()
+        self._patches = InstancePatches()
+        self._swapped = []
+        self._closed = True
+        self.engine = None
+
     # --------------------------------------------------------------- events
     def _forward_start(self) -> None:
         self.engine.phase_start(FORWARD)
@@ -178,14 +192,10 @@ class PerfSession:
             engine.idle()
 
     # --------------------------------------------------------------- wrappers
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        owner.__dict__[name] = value
-        self._wrapped.append((owner, name))
-
     def _wrap_method(self, name: str, make: Any) -> None:
         original = getattr(self.accelerator, name, None)
         if callable(original):
-            self._set(self.accelerator, name, make(original))
+            self._patches.set(self.accelerator, name, make(original))
 
     def _wrap_optimizer(self, optimizer: Any) -> None:
         engine = self.engine
@@ -202,7 +212,7 @@ class PerfSession:
                 engine.phase_end(OPTIMIZER)
                 engine.stepped()
 
-        self._set(optimizer, "step", step)
+        self._patches.set(optimizer, "step", noting_errors(engine, step))
 
     def _timed_backward(self, original: Any) -> Any:
         engine = self.engine
@@ -214,16 +224,10 @@ class PerfSession:
             finally:
                 engine.phase_end(BACKWARD)
 
-        return backward
+        return noting_errors(engine, backward)
 
     def _timed_save_state(self, original: Any) -> Any:
-        engine = self.engine
-
-        def save_state(*args: Any, **kwargs: Any) -> Any:
-            with engine.aside(CHECKPOINT):
-                return original(*args, **kwargs)
-
-        return save_state
+        return timed_aside(self.engine, CHECKPOINT, original)
 
     def _timed_skip(self, original: Any) -> Any:
         def skip_first_batches(*args: Any, **kwargs: Any) -> Any:
@@ -265,6 +269,10 @@ class PerfSession:
                     if not session._closed:
                         session._exhausted()
                     return
+                except BaseException as error:
+                    if not session._closed:
+                        session.engine.note_error(error)
+                    raise
                 yield batch
 
         _set_class(loader, type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__}))
@@ -272,9 +280,7 @@ class PerfSession:
 
     def _unwire(self) -> None:
         self._hooks.remove()
-        wrapped, self._wrapped = self._wrapped, []
-        for owner, name in wrapped:
-            owner.__dict__.pop(name, None)
+        self._patches.restore()
         swapped, self._swapped = self._swapped, []
         for loader, base in swapped:
             _set_class(loader, base)
@@ -289,6 +295,7 @@ class PerfSession:
             self._unwire()
         except Exception as error:
             FaultLog().report("detach", error)
+        self.accelerator, self.models = None, []  # the session keeps none of the loop's objects
         return self.engine.close()
 
     def __enter__(self) -> PerfSession:

@@ -49,7 +49,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
-from perfhooks.hooks import HookHandles, watch_optimizer_steps
+from perfhooks.hooks import HookHandles, InstancePatches, timed_aside, watch_optimizer_steps
 from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.sinks.wandb import RunSource
 
@@ -75,16 +75,32 @@ class PerfCallback(Callback):
         self._resume_state: dict[str, Any] | None = None
         self._global_step = 0
         self._manual = False
-        self._wrapped: list[tuple[Any, str]] = []  # (object, attribute) wrapped on the instance
+        self._patches = InstancePatches()
+
+    # --------------------------------------------------------------- copies
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickle, deepcopy, ``torch.save(trainer)``) carries the settings only, never a run."""
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config = state["config"]
+        self.engine = None
+        self._hooks = HookHandles()
+        self._resume_state = None
+        self._global_step = 0
+        self._manual = False
+        self._patches = InstancePatches()
 
     # --------------------------------------------------------------- lifecycle
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         engine = Engine.start(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device,
-                              start_step=trainer.global_step, wandb_source=_wandb_source(trainer))
+                              start_step=_steps_done(trainer), wandb_source=_wandb_source(trainer),
+                              ends_explicitly=True)
+        resume_state, self._resume_state = self._resume_state, None  # a checkpoint of an older perfhooks
         if engine is None:
             return
-        if self._resume_state is not None:
-            engine.load_state_dict(self._resume_state)
+        if resume_state is not None:
+            engine.load_state_dict(resume_state)
         if isinstance(trainer.profiler, PyTorchProfiler):
             engine.defer_windows_to("Lightning's PyTorchProfiler")
         self.engine = engine
@@ -99,12 +115,19 @@ class PerfCallback(Callback):
         self._finish()
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        """Lightning re-raises ``exception`` after its hooks; after ``on_train_end`` the report is rewritten
+        as failed (an error in a later ``on_train_end``/``on_fit_end`` hook is still the fit's failure)."""
         if self.engine is not None:
             self.engine.exception(exception)
         self._finish()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._finish()
+        # Lightning gives every callback the module's log/log_dict (bound methods) at setup; a callback the user
+        # keeps for the next run of a sweep would keep this model alive through them.
+        for name in ("log", "log_dict"):
+            if getattr(self.__dict__.get(name), "__self__", None) is pl_module:
+                del self.__dict__[name]
 
     # --------------------------------------------------------------- training steps
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -159,14 +182,13 @@ class PerfCallback(Callback):
 
     # --------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        if self.engine is not None:
-            return self.engine.state_dict()
-        return dict(self._resume_state or {"step": 0})
+        """Nothing: a checkpoint written with perfhooks loads in a Trainer without it, with no warning.
+        A resumed fit finds its step in Lightning's own loop state (see ``_steps_done``)."""
+        return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resume_state = dict(state_dict)
-        if self.engine is not None:
-            self.engine.load_state_dict(state_dict)
+        """A checkpoint from an older perfhooks (``{"step": N}``): used by the next fit only."""
+        self._resume_state = dict(state_dict) if state_dict else None
 
     # --------------------------------------------------------------- internals
     def _output_dir(self, trainer: Trainer) -> Path:
@@ -190,7 +212,7 @@ class PerfCallback(Callback):
                 engine.fetch()
                 before_fetch()
 
-            self._set(epoch_loop, "_on_before_fetch", on_before_fetch)
+            self._patches.set(epoch_loop, "_on_before_fetch", on_before_fetch)
             return
         profiler = trainer.profiler
         start = profiler.start
@@ -200,32 +222,27 @@ class PerfCallback(Callback):
                 engine.fetch()
             start(action_name)
 
-        self._set(profiler, "start", start_action)
+        self._patches.set(profiler, "start", start_action)
 
     def _wrap_checkpoint(self, trainer: Trainer, engine: Engine) -> None:
         """``trainer.save_checkpoint`` (what ``ModelCheckpoint`` and users call) is timed as a checkpoint write."""
-        save = trainer.save_checkpoint
-
-        def save_checkpoint(*args: Any, **kwargs: Any) -> Any:
-            with engine.aside(CHECKPOINT):
-                return save(*args, **kwargs)
-
-        self._set(trainer, "save_checkpoint", save_checkpoint)
-
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        owner.__dict__[name] = value
-        self._wrapped.append((owner, name))
+        self._patches.set(trainer, "save_checkpoint", timed_aside(engine, CHECKPOINT, trainer.save_checkpoint))
 
     def _unwrap(self) -> None:
-        wrapped, self._wrapped = self._wrapped, []
-        for owner, name in wrapped:
-            owner.__dict__.pop(name, None)
+        self._patches.restore()
 
     def _finish(self) -> None:
         self._hooks.remove()
         self._unwrap()
         if self.engine is not None:
             self.engine.close()
+
+
+def _steps_done(trainer: Trainer) -> int:
+    """perfhooks' steps before this fit: batches that stepped an optimizer, from Lightning's loop state (restored
+    from a checkpoint), which counts a GAN's batch once where ``global_step`` counts each optimizer's step."""
+    stepped = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "_batches_that_stepped", None)
+    return stepped if isinstance(stepped, int) else trainer.global_step
 
 
 def _wandb_source(trainer: Trainer) -> RunSource:

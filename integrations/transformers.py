@@ -15,7 +15,7 @@ model forward post-hook                  ``phase_start("backward")``
 ``trainer.evaluate`` (wrapped)           ``aside("evaluation")``
 ``trainer._save_checkpoint`` (wrapped)   ``aside("checkpoint")``
 ``on_epoch_end``                         ``idle()``
-``on_log``                               headline figures added to ``logs``
+``on_log`` (a training step's logs)      the ``perf/*`` figures of the steps since the last log
 ``on_train_end``                         ``close()``: report and table
 =======================================  =========================================
 
@@ -45,20 +45,23 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
-from perfhooks.hooks import HookHandles, watch_training_forward
+from perfhooks.hooks import HookHandles, InstancePatches, noting_errors, timed_aside, watch_training_forward
 from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
-from perfhooks.report import headline_metrics
+from perfhooks.report import interval_metrics
 from perfhooks.sinks.wandb import RunSource, current_run
 
 #: The step metric transformers' WandbCallback logs with every row.
 WANDB_STEP_KEY = "train/global_step"
+#: The default folder under ``args.output_dir``: ``push_to_hub`` ignores names starting with ``_``.
+DEFAULT_FOLDER = "_perfhooks"
 
 
 class PerfTrainerCallback(TrainerCallback):
     """Profile ``Trainer.train()``: phases, NVTX, capture windows and ``report.json``.
 
     Args:
-        output_dir: where ``report.json`` and ``traces/`` go; default ``<args.output_dir>/perfhooks``.
+        output_dir: where ``report.json`` and ``traces/`` go; default ``<args.output_dir>/_perfhooks``
+            (``push_to_hub`` skips folders whose name starts with ``_``, so no trace is uploaded).
         **settings: any :class:`perfhooks.PerfConfig` field (``schedule``, ``max_traces``, ...).
     """
 
@@ -66,14 +69,29 @@ class PerfTrainerCallback(TrainerCallback):
         self.config = PerfConfig.from_kwargs("PerfTrainerCallback", {"output_dir": output_dir, **settings})
         self.engine: Engine | None = None
         self._hooks = HookHandles()
-        self._wrapped: list[tuple[Any, str]] = []
+        self._patches = InstancePatches()
+        self._logged_through = -1  # the last step whose figures went into a training log
+
+    # --------------------------------------------------------------- copies
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy (pickle, deepcopy) carries the settings only, never a run."""
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**{"output_dir": state["config"].output_dir})  # type: ignore[misc]
+        self.config = state["config"]
 
     # --------------------------------------------------------------- lifecycle
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
-        output_dir = self.config.output_dir or Path(args.output_dir or ".") / "perfhooks"
+        if self.engine is not None and not self.engine.closed:  # a retry (auto_find_batch_size) of a failed train()
+            self._detach()
+            self.engine.abandon(quiet=True)
+        output_dir = self.config.output_dir or Path(args.output_dir or ".") / DEFAULT_FOLDER
+        self._logged_through = -1
         self.engine = Engine.start(self.config, output_dir, framework="transformers", device=args.device,
-                                   start_step=state.global_step, wandb_source=_wandb_source(args))
+                                   start_step=state.global_step, wandb_source=_wandb_source(args),
+                                   ends_explicitly=True)
         if self.engine is None:
             return
         trainer = _calling_trainer(self)
@@ -89,8 +107,7 @@ class PerfTrainerCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
-        self._hooks.remove()
-        self._unwrap()
+        self._detach()
         if self.engine is not None:
             self.engine.close()
 
@@ -132,12 +149,20 @@ class PerfTrainerCallback(TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if self.engine is not None and logs is not None and self.engine.stats.steps:
-            logs.update(headline_metrics(self.engine.report()))
+        """A training step's logs (they have ``loss``) get the ``perf/*`` means over the steps since the last
+        one, for every ``report_to`` integration after this callback. That dict is the Trainer's own, never
+        returned to the user: ``train()``'s metrics and ``evaluate()``'s dict stay as they are."""
+        engine = self.engine
+        if engine is None or engine.closed or logs is None or "loss" not in logs:
+            return
+        fresh = [timing for timing in engine.stats.recent if timing.step > self._logged_through]
+        if fresh:
+            self._logged_through = fresh[-1].step
+            logs.update(interval_metrics(fresh, engine.memory.latest if engine.memory is not None else None))
 
     # --------------------------------------------------------------- internals
     def _wrap_trainer(self, trainer: Any, engine: Engine) -> None:
-        """The fetch, evaluation and checkpoint writes, wrapped on the instance until the run ends."""
+        """The fetch, training step, evaluation and checkpoint writes, wrapped on the instance until the run ends."""
         get_batch_samples = trainer.get_batch_samples
 
         def fetch(*args: Any, **kwargs: Any) -> Any:
@@ -146,20 +171,16 @@ class PerfTrainerCallback(TrainerCallback):
             engine.fetched(len(fetched[0]))
             return fetched
 
-        self._set(trainer, "get_batch_samples", fetch)
+        self._patches.set(trainer, "get_batch_samples", noting_errors(engine, fetch))
+        self._patches.set(trainer, "training_step", noting_errors(engine, trainer.training_step))
         for name, kind in (("evaluate", EVALUATION), ("_save_checkpoint", CHECKPOINT)):
             original = getattr(trainer, name, None)
             if callable(original):
-                self._set(trainer, name, _timed_aside(engine, kind, original))
+                self._patches.set(trainer, name, timed_aside(engine, kind, original))
 
-    def _set(self, owner: Any, name: str, value: Any) -> None:
-        owner.__dict__[name] = value
-        self._wrapped.append((owner, name))
-
-    def _unwrap(self) -> None:
-        wrapped, self._wrapped = self._wrapped, []
-        for owner, name in wrapped:
-            owner.__dict__.pop(name, None)
+    def _detach(self) -> None:
+        self._hooks.remove()
+        self._patches.restore()
 
     def _run_before_reporting_callbacks(self, trainer: Any) -> None:
         """Move this callback to the front of the Trainer's callback list.
@@ -172,14 +193,6 @@ class PerfTrainerCallback(TrainerCallback):
         if self in callbacks:
             callbacks.remove(self)
             callbacks.insert(0, self)
-
-
-def _timed_aside(engine: Engine, kind: str, method: Any) -> Any:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        with engine.aside(kind):
-            return method(*args, **kwargs)
-
-    return timed
 
 
 def _calling_trainer(callback: TrainerCallback) -> Any | None:

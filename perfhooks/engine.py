@@ -29,30 +29,27 @@ from typing import Any
 import torch
 import torch.autograd.profiler as autograd_profiler
 
-from perfhooks import ranks
+from perfhooks import exit_guard, ranks
 from perfhooks.account import RunAccount
 from perfhooks.annotate import NvtxRanges, ProfilerLabels
 from perfhooks.clock import CudaClock, HostClock
 from perfhooks.config import PerfConfig
 from perfhooks.device import describe_device
-from perfhooks.exit_guard import ExitGuard
 from perfhooks.faults import FaultLog, Once, guarded
+from perfhooks.finish import Deadline, finish_run
 from perfhooks.hooks import HookHandles, add_module_ranges
 from perfhooks.memory import MemoryMonitor
 from perfhooks.phases import ASIDES, DATA_WAIT, PHASES
-from perfhooks.report import build_report, merge_rank_reports, rank_reports, write_merged_report, write_report
+from perfhooks.report import build_report, new_run_id, write_report
 from perfhooks.schedule import Action, OnDemandWindow
-from perfhooks.sinks.console import format_table
-from perfhooks.sinks.html import render_html
 from perfhooks.sinks.wandb import RunSource, WandbSink
 from perfhooks.timeline import PendingSteps, PhaseStatistics, StepRecord
 from perfhooks.trigger import OnDemandTrigger
+from perfhooks.window_analysis import analyze_window
 from perfhooks.windows import CaptureWindows, WindowSettings
 from perfhooks.writer import BackgroundWriter
 
 _PHASE_NAMES = frozenset(PHASES)
-#: Seconds the logging rank waits, at the end, for the other ranks' reports to attach to W&B.
-RANK_WAIT_S = 10.0
 
 
 class Engine:
@@ -60,8 +57,14 @@ class Engine:
 
     def __init__(self, config: PerfConfig, output_dir: str | Path, framework: str,
                  device: torch.device | str | None = None, start_step: int = 0,
-                 clock: HostClock | None = None, wandb_source: RunSource | None = None) -> None:
+                 clock: HostClock | None = None, wandb_source: RunSource | None = None,
+                 ends_explicitly: bool = False) -> None:
+        """``ends_explicitly``: the framework always sends the run's end (``close``) when it completes, so
+        an engine still open when the next run starts or the process exits was a run that failed."""
         self.config = config
+        self.run_id = new_run_id()
+        self.started_at = time.time()
+        self.ends_explicitly = ends_explicitly
         self.output_dir = Path(output_dir)
         self.framework = framework
         self.faults = FaultLog()
@@ -92,7 +95,7 @@ class Engine:
                 nsys_capture=config.nsys_capture, max_traces=config.max_traces,
                 max_trace_bytes=config.max_trace_bytes),
             self.writer, self.faults, self.once, on_saved=self._save_report_async,
-            on_written=self._analyze_window if config.analyze_windows else None)
+            on_written=self._on_window_written if config.analyze_windows else None)
         self.trigger = OnDemandTrigger(self.output_dir, config.trigger_poll_s) if config.on_demand else None
         self.memory: MemoryMonitor | None = None
         if config.memory:
@@ -114,6 +117,12 @@ class Engine:
         self.trace_diagnoses: list[dict[str, Any]] = []
         self.status = "running"
         self.error: dict[str, Any] | None = None
+        self._error_seen: BaseException | None = None
+        #: A CUDA error ended the run: no CUDA call from here on (the context may be broken).
+        self.cuda_broken = False
+        #: Print the end-of-run table: off on the exit paths, where the user's traceback must stay the last output.
+        self.console = config.console
+        self.final_report: dict[str, Any] | None = None
         self._on_demand: OnDemandWindow | None = None
         self._record: StepRecord | None = None
         self._phase: tuple[str, Any] | None = None
@@ -124,7 +133,7 @@ class Engine:
         self._captures_seen = 0
         self._compiles_at_start = compiled_graphs()
         self._closed = False
-        self._exit_guard = ExitGuard(self)
+        exit_guard.begin(self)
 
     @classmethod
     def start(cls, config: PerfConfig, output_dir: str | Path, framework: str, **kwargs: Any) -> Engine | None:
@@ -325,15 +334,68 @@ class Engine:
         finally:
             self.end_aside(kind)
 
-    @guarded("exception")
-    def exception(self, error: BaseException) -> None:
-        """The user's error is on its way out: close ranges, save the partial window and the report."""
-        self.status = "failed"
-        phase = self._phase[0] if self._phase else None
-        self.error = {"type": type(error).__name__, "message": str(error)[:500], "step": self.step, "phase": phase}
-        if self.memory is not None:
-            self.memory.on_exception(error, self.step, phase)
-        self.close()
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def note_error(self, error: BaseException) -> None:
+        """An error passed through a wrapper of perfhooks' (the caller may yet catch it): remember it for the
+        report and, when it is an OOM, write the dump now, while memory is as the error left it."""
+        try:
+            if self._closed or error is self._error_seen:
+                return
+            self._error_seen = error
+            phase = self._phase[0] if self._phase else None
+            self.error = {"type": type(error).__name__, "message": str(error)[:500], "step": self.step,
+                          "phase": phase}
+            if is_cuda_error(error):
+                self.cuda_broken = True
+            elif self.memory is not None:
+                self.memory.on_exception(error, self.step, phase)
+        except Exception as fault:
+            self.faults.report("exception", fault)
+
+    def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
+        """The user's error is on its way out: save the partial window and the report as ``failed``.
+
+        After the run closed (an error in a later ``on_train_end``/``on_fit_end``), the report on disk is
+        rewritten as ``failed``. Never raises; the error propagates unchanged.
+        """
+        try:
+            if self._closed:
+                self._fail_after_close(error)
+                return
+            self.note_error(error)
+            self.status = "failed"
+            if quiet:
+                self.console = False
+            self.close(deadline_s)
+        except Exception as fault:
+            self.faults.report("exception", fault)
+
+    def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None:
+        """The run ended without its end event (a caught exception, a retry, the process exiting): close it,
+        as ``failed`` when it saw an error or its framework always ends runs explicitly."""
+        if self._closed:
+            return
+        if self.error is not None or self.ends_explicitly:
+            self.status = "failed"
+            if self.error is None:
+                self.error = {"type": "unknown", "message": "the run stopped without ending: an exception that the "
+                              "caller caught, or a loop left early", "step": self.step,
+                              "phase": self._phase[0] if self._phase else None}
+        if quiet:
+            self.console = False
+        self.close(deadline_s)
+
+    def _fail_after_close(self, error: BaseException) -> None:
+        report = self.final_report
+        if report is None or report.get("status") == "failed":
+            return
+        self.status = report["status"] = "failed"
+        self.error = report["error"] = {"type": type(error).__name__, "message": str(error)[:500],
+                                        "step": self.step, "phase": "after training"}
+        write_report(self.output_dir, report)
 
     # ----------------------------------------------------------------- model hooks
     @guarded("watch_model")
@@ -363,10 +425,14 @@ class Engine:
                             windows=self.windows.snapshot(), diagnoses=self.diagnoses(live),
                             faults=self.faults.as_list(), error=self.error,
                             memory=self._guarded_value("memory_report", self.memory.section) if self.memory else None,
-                            run=self.account.section(self.stats.training_ms), global_step=self.global_step)
+                            run=self.account.section(self.stats.training_ms), global_step=self.global_step,
+                            run_id=self.run_id, started_at=self.started_at)
 
-    def close(self) -> dict[str, Any] | None:
-        """End of training: flush pending timings (the one host sync), write the report, print the table."""
+    def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
+        """End of training (once): the report, the table, and every resource released (see ``perfhooks.finish``).
+
+        ``deadline_s`` bounds the waits (writer, W&B, other ranks) in total.
+        """
         if self._closed:
             return None
         self._closed = True
@@ -374,38 +440,39 @@ class Engine:
             self.status = "completed"
         report = None
         try:
-            while self.account.depth:  # an aside cut short by an error
-                self.end_aside(self.account.innermost)  # type: ignore[arg-type]
-            if self._phase is not None:
-                self._close_phase()
-            if self._record is not None and self._record.stepped and self.status == "completed":
-                self.step_end()  # the last step: its optimizer stepped, no next fetch will end it
-            if self._record is not None:  # a step cut short (end of data or an error) is not counted
-                self.windows.end_step_label()
-                self.pending.discard(self._record)
-                self._record = None
-            self.account.close()
-            self._guarded_call("window_close", self.windows.close)
-            self._guarded_call("flush_timings", lambda: self.pending.drain(self.stats, block=True))
-            self.hooks.remove()
-            self._exit_guard.remove()
-            if self.trigger is not None:
-                self.trigger.close()
-            self.writer.close()
-            report = self.report()
-            if self.memory is not None:
-                self._guarded_call("memory_stop", self.memory.stop)
-            if self.wandb is not None:
-                self._guarded_call("wandb_close", lambda: self._close_wandb(report))
-            self._guarded_call("report_write", lambda: write_report(self.output_dir, report))
-            if self.world_size > 1:
-                self._guarded_call("report_merge", lambda: write_merged_report(
-                    self.output_dir, self.world_size, self.config.thresholds))
-            if self.config.console and self.rank == 0:
-                print(format_table(report), file=sys.stderr)
+            report = finish_run(self, Deadline(deadline_s))
         except Exception as error:
             self.faults.report("close", error)
+        finally:
+            self._release()
+        self.final_report = report
         return report
+
+    def end_open_step(self) -> None:
+        """At close: end an aside cut short, count a last step that stepped, drop one cut short."""
+        while self.account.depth:
+            self.end_aside(self.account.innermost)  # type: ignore[arg-type]
+        if self._phase is not None:
+            self._close_phase()
+        if self._record is not None and self._record.stepped and self.status == "completed":
+            self.step_end()  # the last step: its optimizer stepped, no next fetch will end it
+        if self._record is not None:  # a step cut short (end of data or an error) is not counted
+            self.windows.end_step_label()
+            self.pending.discard(self._record)
+            self._record = None
+
+    def _release(self) -> None:
+        """Let go of everything that refers to the user's objects and of process-wide state."""
+        try:
+            self.hooks.remove()
+            if self.memory is not None:
+                self.memory.release()
+            self.wandb = None
+            self._error_seen = None
+        except Exception as error:
+            self.faults.report("release", error)
+        finally:
+            exit_guard.end(self)
 
     # ----------------------------------------------------------------- internals
     def _close_phase(self) -> Any:
@@ -464,37 +531,15 @@ class Engine:
 
         return rank((self.live_diagnoses() if live is None else live) + self.trace_diagnoses)
 
-    def _analyze_window(self, path: Path, window: dict[str, Any]) -> None:
-        """On the writer thread, after a window's trace is written: its metrics and diagnoses.
-
-        The analysis runs in a separate interpreter (``perfhooks analyze``, which imports no torch):
-        in this process it would hold the GIL for a second or so and slow the steps it overlaps.
-        """
-        import json
-        import subprocess
-
+    def _on_window_written(self, path: Path, window: dict[str, Any]) -> None:
+        """On the writer thread, after a window's trace is written: its metrics and diagnoses."""
         try:
-            command = self._analysis_command(path)
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-            if done.returncode != 0:
-                raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
-            result = json.loads(done.stdout)
+            metrics, diagnoses = analyze_window(path, self.config.thresholds, window["first_step"])
         except Exception as error:
             self.faults.report("window_analysis", error)
             return
-        metrics = result["metrics"]
-        self.windows.update(window, metrics={key: metrics.get(key) for key in (
-            "gpu_utilization", "sm_efficiency", "achieved_occupancy")})
-        for diagnosis in result["diagnoses"]:
-            diagnosis["step"] = window["first_step"]
-        self.trace_diagnoses = result["diagnoses"]
-
-    def _analysis_command(self, path: Path) -> list[str]:
-        import dataclasses
-        import json
-
-        return [sys.executable, "-m", "perfhooks.cli", "analyze", str(path), "--format", "json",
-                "--thresholds", json.dumps(dataclasses.asdict(self.config.thresholds))]
+        self.windows.update(window, metrics=metrics)
+        self.trace_diagnoses = diagnoses
 
     def _save_report_async(self) -> None:
         """At a window's end: snapshot the statistics here, write on the writer thread once the window's
@@ -513,24 +558,6 @@ class Engine:
 
         self.writer.submit("report_write", write)
 
-    def _close_wandb(self, report: dict[str, Any]) -> None:
-        """The last W&B row, table, summary and files; the ``wandb`` section of the report."""
-        sink = self.wandb
-        recent = list(self.stats.recent)[-self.config.wandb_log_every:]
-        latest = self.memory.latest if self.memory is not None else None
-        run_report = report
-        if self.world_size > 1 and sink.resolve():  # the other ranks' summaries, if written within RANK_WAIT_S
-            others = rank_reports(self.output_dir, [r for r in range(self.world_size) if r != self.rank],
-                                  wait_s=RANK_WAIT_S, final=True)
-            if others is None:
-                self.once.warn("ranks_late", f"not every rank's report was there within {RANK_WAIT_S:.0f} s; "
-                                             "W&B gets this rank's figures only")
-            else:
-                run_report = merge_rank_reports([report, *others], self.config.thresholds)
-        sink.close(self.global_step, run_report, recent, latest, render_html(run_report, series=report.get("series")))
-        if sink.run is not None or sink.failed:
-            report["wandb"] = sink.section()
-
     def _guarded_value(self, kind: str, fn: Any) -> Any:
         try:
             return fn()
@@ -538,7 +565,7 @@ class Engine:
             self.faults.report(kind, error)
             return None
 
-    def _guarded_call(self, kind: str, fn: Any) -> None:
+    def guarded_call(self, kind: str, fn: Any) -> None:
         try:
             fn()
         except Exception as error:
@@ -554,3 +581,15 @@ def compiled_graphs() -> int:
         return int(utils.counters["stats"]["unique_graphs"])
     except Exception:
         return 0
+
+
+def is_cuda_error(error: BaseException) -> bool:
+    """A CUDA error (not an OOM) after which the context may be unusable: perfhooks makes no CUDA call."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("CUDA error" in text or "CUBLAS_STATUS" in text
+                                                or "cuDNN error" in text)

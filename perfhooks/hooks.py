@@ -89,3 +89,50 @@ def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookH
 
         handles.add(module.register_forward_pre_hook(pre))
         handles.add(module.register_forward_hook(post, always_call=True))
+
+
+class InstancePatches:
+    """Methods replaced on one object (its ``__dict__``), for the length of a run; ``restore()`` is idempotent.
+
+    The class and every other instance are left alone, and an override in a user's subclass is what
+    gets wrapped.
+    """
+
+    def __init__(self) -> None:
+        self._patched: list[tuple[Any, str]] = []
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        owner.__dict__[name] = value
+        self._patched.append((owner, name))
+
+    def restore(self) -> None:
+        patched, self._patched = self._patched, []
+        for owner, name in reversed(patched):
+            owner.__dict__.pop(name, None)
+
+
+def timed_aside(engine: Any, kind: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` run as an aside of ``kind`` (``evaluation``, ``checkpoint``); its errors noted and re-raised."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with engine.aside(kind):
+                return method(*args, **kwargs)
+        except BaseException as error:
+            engine.note_error(error)
+            raise
+
+    return timed
+
+
+def noting_errors(engine: Any, method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, with an error that passes through it noted by the engine (the caller may still catch it)."""
+
+    def noted(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except BaseException as error:
+            engine.note_error(error)
+            raise
+
+    return noted

@@ -18,6 +18,7 @@ import os
 import pickle
 import resource
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -255,26 +256,33 @@ class MemoryMonitor:
         return True
 
     def _attach_observer(self) -> None:
-        """The allocator's OOM observer, attached once CUDA is initialised and history is on
-        (earlier attachment segfaults: pytorch #107330, #102796)."""
+        """The allocator's OOM observer, attached once per process (torch cannot detach one) once CUDA is
+        initialised and history is on (earlier attachment segfaults: pytorch #107330, #102796). It writes
+        for the current run's monitor, found through a weak reference: it holds no run and no model."""
+        global _observer_target
         if self._observer_attached or not self.history or not self.torch.cuda.is_initialized():
             return
-        attach = getattr(self.torch._C, "_cuda_attach_out_of_memory_observer", None)
         self._observer_attached = True
-        if attach is None:
-            return
+        _observer_target = weakref.ref(self)
+        _attach_process_observer(self.torch)
 
-        def observer(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
-            try:
-                folder = self.output_dir / "oom"
-                self._write_snapshot(folder, name="observer_snapshot")
-                atomic_write_json(folder / "observer.json", {"device": device, "requested_bytes": alloc,
-                                                             "device_allocated_bytes": device_allocated,
-                                                             "device_free_bytes": device_free})
-            except Exception as error:
-                self.faults.report("oom_observer", error)
+    def observed_oom(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        """What the process's OOM observer does for this run: the snapshot and the failing allocation."""
+        try:
+            folder = self.output_dir / "oom"
+            self._write_snapshot(folder, name="observer_snapshot")
+            atomic_write_json(folder / "observer.json", {"device": device, "requested_bytes": alloc,
+                                                         "device_allocated_bytes": device_allocated,
+                                                         "device_free_bytes": device_free})
+        except Exception as error:
+            self.faults.report("oom_observer", error)
 
-        attach(observer)
+    def release(self) -> None:
+        """The run ended: drop the models and stop being the OOM observer's target."""
+        global _observer_target
+        self.models.clear()
+        if _observer_target is not None and _observer_target() is self:
+            _observer_target = None
 
     def _write_snapshot(self, folder: Path, name: str = "snapshot") -> list[str]:
         if not self.history:
@@ -295,3 +303,24 @@ class MemoryMonitor:
         except Exception as error:
             self.faults.report("memory_viz", error)
         return files
+
+
+#: The monitor the process's OOM observer writes for (the current CUDA run's), if any.
+_observer_target: weakref.ref[MemoryMonitor] | None = None
+_observer_attached = False
+
+
+def _attach_process_observer(torch: Any) -> None:
+    global _observer_attached
+    if _observer_attached:
+        return
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    _observer_attached = True
+    if attach is not None:
+        attach(_on_out_of_memory)
+
+
+def _on_out_of_memory(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    monitor = _observer_target() if _observer_target is not None else None
+    if monitor is not None:
+        monitor.observed_oom(device, alloc, device_allocated, device_free)

@@ -38,7 +38,9 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  error: dict[str, Any] | None = None,
                  memory: dict[str, Any] | None = None,
                  run: dict[str, Any] | None = None,
-                 global_step: int | None = None) -> dict[str, Any]:
+                 global_step: int | None = None,
+                 run_id: str | None = None,
+                 started_at: float | None = None) -> dict[str, Any]:
     step = stats.step.summary()
     steady = stats.steady_step.summary("_ms")
     phases = {}
@@ -51,6 +53,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "schema_version": SCHEMA_VERSION,
         "perfhooks_version": __version__,
         "framework": framework,
+        "run_id": run_id,
+        "started_at": started_at,
         "status": status,
         "rank": rank,
         "world_size": world_size,
@@ -92,11 +96,45 @@ def report_path(output_dir: Path, rank: int, world_size: int) -> Path:
     return output_dir / (REPORT_FILE if world_size <= 1 else f"report.rank{rank}.json")
 
 
-def write_report(output_dir: Path, report: dict[str, Any]) -> Path:
-    """``report.json`` and, beside it, the same content as a self-contained ``report.html``."""
+def new_run_id() -> str:
+    """An id for one run (one engine), unique across processes and machines."""
+    import uuid
+
+    return uuid.uuid4().hex[:16]
+
+
+def write_report(output_dir: Path, report: dict[str, Any]) -> Path | None:
+    """``report.json`` and, beside it, the same content as a self-contained ``report.html``.
+
+    A write loses (nothing is written, ``None``) when the file on disk is newer: a later run's
+    report (a retry, the next run of a sweep), or this run's final report when ``report`` was
+    taken at a window's end.
+    """
     path = report_path(output_dir, report["rank"], report["world_size"])
+    if not supersedes(report, _read_json(path)):
+        return None
     _write_json_and_html(path, report)
     return path
+
+
+def supersedes(report: dict[str, Any], on_disk: dict[str, Any] | None) -> bool:
+    """Whether ``report`` may replace ``on_disk``: same run and not a window-end write over a final one,
+    or a run that started no earlier."""
+    if not on_disk or report.get("run_id") is None:
+        return True
+    if on_disk.get("run_id") == report["run_id"]:
+        return not (report.get("status") == "running" and on_disk.get("status") != "running")
+    return float(report.get("started_at") or 0.0) >= float(on_disk.get("started_at") or 0.0)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _write_json_and_html(path: Path, report: dict[str, Any]) -> None:
@@ -209,16 +247,19 @@ def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None) ->
 
 
 def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = None) -> Path | None:
-    """Once every rank's ``report.rank{R}.json`` is there, ``report.json`` (and ``.html``) for the whole run.
+    """Once every rank's final ``report.rank{R}.json`` is there, ``report.json`` (and ``.html``) for the whole run.
 
     Each rank calls this after writing its own report; the last to finish sees them all. No
     collective is involved, so a rank that died or is slow delays nothing.
     """
-    reports = rank_reports(output_dir, range(world_size))
+    reports = rank_reports(output_dir, range(world_size), final=True)
     if reports is None:
         return None
     target = output_dir / REPORT_FILE
-    _write_json_and_html(target, merge_rank_reports(reports, thresholds))
+    merged = merge_rank_reports(reports, thresholds)
+    if not supersedes(merged, _read_json(target)):
+        return None
+    _write_json_and_html(target, merged)
     return target
 
 
@@ -235,7 +276,7 @@ def rank_reports(output_dir: Path, ranks: Any, wait_s: float = 0.0, final: bool 
     while True:
         try:
             reports = [json.loads(p.read_text()) for p in paths]
-            if not final or all(r.get("status") != "running" for r in reports):
+            if not final or all(r.get("status") not in ("running", None) for r in reports):
                 return reports
         except (OSError, ValueError):  # not written yet (written atomically: never half a file)
             pass

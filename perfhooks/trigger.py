@@ -17,7 +17,8 @@ class OnDemandTrigger:
     def __init__(self, output_dir: Path, poll_s: float = 1.0, use_signal: bool = True) -> None:
         self.path = output_dir / TRIGGER_FILE
         self.poll_s = poll_s
-        self._flag = threading.Event()
+        #: Set by the signal handler and fire(): a plain attribute, since a handler must take no lock.
+        self._requested = False
         self._next_poll_ns = 0
         self._previous_handler: Any = None
         self._installed = False
@@ -26,18 +27,19 @@ class OnDemandTrigger:
             self._installed = True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self._flag.set()
+        """Only sets the flag (then chains to the handler that was there before): no lock, no I/O."""
+        self._requested = True
         if callable(self._previous_handler):
             self._previous_handler(signum, frame)
 
     def fire(self) -> None:
         """Ask for a window from code (what the file and the signal do)."""
-        self._flag.set()
+        self._requested = True
 
     def poll(self) -> bool:
         """True once per request; removes the trigger file it found."""
-        if self._flag.is_set():
-            self._flag.clear()
+        if self._requested:
+            self._requested = False
             return True
         now = time.monotonic_ns()
         if now < self._next_poll_ns:
@@ -50,6 +52,8 @@ class OnDemandTrigger:
         return True
 
     def close(self) -> None:
+        """Restore the previous SIGUSR2 handler, only if perfhooks' is still the one installed."""
         if self._installed and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGUSR2, self._previous_handler or signal.SIG_DFL)
             self._installed = False
+            if signal.getsignal(signal.SIGUSR2) == self._on_signal:
+                signal.signal(signal.SIGUSR2, self._previous_handler or signal.SIG_DFL)

@@ -60,9 +60,9 @@ INJECTIONS = [
     ("annotation", "perfhooks.annotate.ProfilerLabels.enter", {"phase_start"}),
     ("window", "perfhooks.windows.CaptureWindows.at_step", {"window"}),
     ("export", "torch.autograd.profiler.profile.export_chrome_trace", {"trace_export"}),
-    ("analysis", "perfhooks.engine.Engine._analysis_command", {"window_analysis"}),
+    ("analysis", "perfhooks.window_analysis.analysis_command", {"window_analysis"}),
     ("memory", "perfhooks.memory.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
-    ("report", "perfhooks.engine.write_report", {"report_write"}),
+    ("report", "perfhooks.finish.write_report", {"report_write"}),
     ("diagnoses", "perfhooks.analysis.diagnoses.diagnose_live", {"live_diagnoses"}),
     ("trigger", "perfhooks.trigger.OnDemandTrigger.poll", {"trigger"}),
 ]

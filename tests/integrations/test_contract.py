@@ -52,7 +52,7 @@ def test_steps_micro_batches_coverage_and_a_valid_report(runner, tmp_path: Path,
 
 EXAMPLES = {
     "lightning": ("lightning_example", ["--steps", "13"], "report.json"),
-    "transformers": ("hf_trainer_example", ["--steps", "13"], "perfhooks/report.json"),
+    "transformers": ("hf_trainer_example", ["--steps", "13"], "_perfhooks/report.json"),
     "accelerate": ("accelerate_example", ["--steps", "13"], "report.json"),
 }
 

@@ -27,9 +27,11 @@ def fit(tmp_path: Path, steps: int, callback: PerfCallback | None = None, model=
 
 
 def test_fit_times_every_step_and_writes_a_valid_report(tmp_path: Path) -> None:
+    from helpers import sized_loader
+
     callback = PerfCallback(output_dir=tmp_path, console=False,
                             schedule=Schedule(skip_first=2, wait=0, warmup=1, active=2, repeat=1))
-    fit(tmp_path, steps=8, callback=callback)
+    quiet_trainer(max_steps=8, callbacks=[callback]).fit(sized_module(), sized_loader(8))
     report = read_report(tmp_path)
     assert validate_report(report) == []
     assert report["framework"] == "lightning" and report["status"] == "completed"
@@ -45,12 +47,15 @@ def test_fit_times_every_step_and_writes_a_valid_report(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("accumulate", [1, 4])
 def test_gradient_accumulation_adds_micro_batches_not_steps(tmp_path: Path, accumulate: int) -> None:
-    fit(tmp_path, steps=3, accumulate_grad_batches=accumulate)
+    from helpers import sized_loader
+
+    callback = PerfCallback(output_dir=tmp_path, schedule=None, console=False)
+    trainer = quiet_trainer(max_steps=3, callbacks=[callback], accumulate_grad_batches=accumulate)
+    trainer.fit(sized_module(), sized_loader(3 * accumulate))
     report = read_report(tmp_path)
     assert report["steps"] == 3
     assert report["micro_batches"] == 3 * accumulate
-    # sub-ms steps: Lightning's own bookkeeping between the optimizer and the next fetch is `other`
-    assert report["coverage"] >= 0.75
+    assert report["coverage"] >= 0.9
 
 
 def test_manual_optimization(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_default_output_dir_is_under_args_output_dir(tmp_path: Path) -> None:
     trainer = build_trainer(str(tmp_path), steps=2, batch_size=2,
                             callback=PerfTrainerCallback(schedule=None, console=False))
     trainer.train()
-    report = json.loads((tmp_path / "perfhooks" / "report.json").read_text())
+    report = json.loads((tmp_path / "_perfhooks" / "report.json").read_text())
     assert report["framework"] == "transformers" and report["steps"] == 2
 
 
@@ -62,7 +62,7 @@ def test_evaluation_stays_out_of_training_steps(tmp_path: Path) -> None:
                             callback=PerfTrainerCallback(schedule=None, console=False))
     trainer.add_callback(SlowEval())
     trainer.train()
-    report = json.loads((tmp_path / "perfhooks" / "report.json").read_text())
+    report = json.loads((tmp_path / "_perfhooks" / "report.json").read_text())
     evaluations = [entry for entry in trainer.state.log_history if "eval_runtime" in entry]
     assert len(evaluations) == 3 and min(e["eval_runtime"] for e in evaluations) >= 0.2
     assert report["steps"] == 6
@@ -120,7 +120,7 @@ def test_evaluation_and_saves_are_apart_from_steps_and_windows(tmp_path: Path, o
 
     trainer.model.save_pretrained = slow_save
     trainer.train()
-    report = json.loads((tmp_path / "perfhooks" / "report.json").read_text())
+    report = json.loads((tmp_path / "_perfhooks" / "report.json").read_text())
 
     assert report["steps"] == 20 and report["global_step"] == trainer.state.global_step == 20
     series = report["series"]
