@@ -28,7 +28,15 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"perfhooks: {error}", file=sys.stderr)
         return 2
     if args.format == "json":
-        text = json.dumps(report, indent=2, default=str)
+        from perfhooks.report import json_safe
+
+        replaced: list[str] = []
+        report = json_safe(report, replaced=replaced)
+        if replaced:
+            report.setdefault("warnings", []).append(
+                f"{len(replaced)} figure(s) were not finite numbers (the trace holds implausible values) and are "
+                f"null: {', '.join(replaced[:5])}")
+        text = json.dumps(report, indent=2, default=str, allow_nan=False)
     elif args.format == "html":
         from perfhooks.sinks.html import render_html
 

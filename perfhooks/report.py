@@ -283,3 +283,18 @@ def rank_reports(output_dir: Path, ranks: Any, wait_s: float = 0.0, final: bool 
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.1)
+
+
+def json_safe(value: Any, where: str = "", replaced: list[str] | None = None) -> Any:
+    """``value`` with every NaN or infinity replaced by ``None`` (JSON has neither); their paths go to ``replaced``."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        if replaced is not None:
+            replaced.append(where or "$")
+        return None
+    if isinstance(value, dict):
+        return {key: json_safe(item, f"{where}.{key}" if where else str(key), replaced) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item, f"{where}[{index}]", replaced) for index, item in enumerate(value)]
+    return value

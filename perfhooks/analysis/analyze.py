@@ -109,6 +109,7 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
                           world_size=trace.world_size or 1, device=device, stats=stats, windows=[],
                           diagnoses=rank(diagnose_trace(metrics, thresholds or Thresholds())))
     report["source"] = {"path": trace.path, "events": trace.events, "warnings": trace.warnings}
+    report["warnings"] = list(trace.warnings)
     if not any(t.phase_ms.get("forward") for t in stats.recent):
         report["series"] = {}  # no perfhooks labels in the trace: no per-phase series
     report["metrics"] = metrics

@@ -9,44 +9,124 @@ from perfhooks.analysis.model import Trace
 SYNC_RUNTIME = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
                 "hipStreamSynchronize", "hipEventSynchronize")
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
-COMPILE_MARKERS = ("torch/_dynamo", "torch._dynamo", "compile_fx", "_compile.compile_inner", "OutputGraph",
-                   "async_compile", "triton.compiler", "CompilationFunction", "inductor", "TorchDynamo")
+#: Names that only compilation produces: dynamo's timed phases (``record_function("... (dynamo_timed)")``) and the
+#: frames of tracing, graph lowering and kernel compilation. Frames that run on every call of an already
+#: compiled model (``eval_frame.py _fn``, ``TorchDynamo Cache Lookup``, inductor's runtime launchers) are not.
+COMPILE_MARKERS = ("(dynamo_timed)", "torch/_dynamo/convert_frame.py", "torch/_dynamo/symbolic_convert.py",
+                   "torch/_dynamo/output_graph.py", "torch/_inductor/compile_fx.py", "torch/_inductor/graph.py",
+                   "torch/_inductor/codecache.py", "torch/_inductor/async_compile.py",
+                   "_compile.compile_inner", "compile_fx_inner", "OutputGraph.call_user_compiler")
 COMPILED_REGION_MARKERS = ("Torch-Compiled Region", "CompiledFunction", "CompiledFxGraph")
 
 
 def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
-    """Syncs per step by kind, their total host time, and call sites when stacks were recorded."""
+    """Syncs per step by kind, their total host time, and call sites when stacks were recorded.
+
+    Only syncs inside a host ``ProfilerStep``, after the step launched device work, count (the whole
+    trace is one step when it has none): a ``cudaDeviceSynchronize`` before that waits for work that is
+    not the step's. Each sync counts once: a ``.item()`` is ``aten::item`` around
+    ``aten::_local_scalar_dense`` around a stream synchronize, and only the outermost of nested
+    candidates on one thread is counted, with its own duration. An ``.item()`` that made no sync or
+    copy call (a CPU tensor's) is no sync.
+    """
+    candidates = [event for event in trace.runtimes if (event.name or "").startswith(SYNC_RUNTIME)]
+    if trace.has_gpu:  # without a device, .item() waits for nothing
+        candidates += _waits_for_the_device([op for op in trace.cpu_ops if (op.name or "") in SYNC_OPS], trace)
+    inside = _inside_steps(candidates, trace)
+    counted = _outermost(inside)
     counts: dict[str, int] = {}
     time_us = 0.0
     sites: dict[str, int] = {}
-    for event in trace.runtimes:
+    for event in counted:
         name = event.name or ""
-        if name.startswith(SYNC_RUNTIME):
-            counts[name] = counts.get(name, 0) + 1
-            time_us += event.dur
-    for op in trace.cpu_ops if trace.has_gpu else ():  # without a device, .item() waits for nothing
-        name = op.name or ""
-        if name in SYNC_OPS:
-            counts[name] = counts.get(name, 0) + 1
-            if name == "aten::item":
-                time_us += op.dur
-            stack = op.a.call_stack
-            if isinstance(stack, str) and stack:
-                site = _user_frame(stack)
-                sites[site] = sites.get(site, 0) + 1
+        counts[name] = counts.get(name, 0) + 1
+        time_us += event.dur
+        stack = event.a.call_stack if name in SYNC_OPS else None
+        if isinstance(stack, str) and stack:
+            site = _user_frame(stack)
+            sites[site] = sites.get(site, 0) + 1
     if not sites and trace.python:
-        sites = _python_call_sites([op for op in trace.cpu_ops if op.name in SYNC_OPS] if trace.has_gpu else [],
-                                   trace.python)
+        sites = _python_call_sites([event for event in counted if event.name in SYNC_OPS], trace.python)
     syncs = sum(counts.values())
     per_step = max(steps, 1)
     return {
         "per_step": syncs / per_step,
         "by_kind_per_step": {name: count / per_step for name, count in sorted(counts.items())},
         "time_us_per_step": time_us / per_step,
+        "outside_steps": len(_outermost(candidates)) - syncs,
         "call_sites": [{"site": site, "count": count} for site, count in
                        sorted(sites.items(), key=lambda kv: -kv[1])[:5]],
         "cuda_sync_events": len(trace.syncs),
     }
+
+
+def _inside_steps(events: list[Any], trace: Trace) -> list[Any]:
+    """The events that start inside a host step, after the step's first launch of device work.
+
+    A sync before a step has launched anything waits for work that is not the step's (a
+    ``cudaDeviceSynchronize`` at the top of the step, after a warm-up outside it). Without step
+    markers the whole trace is one step.
+    """
+    import bisect
+
+    launches = sorted(runtime.ts for runtime in trace.runtimes if runtime.correlation in _device_correlations(trace))
+    spans = sorted((start, end) for _, start, end in trace.steps)
+    if not spans:
+        spans = [(float("-inf"), float("inf"))]
+    starts = [start for start, _ in spans]
+    first_launch = []
+    for start, end in spans:
+        index = bisect.bisect_left(launches, start)
+        # a step with no launch recorded (no runtime events in the trace): from its start
+        first_launch.append(launches[index] if index < len(launches) and launches[index] < end else start)
+    out = []
+    for event in events:
+        index = bisect.bisect_right(starts, event.ts) - 1
+        if index >= 0 and first_launch[index] <= event.ts < spans[index][1]:
+            out.append(event)
+    return out
+
+
+def _device_correlations(trace: Trace) -> set[Any]:
+    return {event.correlation for event in trace.device_events if event.correlation is not None}
+
+
+def _waits_for_the_device(ops: list[Any], trace: Trace) -> list[Any]:
+    """The ``.item()``-like ops that really waited: a sync or a copy runtime call ran inside them (a CPU
+    tensor's ``.item()`` makes none)."""
+    import bisect
+
+    by_thread: dict[Any, list[tuple[float, float]]] = {}
+    for runtime in trace.runtimes:
+        name = runtime.name or ""
+        if name.startswith(SYNC_RUNTIME) or "Memcpy" in name:
+            by_thread.setdefault(runtime.tid, []).append((runtime.ts, runtime.ts + runtime.dur))
+    for calls in by_thread.values():
+        calls.sort()
+    out = []
+    for op in ops:
+        calls = by_thread.get(op.tid, [])
+        index = bisect.bisect_left(calls, (op.ts, float("-inf")))
+        if index < len(calls) and calls[index][0] <= op.ts + op.dur:
+            out.append(op)
+    return out
+
+
+def _outermost(events: list[Any]) -> list[Any]:
+    """Drop every event that lies within another on the same thread (a sync inside the op that made it)."""
+    out = []
+    by_thread: dict[Any, list[Any]] = {}
+    for event in events:
+        by_thread.setdefault(event.tid, []).append(event)
+    for thread_events in by_thread.values():
+        thread_events.sort(key=lambda e: (e.ts, -e.dur))
+        end = float("-inf")
+        for event in thread_events:
+            if event.ts < end and event.ts + event.dur <= end:
+                continue  # nested in an earlier, outer one
+            out.append(event)
+            end = max(end, event.ts + event.dur)
+    return out
 
 
 def _python_call_sites(ops: list[Any], frames: list[Any]) -> dict[str, int]:

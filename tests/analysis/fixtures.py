@@ -14,8 +14,11 @@ NUM_WORKERS_0 = [name for name in RESNET if "num_workers_0" in name]
 NUM_WORKERS_4 = [name for name in RESNET if "num_workers_4" in name]
 
 
+MORE = sorted(p.name for p in (TRACES / "more").iterdir())
+
+
 def path(name: str) -> Path:
-    folder = "tb_plugin" if name.startswith("resnet50") else "hta"
+    folder = "tb_plugin" if name.startswith("resnet50") else "more" if name in MORE else "hta"
     return TRACES / folder / name
 
 

@@ -219,3 +219,35 @@ def test_the_engine_sees_a_compilation_in_its_run(tmp_path: Path) -> None:
     assert Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path / "b", "test").compiled_in_run() \
         is False, "a second run in the process compiles nothing new"
     engine.close()
+
+
+def test_host_sync_counts_one_item_once_and_not_the_sync_before_the_steps_work() -> None:
+    """One ``.item()`` (aten::item > _local_scalar_dense > cudaStreamSynchronize) is one sync; the 14 ms
+    ``cudaDeviceSynchronize`` at the top of the step, before it launched anything, is not the step's."""
+    syncs = report("tl_h100_qwen05b.json.gz")["metrics"]["host_sync"]
+    assert syncs["by_kind_per_step"] == {"aten::item": 1.0}
+    assert syncs["outside_steps"] == 2  # that 14 ms sync and the 2 ms one after the step
+    assert syncs["time_us_per_step"] < 100
+    [diagnosis] = [d for d in report("tl_h100_qwen05b.json.gz")["diagnoses"] if d["id"] == "host_sync"]
+    assert diagnosis["severity"] == "info" and diagnosis["estimated_gain"] < 0.01
+
+
+def test_compile_warmup_needs_compilation_not_a_compiled_models_calls() -> None:
+    result = report("tl_b200_eager.json.gz")
+    assert result["metrics"]["compile"] == {"compiled_region": True, "compiling_in_window": False}
+    assert "compile_warmup" not in [d["id"] for d in result["diagnoses"]]
+
+
+def test_json_output_is_json_when_a_trace_holds_implausible_numbers(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fixtures import path
+    from perfhooks.cli import main
+
+    assert main(["analyze", str(path("hta_large_integer_rank-70.pt.trace.json.gz")), "--format", "json"]) == 0
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    printed = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert any("not finite" in warning for warning in printed["warnings"])

@@ -152,8 +152,11 @@ def test_streams_and_python_call_sites_of_syncs(tmp_path: Path) -> None:
                "pid": 1, "tid": 1},
               {"ph": "X", "cat": "python_function", "name": "torch/_tensor.py(10): item", "ts": 500, "dur": 20,
                "pid": 1, "tid": 1},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 505, "dur": 10, "pid": 1, "tid": 1}]
+              {"ph": "X", "cat": "cpu_op", "name": "aten::item", "ts": 505, "dur": 10, "pid": 1, "tid": 1},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 507, "dur": 6, "pid": 1,
+               "tid": 1, "args": {"correlation": 9}}]
     metrics = analyze_paths([synthetic(tmp_path, events)])["metrics"]
+    assert metrics["host_sync"]["by_kind_per_step"] == {"aten::item": 1.0}, "one .item(), one sync"
     assert metrics["streams"] == [{"device": 0, "stream": 7, "events": 2, "busy_us": 350.0},
                                   {"device": 0, "stream": 13, "events": 1, "busy_us": 40.0}]
     assert metrics["host_sync"]["call_sites"] == [{"site": "train.py(42): train_step", "count": 1}]
