@@ -69,7 +69,8 @@ def _inside_steps(events: list[Any], trace: Trace) -> list[Any]:
     """
     import bisect
 
-    launches = sorted(runtime.ts for runtime in trace.runtimes if runtime.correlation in _device_correlations(trace))
+    launched = _device_correlations(trace)
+    launches = sorted(runtime.ts for runtime in trace.runtimes if runtime.correlation in launched)
     spans = sorted((start, end) for _, start, end in trace.steps)
     if not spans:
         spans = [(float("-inf"), float("inf"))]

@@ -2,8 +2,10 @@
 
 The JSON is decoded straight into slotted :class:`Event` structs that keep only the fields the
 analyzers read (msgspec skips the rest in C), which is both faster than ``json.loads`` and a
-fraction of its memory. A document whose fields have unexpected types falls back to a generic
-parse that converts event by event and skips the ones that do not fit, with a warning.
+fraction of its memory. Numbers written as strings (ROCm's ``args.bytes``) are read as numbers on
+that path (msgspec's non-strict mode), and the January 2021 format (a top-level array of events)
+decodes there too. A document that still does not fit falls back to a generic parse that converts
+event by event; a field of an unexpected type costs that field, never the event (with a warning).
 Complete events (``ph == "X"``) are then sorted into lists by kind. Times are microseconds.
 """
 
@@ -143,7 +145,9 @@ class _Document(msgspec.Struct):
     deviceProperties: list[Any] | None = None
 
 
-_DECODER = msgspec.json.Decoder(_Document)
+_DECODER = msgspec.json.Decoder(_Document, strict=False)
+#: The January 2021 format: the whole file is the array of events.
+_ARRAY_DECODER = msgspec.json.Decoder(list[_AnyEvent], strict=False)
 
 
 class TraceError(Exception):
@@ -250,14 +254,19 @@ def load_trace(path: str | Path) -> Trace:
     data = read_trace_bytes(path)
     _check_utf8(path, data)
     try:
-        document = _DECODER.decode(data)
+        if data[:64].lstrip()[:1] == b"[":
+            events = _ARRAY_DECODER.decode(data)
+            metadata: dict[str, Any] = {}
+        else:
+            document = _DECODER.decode(data)
+            events = document.traceEvents
+            metadata = {"distributedInfo": document.distributedInfo, "deviceProperties": document.deviceProperties}
     except (msgspec.DecodeError, msgspec.ValidationError):
         return parse_trace(read_trace_json(path, data), str(path))
     del data
-    trace = Trace(path=str(path), events=len(document.traceEvents))
-    _read_metadata(trace, {"distributedInfo": document.distributedInfo,
-                           "deviceProperties": document.deviceProperties})
-    return _sort_events(trace, document.traceEvents)
+    trace = Trace(path=str(path), events=len(events))
+    _read_metadata(trace, metadata)
+    return _sort_events(trace, events)
 
 
 def _check_utf8(path: str | Path, data: bytes, chunk: int = 1 << 20) -> None:
@@ -286,19 +295,57 @@ def parse_trace(document: Any, path: str = "<trace>") -> Trace:
     if raw_events and not any(type(event) is dict for event in raw_events[:1000]):
         raise TraceError(f"{path}: not a trace (traceEvents holds no event objects)")
     events: list[Event] = []
-    unfit = 0
+    dropped = 0
     for raw in raw_events:
         if type(raw) is not dict or raw.get("ph") != "X":
             continue
         try:
-            events.append(msgspec.convert(raw, Event))
-        except msgspec.ValidationError:
-            unfit += 1
+            events.append(_to_event(raw))
+        except (msgspec.ValidationError, msgspec.DecodeError, TypeError):
+            event, lost = _convert_fields(raw)
+            events.append(event)
+            dropped += lost
     trace = Trace(path=path, events=len(raw_events))
-    if unfit:
-        trace.warnings.append(f"{unfit} events with fields of unexpected types were skipped")
+    if dropped:
+        trace.warnings.append(f"{dropped} event fields of unexpected types were left out (their events were kept)")
     _read_metadata(trace, document)
     return _sort_events(trace, events)
+
+
+_ENCODER = msgspec.json.Encoder()
+_BAD_FIELD = (msgspec.ValidationError, msgspec.DecodeError, msgspec.EncodeError, TypeError, ValueError)
+
+
+def _to_event(raw: dict[str, Any]) -> Event:
+    """One event dict as an Event, through JSON so that the raw fields (shapes, types, stacks) are kept."""
+    return msgspec.json.decode(_ENCODER.encode(raw), type=Event, strict=False)
+
+
+def _convert_fields(raw: dict[str, Any]) -> tuple[Event, int]:
+    """``raw`` as an Event, field by field: each field (and each argument) that does not fit is left out."""
+    kept: dict[str, Any] = {"ph": "X"}
+    lost = 0
+    for key, value in raw.items():
+        if key in ("ph", "args"):
+            continue
+        try:
+            _to_event({"ph": "X", key: value})
+            kept[key] = value
+        except _BAD_FIELD:
+            lost += 1
+    args = raw.get("args")
+    if isinstance(args, dict):
+        good = {}
+        for key, value in args.items():
+            try:
+                msgspec.json.decode(_ENCODER.encode({key: value}), type=Args, strict=False)
+                good[key] = value
+            except _BAD_FIELD:
+                lost += 1
+        kept["args"] = good
+    elif args is not None:
+        lost += 1
+    return _to_event(kept), lost
 
 
 def _sort_events(trace: Trace, events: list[Event]) -> Trace:

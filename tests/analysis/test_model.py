@@ -89,7 +89,21 @@ def test_usable_data_goes_on_with_a_warning(tmp_path: Path) -> None:
     trace_path = write(tmp_path, "partial.json", json.dumps({"traceEvents": events}).encode())
     trace = load_trace(trace_path)
     assert len(trace.cpu_ops) == 1 and trace.steps == [(3, 0.0, 10.0)]
-    assert trace.warnings == ["1 events with fields of unexpected types were skipped"]
+    # the unusable field goes, the event stays; an event with no time at all cannot be placed and is skipped
+    assert trace.warnings == ["1 event fields of unexpected types were left out (their events were kept)",
+                              "1 events without a numeric ts/dur were skipped"]
+
+
+def test_a_field_of_an_unexpected_type_costs_the_field_not_the_event(tmp_path: Path) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1.0, "dur": 2.0,
+               "args": {"Input Dims": [[8, 8], [8, 8]], "correlation": {"not": "a number"}}},
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 2.0, "dur": "3.5",
+               "args": {"bytes": "4096", "device": "0"}}]
+    trace = load_trace(write(tmp_path, "odd.json", json.dumps({"traceEvents": events}).encode()))
+    [op] = trace.cpu_ops
+    assert op.input_dims == [[8, 8], [8, 8]] and op.correlation is None
+    [copy] = trace.memcpys
+    assert copy.dur == 3.5 and copy.a.bytes == 4096 and copy.device == 0
 
 
 def test_error_is_one_line_for_a_missing_file() -> None:
@@ -160,3 +174,49 @@ def test_streams_and_python_call_sites_of_syncs(tmp_path: Path) -> None:
     assert metrics["streams"] == [{"device": 0, "stream": 7, "events": 2, "busy_us": 350.0},
                                   {"device": 0, "stream": 13, "events": 1, "busy_us": 40.0}]
     assert metrics["host_sync"]["call_sites"] == [{"site": "train.py(42): train_step", "count": 1}]
+
+
+def _all_traces() -> list[Path]:
+    from fixtures import TRACES
+
+    return sorted(TRACES.rglob("*.json.gz"))
+
+
+@pytest.mark.parametrize("trace_path", _all_traces(), ids=lambda p: p.name[:40])
+def test_the_parser_keeps_every_event(trace_path: Path) -> None:
+    """Every complete event of a known category, counted from the raw JSON, is in the model: a field of an
+    unexpected type (ROCm's string ``args.bytes``) or the 2021 array format never costs an event."""
+    import gzip
+
+    import orjson
+
+    from perfhooks.analysis.model import CATEGORIES, load_trace
+
+    document = orjson.loads(gzip.decompress(trace_path.read_bytes()))
+    events = document if isinstance(document, list) else document["traceEvents"]
+    expected = sum(1 for e in events if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") in CATEGORIES
+                   and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0
+                   and isinstance(e.get("ts"), (int, float)))
+    trace = load_trace(trace_path)
+    kept = sum(len(bucket) for bucket in (trace.kernels, trace.memcpys, trace.memsets, trace.runtimes, trace.cpu_ops,
+                                          trace.annotations, trace.gpu_annotations, trace.python, trace.syncs))
+    assert kept + len(trace.steps) == expected
+    assert not [w for w in trace.warnings if "skipped" in w]
+
+
+def test_rocm_string_bytes_keep_the_shaped_operators() -> None:
+    from fixtures import report
+
+    result = report("tl_mi300_resnet_act_ckpt.json.gz")
+    assert result["warnings"] == []
+    assert result["metrics"]["top_operators"]
+    trace = load_trace(path("tl_mi300_resnet_act_ckpt.json.gz"))
+    assert sum(1 for op in trace.cpu_ops if op.input_dims) > 1000, "the operators that recorded shapes are there"
+
+
+def test_the_january_2021_array_format_has_its_steps_and_device() -> None:
+    from fixtures import report
+
+    result = report("kineto_resnet50_nw0_jan2021.pt.trace.json.gz")
+    assert result["steps"] == 6 and result["device"]["type"] == "cuda"
+    assert "dataloader_bound" in [d["id"] for d in result["diagnoses"]]
