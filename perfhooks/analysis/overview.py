@@ -159,7 +159,9 @@ def role_spans(trace: Trace) -> dict[str, spans.Spans]:
         "memcpy": spans.of_events(trace.memcpys),
         "memset": spans.of_events(trace.memsets),
         "communication": spans.of_events(comm),
-        "runtime": spans.of_events(trace.runtimes),
+        # the plugin's runtime role has no driver calls (cuLaunchKernel, cuModuleLoad): they are left to the
+        # roles below (CPU exec of the op that made them, or other); they still link launches to kernels
+        "runtime": spans.of_events([r for r in trace.runtimes if r.cat != "cuda_driver"]),
         "dataloader": spans.of_events(dataloader),
         "cpu_exec": spans.of_events(cpu_exec),
     }
