@@ -123,3 +123,40 @@ def test_perfhooks_report_on_a_folder_without_reports_exits_2(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "no report.json found" in capsys.readouterr().err
+
+
+def test_two_traces_of_one_rank_are_an_error_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from fixtures import NUM_WORKERS_4, path
+
+    for name in NUM_WORKERS_4:
+        shutil.copy(path(name), tmp_path / name)
+    assert main(["analyze", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "are both rank 0" in error
+    assert all(name in error for name in NUM_WORKERS_4)
+
+
+def test_other_json_in_a_folder_is_skipped_with_a_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from fixtures import path
+
+    shutil.copy(path("v100_ns_resolution.pt.trace.json.gz"), tmp_path)
+    assert main(["analyze", str(tmp_path), "--format", "json", "-o", str(tmp_path / "previous.json")]) == 0
+    assert main(["analyze", str(tmp_path), "--format", "json"]) == 0  # the previous output is in the folder now
+    report = json.loads(capsys.readouterr().out)
+    assert report["steps"] == 5
+    assert report["warnings"] == [f"skipped: {tmp_path / 'previous.json'}: not a trace (no traceEvents list)"]
+
+
+def test_a_file_gzipped_twice_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    from fixtures import path
+
+    twice = tmp_path / "twice.json.gz"
+    twice.write_bytes(gzip.compress(path("mi250_minitoy_train.json.gz").read_bytes()))
+    assert main(["analyze", str(twice)]) == 2
+    assert "compressed twice" in capsys.readouterr().err

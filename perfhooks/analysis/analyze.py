@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import os
 import re
 import statistics
@@ -22,7 +23,7 @@ from perfhooks.analysis.kernels import (
     stream_breakdown,
     tensor_core_use,
 )
-from perfhooks.analysis.model import Trace, TraceError, load_trace
+from perfhooks.analysis.model import NotATrace, Trace, TraceError, load_trace
 from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, top_operators
 from perfhooks.analysis.overview import Overview, compute_overview
 from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
@@ -189,15 +190,33 @@ def analyze_paths(paths: list[str | Path], workers: int | None = None,
     workers = workers or min(len(files), os.cpu_count() or 1)
     if workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            reports = list(pool.map(_analyze_file, files, [thresholds] * len(files)))
+            results = list(pool.map(_analyze_or_skip, files, [thresholds] * len(files)))
     else:
-        reports = [_analyze_file(f, thresholds) for f in files]
-    return merge_ranks(reports, thresholds)
+        results = [_analyze_or_skip(f, thresholds) for f in files]
+    reports = [r for r in results if isinstance(r, dict)]
+    skipped = [r for r in results if isinstance(r, str)]
+    if not reports:
+        raise TraceError(f"{', '.join(map(str, paths))}: no trace among the files found ({skipped[0]})")
+    merged = merge_ranks(reports, thresholds) if len(reports) > 1 else reports[0]
+    merged["warnings"] = [*merged.get("warnings", []), *(f"skipped: {note}" for note in skipped)]
+    return merged
+
+
+def _analyze_or_skip(path: str, thresholds: Thresholds | None = None) -> dict[str, Any] | str:
+    """A file's report, or the one-line reason it is not a trace (other JSON in a folder is skipped)."""
+    try:
+        return _analyze_file(path, thresholds)
+    except NotATrace as error:
+        return str(error)
 
 
 def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = None) -> dict[str, Any]:
     """One run from per-rank reports: rank 0's (or the first) as the base, a ``ranks`` section and cross-rank rules."""
     by_rank = sorted(reports, key=lambda r: r["rank"])
+    for first, second in itertools.pairwise(by_rank):
+        if first["rank"] == second["rank"]:
+            raise TraceError(f"{first['source']['path']} and {second['source']['path']} are both rank "
+                             f"{first['rank']}: analyse one trace per rank (one window of one run) at a time")
     base = dict(by_rank[0])
     step_us = {r["rank"]: r["metrics"]["step_us"] for r in by_rank if r["metrics"]["step_us"]}
     values = list(step_us.values())

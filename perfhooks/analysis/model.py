@@ -154,6 +154,10 @@ class TraceError(Exception):
     """A trace that cannot be used; ``str()`` is one line naming the file and the problem."""
 
 
+class NotATrace(TraceError):
+    """Valid JSON that is not a trace (a report, a config): a folder's other files are skipped with a note."""
+
+
 @dataclass
 class Trace:
     """A parsed trace. Event lists hold the trace's own dicts; times are µs."""
@@ -211,6 +215,9 @@ def read_trace_bytes(path: str | Path) -> bytes:
             data = gzip.decompress(data)
         except (EOFError, OSError, zlib.error) as error:
             raise TraceError(f"{name}: truncated or corrupt gzip ({error})") from None
+        if data[:2] == b"\x1f\x8b":
+            raise TraceError(f"{name}: compressed twice (a gzip file inside the gzip); decompress it once: "
+                             f"gunzip -c {name} > {Path(name).stem}") from None
     if not data.strip():
         raise TraceError(f"{name}: empty file")
     return data
@@ -288,12 +295,12 @@ def parse_trace(document: Any, path: str = "<trace>") -> Trace:
     if isinstance(document, list):
         document = {"traceEvents": document}
     if not isinstance(document, dict):
-        raise TraceError(f"{path}: not a trace (top level is {type(document).__name__}, expected an object)")
+        raise NotATrace(f"{path}: not a trace (top level is {type(document).__name__}, expected an object)")
     raw_events = document.get("traceEvents")
     if not isinstance(raw_events, list):
-        raise TraceError(f"{path}: no traceEvents list")
+        raise NotATrace(f"{path}: not a trace (no traceEvents list)")
     if raw_events and not any(type(event) is dict for event in raw_events[:1000]):
-        raise TraceError(f"{path}: not a trace (traceEvents holds no event objects)")
+        raise NotATrace(f"{path}: not a trace (traceEvents holds no event objects)")
     events: list[Event] = []
     dropped = 0
     for raw in raw_events:
