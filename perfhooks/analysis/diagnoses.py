@@ -105,6 +105,8 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     out: list[dict[str, Any]] = []
     step_us = metrics.get("step_us") or 0.0
     breakdown = metrics.get("breakdown") or {}
+    if step_us <= 0:  # no steps, or steps of no duration: no rule has a premise
+        return out
 
     def share(role: str) -> float:
         return breakdown.get(role, 0.0) / step_us if step_us else 0.0
@@ -236,7 +238,7 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "accumulate gradients with no_sync(), or use a compression hook.",
             communication_share=communication["share"], overlap=communication["overlap"]))
     misaligned = metrics.get("misaligned_gemms") or []
-    if misaligned:
+    if misaligned and metrics.get("devices"):  # Tensor Cores need a GPU: a CPU-only trace has none to align for
         out.append(make(
             "tensor_core_alignment", "info", "Half-precision GEMMs with dimensions not multiples of 8",
             "; ".join(f"{m['op']} ×{m['count']}" for m in misaligned[:3]),

@@ -263,3 +263,16 @@ def test_driver_calls_are_not_the_runtime_role() -> None:
     metrics = report("tl_b200_eager.json.gz")["metrics"]
     share = {role: us / metrics["step_us"] for role, us in metrics["breakdown"].items()}
     assert share["runtime"] == pytest.approx(0.067, abs=0.003) and share["cpu_exec"] == pytest.approx(0.591, abs=0.003)
+
+
+def test_no_trace_verdict_without_its_premise() -> None:
+    from perfhooks.analysis.diagnoses import diagnose_trace
+
+    syncs = {"per_step": 5.0, "by_kind_per_step": {"cudaStreamSynchronize": 5.0}, "time_us_per_step": 50.0}
+    misaligned = [{"op": "aten::mm", "count": 2, "dims": [[7, 9], [9, 5]]}]
+    assert diagnose_trace({"step_us": 0.0, "host_sync": syncs, "misaligned_gemms": misaligned,
+                           "devices": {"0": {}}}) == [], "a zero-duration trace: no verdict"
+    on_cpu = diagnose_trace({"step_us": 1000.0, "misaligned_gemms": misaligned, "devices": {}})
+    assert "tensor_core_alignment" not in [d["id"] for d in on_cpu], "no GPU, no Tensor Cores to align for"
+    on_gpu = diagnose_trace({"step_us": 1000.0, "misaligned_gemms": misaligned, "devices": {"0": {}}})
+    assert "tensor_core_alignment" in [d["id"] for d in on_gpu]
