@@ -83,13 +83,8 @@ class PerfCallback(Callback):
         return {"config": self.config}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
         self.config = state["config"]
-        self.engine = None
-        self._hooks = HookHandles()
-        self._resume_state = None
-        self._global_step = 0
-        self._manual = False
-        self._patches = InstancePatches()
 
     # --------------------------------------------------------------- lifecycle
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

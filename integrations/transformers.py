@@ -78,7 +78,7 @@ class PerfTrainerCallback(TrainerCallback):
         return {"config": self.config}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**{"output_dir": state["config"].output_dir})  # type: ignore[misc]
+        self.__init__()  # type: ignore[misc]
         self.config = state["config"]
 
     # --------------------------------------------------------------- lifecycle

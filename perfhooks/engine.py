@@ -39,6 +39,7 @@ from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.finish import Deadline, finish_run
 from perfhooks.hooks import HookHandles, add_module_ranges
 from perfhooks.memory import MemoryMonitor
+from perfhooks.oom import is_cuda_error
 from perfhooks.phases import ASIDES, DATA_WAIT, PHASES
 from perfhooks.report import build_report, new_run_id, write_report
 from perfhooks.schedule import Action, OnDemandWindow
@@ -190,9 +191,12 @@ class Engine:
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
-        record = self._record
-        if record is not None and batches > 1:
-            record.micro_batches += batches - 1
+        try:
+            record = self._record
+            if record is not None and batches > 1:
+                record.micro_batches += batches - 1
+        except Exception as error:
+            self.faults.report("fetched", error)
 
     def stepped(self, global_step: int | None = None) -> None:
         """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
@@ -280,9 +284,7 @@ class Engine:
         if record.stepped:
             self.step_end()
         elif all(name == DATA_WAIT for name, _, _ in record.intervals):
-            self.windows.end_step_label()
-            self._record = None  # only waited so far: that wait was not for a training batch
-            self.pending.discard(record)
+            self._drop_record()  # only waited so far: that wait was not for a training batch
 
     def begin_aside(self, kind: str) -> None:
         """Evaluation or a checkpoint write starts: timed apart, out of the open step and its ``ProfilerStep``."""
@@ -346,8 +348,7 @@ class Engine:
                 return
             self._error_seen = error
             phase = self._phase[0] if self._phase else None
-            self.error = {"type": type(error).__name__, "message": str(error)[:500], "step": self.step,
-                          "phase": phase}
+            self.error = self._error_entry(error, phase)
             if is_cuda_error(error):
                 self.cuda_broken = True
             elif self.memory is not None:
@@ -393,9 +394,12 @@ class Engine:
         if report is None or report.get("status") == "failed":
             return
         self.status = report["status"] = "failed"
-        self.error = report["error"] = {"type": type(error).__name__, "message": str(error)[:500],
-                                        "step": self.step, "phase": "after training"}
+        self.error = report["error"] = self._error_entry(error, "after training")
         write_report(self.output_dir, report)
+
+    def _error_entry(self, error: BaseException, phase: str | None) -> dict[str, Any]:
+        """The report's ``error``: the user's exception, where it struck."""
+        return {"type": type(error).__name__, "message": str(error)[:500], "step": self.step, "phase": phase}
 
     # ----------------------------------------------------------------- model hooks
     @guarded("watch_model")
@@ -457,9 +461,13 @@ class Engine:
         if self._record is not None and self._record.stepped and self.status == "completed":
             self.step_end()  # the last step: its optimizer stepped, no next fetch will end it
         if self._record is not None:  # a step cut short (end of data or an error) is not counted
-            self.windows.end_step_label()
-            self.pending.discard(self._record)
-            self._record = None
+            self._drop_record()
+
+    def _drop_record(self) -> None:
+        """The open record is no step: close its ``ProfilerStep`` label and return its marks."""
+        record, self._record = self._record, None
+        self.windows.end_step_label()
+        self.pending.discard(record)  # type: ignore[arg-type]
 
     def _release(self) -> None:
         """Let go of everything that refers to the user's objects and of process-wide state."""
@@ -582,14 +590,3 @@ def compiled_graphs() -> int:
     except Exception:
         return 0
 
-
-def is_cuda_error(error: BaseException) -> bool:
-    """A CUDA error (not an OOM) after which the context may be unusable: perfhooks makes no CUDA call."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return False
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(error, accelerator_error):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("CUDA error" in text or "CUBLAS_STATUS" in text
-                                                or "cuDNN error" in text)

@@ -115,14 +115,10 @@ def timed_aside(engine: Any, kind: str, method: Callable[..., Any]) -> Callable[
     """``method`` run as an aside of ``kind`` (``evaluation``, ``checkpoint``); its errors noted and re-raised."""
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        try:
-            with engine.aside(kind):
-                return method(*args, **kwargs)
-        except BaseException as error:
-            engine.note_error(error)
-            raise
+        with engine.aside(kind):
+            return method(*args, **kwargs)
 
-    return timed
+    return noting_errors(engine, timed)
 
 
 def noting_errors(engine: Any, method: Callable[..., Any]) -> Callable[..., Any]:

@@ -64,3 +64,17 @@ def oom_recommendations(census: dict[str, Any] | None, memory: dict[str, Any]) -
     if allocated and reserved / allocated > 1.5 and memory.get("num_alloc_retries", 0) > 0:
         order.insert(0, "expandable")
     return [fixes[key] for key in order]
+
+
+def is_cuda_error(error: BaseException) -> bool:
+    """A CUDA error (not an OOM) after which the context may be unusable: perfhooks makes no CUDA call."""
+    import torch
+
+    if isinstance(error, torch.OutOfMemoryError):
+        return False
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("CUDA error" in text or "CUBLAS_STATUS" in text
+                                                or "cuDNN error" in text)

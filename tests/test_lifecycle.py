@@ -69,7 +69,7 @@ def hf_trainer(out: Path, perf: bool, **args: Any) -> Any:
 
     callback = PerfTrainerCallback(schedule=None, console=False) if perf else None
     trainer = build_trainer(str(out), steps=8, batch_size=4, callback=callback, eval_dataset=SyntheticTokens(8),
-                            logging_steps=2, **args)
+                            logging_steps=2, disable_tqdm=False, **args)  # the Trainer's own progress bar
     if not perf:
         trainer.callback_handler.callbacks = [c for c in trainer.callback_handler.callbacks
                                               if type(c).__name__ != "PerfTrainerCallback"]
@@ -221,8 +221,7 @@ def test_ten_fits_in_one_process_keep_no_model_alive(tmp_path: Path) -> None:
         callback = PerfCallback(output_dir=tmp_path / str(index), console=False,
                                 schedule=Schedule(skip_first=1, warmup=0, active=1))
         callbacks.append(callback)  # the user keeps the callbacks; they must not keep the models
-        trainer = default_trainer(tmp_path / str(index), max_steps=3, callbacks=[callback],
-                                  enable_progress_bar=False)
+        trainer = default_trainer(tmp_path / str(index), max_steps=3, callbacks=[callback])
         trainer.fit(model, random_loader(4))
         del model, trainer
     gc.collect()

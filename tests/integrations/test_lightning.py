@@ -302,7 +302,7 @@ def test_validation_inside_a_window_is_outside_every_profiler_step(tmp_path: Pat
     callback = PerfCallback(output_dir=tmp_path / "perf", console=False, analyze_windows=False,
                             schedule=Schedule(skip_first=8, warmup=1, active=4))
     trainer = default_trainer(tmp_path, max_steps=16, callbacks=[callback], val_check_interval=10,
-                              limit_val_batches=4, num_sanity_val_steps=0, log_every_n_steps=5)
+                              limit_val_batches=4, log_every_n_steps=5)  # the sanity check stays on
     trainer.fit(sized_module(val_sleep_s=0.1), sized_loader(32), sized_loader(4))
     report = read_report(tmp_path / "perf")
 
