@@ -25,7 +25,7 @@ from perfhooks.analysis.kernels import (
 )
 from perfhooks.analysis.model import NotATrace, Trace, TraceError, load_trace
 from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, top_operators
-from perfhooks.analysis.overview import Overview, compute_overview
+from perfhooks.analysis.overview import Overview, compute_overview, step_rule
 from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
 from perfhooks.analysis.transfers import communication_summary, memcpy_summary
 from perfhooks.phases import PHASES
@@ -46,6 +46,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
     p50 = statistics.median(step_spans) if step_spans else 0.0
     metrics: dict[str, Any] = {
         "steps": steps,
+        "step_rule": step_rule(trace),
         "step_us": overview.step_us,
         "gpu_utilization": overview.gpu_utilization.get(first) if first is not None else None,
         "sm_efficiency": overview.sm_efficiency.get(first) if first is not None else None,
@@ -63,11 +64,12 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "attention": attention_kernels(trace),
         "compile": compilation(trace),
         "host_sync": host_synchronizations(trace, steps),
-        "launch": launch_statistics(trace, steps),
+        "launch": launch_statistics(trace, steps, window),
         "memcpy": memcpy_summary(trace, steps),
         "communication": communication_summary(trace, window),
         "top_operators": top_operators(trace),
         "misaligned_gemms": misaligned_gemms(trace),
+        "step_us_p50": p50,
         "step_us_p95_over_p50": (_quantile(step_spans, 0.95) / p50) if p50 and len(step_spans) >= 5 else None,
     }
     return metrics
@@ -110,11 +112,24 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
                           world_size=trace.world_size or 1, device=device, stats=stats, windows=[],
                           diagnoses=rank(diagnose_trace(metrics, thresholds or Thresholds())))
     report["source"] = {"path": trace.path, "events": trace.events, "warnings": trace.warnings}
-    report["warnings"] = list(trace.warnings)
+    report["warnings"] = list(trace.warnings) + _coverage_warnings(trace, metrics)
     if not any(t.phase_ms.get("forward") for t in stats.recent):
         report["series"] = {}  # no perfhooks labels in the trace: no per-phase series
     report["metrics"] = metrics
     return report
+
+
+def _coverage_warnings(trace: Trace, metrics: dict[str, Any]) -> list[str]:
+    """What the trace lacks that its figures depend on (said once, so that absent figures are not misread)."""
+    out = []
+    launches = sum(1 for call in trace.runtimes if "Launch" in (call.name or ""))
+    if launches and not trace.kernels:
+        out.append(f"{launches} kernel launches but no kernel events: device activity was not recorded "
+                   "(ProfilerActivity.CUDA off, or CUPTI busy with counters); device figures are absent")
+    elif metrics["gpu_utilization"] == 0.0:
+        out.append("no kernel ran inside the steps: device activity there was not recorded, or the steps "
+                   "launched none; GPU utilization is not judged")
+    return out
 
 
 def _analyze_file(path: str, thresholds: Thresholds | None = None) -> dict[str, Any]:

@@ -150,7 +150,8 @@ def _python_call_sites(ops: list[Any], frames: list[Any]) -> dict[str, int]:
         best = None
         for frame in reversed(thread_frames[max(0, index - 200):index]):  # nearest enclosing frames first
             name = frame.name or ""
-            if frame.ts + frame.dur >= op.ts and "torch/" not in name and "site-packages" not in name:
+            if (frame.ts + frame.dur >= op.ts and "torch/" not in name and "site-packages" not in name
+                    and not name.startswith("<built-in")):  # the call itself (".item"), not a place in the code
                 best = name
                 break
         if best:

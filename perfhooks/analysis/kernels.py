@@ -7,17 +7,20 @@ import statistics
 from functools import lru_cache
 from typing import Any
 
+from perfhooks.analysis import ranges, spans
 from perfhooks.analysis.model import Trace
 from perfhooks.analysis.overview import communication_ids, is_communication_kernel
 
 #: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels.
 TENSOR_CORE_KERNEL = re.compile(
     r"884|1688|16816|16832|hmma|imma|xmma|wgmma|tensorop|_tc_|mma_|gmma|flash|fmha|"
-    r"bf16|fp16|f16f16|e4m3|e5m2|_MI\d+x\d+x\d+|mfma|cutlass.*(?:h|bf)16", re.IGNORECASE)
+    r"bf16|fp16|f16f16|e4m3|e5m2|_MI\d+x\d+x\d+|mfma|xdlops|_xdl_|cutlass.*(?:h|bf)16", re.IGNORECASE)
 #: Tensor Core kernels running TF32 (FP32 inputs on Tensor Cores).
 TF32_KERNEL = re.compile(r"tf32|s1688|s16816|s16832|xmma_gemm_f32f32_tf32", re.IGNORECASE)
-#: Kernels that are clearly plain FP32 SIMT math (no Tensor Cores).
-FP32_SIMT_KERNEL = re.compile(r"sgemm|scudnn|gemmSN_|implicit_convolve_sgemm|fp32|f32f32_f32f32_f32", re.IGNORECASE)
+#: Kernels that are clearly plain FP32 SIMT math (no Tensor Cores): cuBLAS/cuDNN ``sgemm``/``scudnn`` kernels and
+#: cuDNN's templated FP32 convolution engines (data and weight gradients, Winograd), named ``...<float, ...>``.
+FP32_SIMT_KERNEL = re.compile(r"sgemm|scudnn|gemmSN_|implicit_convolve_sgemm|fp32|f32f32_f32f32_f32|"
+                              r"(?:dgrad|wgrad)\w*_engine<float|winograd\w*<float", re.IGNORECASE)
 
 ATTENTION_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("flash", re.compile(r"flash", re.IGNORECASE)),
@@ -137,10 +140,19 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
     return found
 
 
-def launch_statistics(trace: Trace, steps: int) -> dict[str, float]:
-    """Kernels per step, share of kernels shorter than 10 µs, median launch-to-start gap (µs)."""
+def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]] | None = None
+                      ) -> dict[str, float]:
+    """Kernels per step, share of kernels shorter than 10 µs, median launch-to-start gap (µs), and
+    ``launch_call_share``: the fraction 0..1 of the steps' time the host spent inside launch calls
+    (``cudaLaunchKernel``, ``cuLaunchKernel``, ``hipLaunchKernel``, graph launches; not copies or syncs)."""
     if not trace.kernels:
         return {}
+    launch_call_share = None
+    if window:
+        length = ranges.total(window)
+        if length > 0:
+            calls = [call for call in trace.runtimes if "Launch" in (call.name or "")]
+            launch_call_share = spans.measure(spans.union(spans.of_events(calls)), window) / length
     launches = trace.launch_ts
     gaps = []
     short = 0
@@ -153,5 +165,6 @@ def launch_statistics(trace: Trace, steps: int) -> dict[str, float]:
     return {
         "kernels_per_step": len(trace.kernels) / max(steps, 1),
         "short_kernel_share": short / len(trace.kernels),
-        "median_launch_to_start_us": statistics.median(gaps) if gaps else float("nan"),
+        "median_launch_to_start_us": statistics.median(gaps) if gaps else None,
+        "launch_call_share": launch_call_share,
     }

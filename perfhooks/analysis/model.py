@@ -29,6 +29,8 @@ except ImportError:  # pragma: no cover - orjson is a dependency
     _orjson = None
 
 _INT64_MAX = 2**63 - 1
+#: An event longer than this (µs, 24 h) cannot be real profiler data: the trace is warned about.
+IMPLAUSIBLE_US = 24 * 3600 * 1e6
 
 KERNEL, MEMCPY, MEMSET, RUNTIME, CPU_OP, ANNOTATION, GPU_ANNOTATION, PYTHON, SYNC = (
     "kernel", "memcpy", "memset", "runtime", "cpu_op", "annotation", "gpu_annotation", "python", "sync")
@@ -365,6 +367,7 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
                PYTHON: trace.python, SYNC: trace.syncs}
     categories = CATEGORIES
     skipped = 0
+    implausible: list[Event] = []
     steps = trace.steps
     for event in events:
         if type(event) is not Event:
@@ -379,6 +382,8 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
         if ts > _INT64_MAX or dur > _INT64_MAX or ts < -_INT64_MAX:
             # JSON parsers read integers past 64 bits as floats instead of failing; times that large are corrupt
             raise TraceError(f"{path}: integer beyond int64 (ts/dur of {event.name!r})")
+        if dur > IMPLAUSIBLE_US:
+            implausible.append(event)
         name = event.name
         if kind in (CPU_OP, ANNOTATION) and name is not None and name.startswith(_STEP_PREFIX):
             number = name[len(_STEP_PREFIX):]
@@ -388,6 +393,12 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
         buckets[kind].append(event)
     if skipped:
         trace.warnings.append(f"{skipped} events without a numeric ts/dur were skipped")
+    if implausible:
+        longest = max(implausible, key=lambda event: event.dur)  # type: ignore[arg-type,return-value]
+        trace.warnings.append(
+            f"{len(implausible)} events last longer than {IMPLAUSIBLE_US / 3.6e9:.0f} h (the longest, "
+            f"{longest.name!r}, {longest.dur / 1e6:.3g} s): their timestamps are corrupt, and every figure "
+            f"over the time they cover is wrong")
     steps.sort(key=lambda step: step[1])
     return trace
 

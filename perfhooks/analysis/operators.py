@@ -67,18 +67,41 @@ def eligible_precision(trace: Trace) -> dict[str, float]:
     return out
 
 
+#: GEMM ops -> index of (A, B) among the inputs; A is [..., M, K], B is [..., K, N] (``aten::linear``'s weight
+#: is [N, K]).
+GEMM_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::matmul": (0, 1), "aten::addmm": (1, 2),
+                 "aten::baddbmm": (1, 2), "aten::linear": (0, 1)}
+
+
+def _inner_and_output(name: str, dims: list[Any]) -> tuple[Any, Any] | None:
+    """(K, N) of a GEMM from its input shapes: the dimensions the model's sizes set (M is batch × tokens)."""
+    a_index, b_index = GEMM_OPERANDS[name]
+    if len(dims) <= b_index:
+        return None
+    a, b = dims[a_index], dims[b_index]
+    if not (isinstance(a, list) and isinstance(b, list) and a and len(b) >= 2):
+        return None
+    return (a[-1], b[0]) if name == "aten::linear" else (a[-1], b[-1])
+
+
 def misaligned_gemms(trace: Trace) -> list[dict[str, Any]]:
-    """Half-precision GEMMs whose dimensions are not multiples of 8 (Tensor Cores pad or fall back)."""
-    found: dict[str, int] = {}
+    """Half-precision GEMMs whose inner (K) or output (N) dimension is not a multiple of 8: Tensor Cores pad
+    or fall back. Each entry has the op with its shapes, ``count`` and ``device_us`` (its kernels' time)."""
+    by_id = device_time_by_op(trace)
+    found: dict[str, list[float]] = {}
     for op in trace.cpu_ops:
         name = op.name or ""
-        if name not in ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear", "aten::matmul"):
+        if name not in GEMM_OPERANDS:
             continue
         types = [str(t) for t in op.a.input_type or []]
         if not any(t in HALF_TYPES for t in types):
             continue
-        dims = [d for d in op.input_dims or [] if isinstance(d, list) and len(d) >= 2]
-        if any(size % 8 for d in dims for size in d[-2:] if isinstance(size, int)):
-            key = f"{name} {dims}"
-            found[key] = found.get(key, 0) + 1
-    return [{"op": key, "count": count} for key, count in sorted(found.items(), key=lambda kv: -kv[1])[:5]]
+        dims = op.input_dims or []
+        sizes = _inner_and_output(name, dims)
+        if sizes is None or not any(isinstance(size, int) and size % 8 for size in sizes):
+            continue
+        entry = found.setdefault(f"{name} {[d for d in dims if isinstance(d, list) and d]}", [0, 0.0])
+        entry[0] += 1
+        entry[1] += by_id.get(op.external_id, 0.0)
+    ranked = sorted(found.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))[:5]
+    return [{"op": key, "count": count, "device_us": device} for key, (count, device) in ranked]

@@ -73,14 +73,47 @@ def is_communication_kernel(kernel: Event, comm_ids: set[Any]) -> bool:
     return (kernel.name or "").startswith(COMMUNICATION_KERNELS) or kernel.external_id in comm_ids
 
 
+#: How the steps of a trace were found (``metrics.step_rule``).
+STEP_RULES = {
+    "profiler_steps": "the ProfilerStep#N spans, each extended to the end of the device work it launched",
+    "host_window": "no ProfilerStep: one step from the first host event to the end of the last device work "
+                   "launched from it",
+    "device_only": "no host events: one step from the first to the last device activity",
+    "none": "no events with a duration",
+}
+
+
+def step_rule(trace: Trace) -> str:
+    """Which rule of :data:`STEP_RULES` defines the trace's steps."""
+    if trace.steps:
+        return "profiler_steps"
+    if trace.cpu_ops or trace.python or trace.annotations or trace.runtimes:
+        return "host_window"
+    return "device_only" if trace.has_gpu else "none"
+
+
+def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
+    """One step over the host events (the device side is added by the launches, as for any step), or over
+    the device events when the trace has no host side."""
+    rule = step_rule(trace)
+    if rule == "host_window":
+        host = (trace.cpu_ops, trace.python, trace.annotations, trace.runtimes)
+        return [(0, min(e.ts for events in host for e in events),
+                 max(e.ts + e.dur for events in host for e in events))]
+    if rule == "device_only":
+        device = trace.device_events
+        return [(0, device[0].ts, max(e.ts + e.dur for e in device))]
+    return []
+
+
 def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
-    """``ProfilerStep#N`` spans moved to the device side (the plugin's rule), tail steps trimmed."""
-    steps = list(trace.steps)
+    """``ProfilerStep#N`` spans moved to the device side (the plugin's rule), tail steps trimmed.
+
+    Without step markers the trace is one step (see :data:`STEP_RULES`).
+    """
+    steps = list(trace.steps) or _whole_trace_step(trace)
     if not steps:
-        host = trace.cpu_ops + trace.python
-        if not host:
-            return []
-        return [(0, min(e.ts for e in host), max(e.ts + e.dur for e in host))]
+        return []
     devices_by_correlation: dict[Any, list[Event]] = {}
     for event in trace.device_events:
         correlation = event.correlation

@@ -38,9 +38,25 @@ def test_fp32_matmul_fires_on_a_v100_without_tensor_cores(name: str) -> None:
     assert "autocast" in diagnosis["recommendation"]
 
 
-def test_host_sync_fires_on_alexnet() -> None:
-    diagnosis = next(d for d in report("a100_alexnet_sync.json.gz")["diagnoses"] if d["id"] == "host_sync")
-    assert "cudaStreamSynchronize" in diagnosis["evidence"] and "cudaDeviceSynchronize" in diagnosis["evidence"]
+def test_host_sync_is_silent_when_the_syncs_hold_nothing_back() -> None:
+    """alexnet's 21 syncs (its cuda_sync events) hold the host 1.5 ms of a 43 s window: counted, no verdict."""
+    result = report("a100_alexnet_sync.json.gz")
+    syncs = result["metrics"]["host_sync"]
+    assert syncs["by_kind_per_step"] == {"cudaDeviceSynchronize": 5.0, "cudaStreamSynchronize": 16.0}
+    assert syncs["time_us_per_step"] < 2000
+    assert "host_sync" not in [d["id"] for d in result["diagnoses"]]
+
+
+def test_host_sync_fires_where_item_blocks_in_its_copy() -> None:
+    """v100_rank1_of2_test: 4 ``.item()`` per step on GPU tensors, each blocked in its cudaMemcpyAsync
+    (9.5 ms, 19.4 ms, 3.5 ms ... in the raw events): a third of the step."""
+    result = report("v100_rank1_of2_test.json.gz")
+    syncs = result["metrics"]["host_sync"]
+    assert syncs["by_kind_per_step"]["aten::item"] == 4.0
+    [diagnosis] = [d for d in result["diagnoses"] if d["id"] == "host_sync"]
+    assert 0.25 < diagnosis["measured"]["sync_time_share"] < 0.31
+    assert diagnosis["estimated_gain"] == pytest.approx(diagnosis["measured"]["sync_time_share"], abs=1e-4)
+    assert "34.59 ms" in diagnosis["evidence"]
 
 
 def test_communication_is_reported_on_the_nccl_trace() -> None:
@@ -228,8 +244,8 @@ def test_host_sync_counts_one_item_once_and_not_the_sync_before_the_steps_work()
     assert syncs["by_kind_per_step"] == {"aten::item": 1.0}
     assert syncs["outside_steps"] == 2  # that 14 ms sync and the 2 ms one after the step
     assert syncs["time_us_per_step"] < 100
-    [diagnosis] = [d for d in report("tl_h100_qwen05b.json.gz")["diagnoses"] if d["id"] == "host_sync"]
-    assert diagnosis["severity"] == "info" and diagnosis["estimated_gain"] < 0.01
+    assert "host_sync" not in [d["id"] for d in report("tl_h100_qwen05b.json.gz")["diagnoses"]], \
+        "one 30 us sync in a 35 ms step holds nothing back"
 
 
 def test_compile_warmup_needs_compilation_not_a_compiled_models_calls() -> None:
@@ -250,7 +266,7 @@ def test_json_output_is_json_when_a_trace_holds_implausible_numbers(capsys: pyte
         raise ValueError(f"{constant} is not JSON")
 
     printed = json.loads(capsys.readouterr().out, parse_constant=refuse)
-    assert any("not finite" in warning for warning in printed["warnings"])
+    assert printed["metrics"]["launch"]["median_launch_to_start_us"] is None  # no launch linked: absent, not NaN
 
 
 def test_driver_calls_are_not_the_runtime_role() -> None:
@@ -269,10 +285,56 @@ def test_no_trace_verdict_without_its_premise() -> None:
     from perfhooks.analysis.diagnoses import diagnose_trace
 
     syncs = {"per_step": 5.0, "by_kind_per_step": {"cudaStreamSynchronize": 5.0}, "time_us_per_step": 50.0}
-    misaligned = [{"op": "aten::mm", "count": 2, "dims": [[7, 9], [9, 5]]}]
+    misaligned = [{"op": "aten::mm [[7, 9], [9, 5]]", "count": 2, "device_us": 50.0}]
     assert diagnose_trace({"step_us": 0.0, "host_sync": syncs, "misaligned_gemms": misaligned,
                            "devices": {"0": {}}}) == [], "a zero-duration trace: no verdict"
     on_cpu = diagnose_trace({"step_us": 1000.0, "misaligned_gemms": misaligned, "devices": {}})
     assert "tensor_core_alignment" not in [d["id"] for d in on_cpu], "no GPU, no Tensor Cores to align for"
     on_gpu = diagnose_trace({"step_us": 1000.0, "misaligned_gemms": misaligned, "devices": {"0": {}}})
     assert "tensor_core_alignment" in [d["id"] for d in on_gpu]
+
+
+def test_fp32_covers_cudnns_templated_float_engines() -> None:
+    """cuDNN's dgrad_engine<float…> and wgrad_alg0_engine<float…> are FP32 convolution work: on the 2021
+    ResNet-50 they are 27% of kernel time, and with them the FP32 share is 57% of the step, not 27%."""
+    from perfhooks.analysis.kernels import kernel_math
+
+    assert kernel_math("void cudnn::detail::dgrad_engine<float, 512, 6, 5, 3, 3, 3, false>(int, int)") == "fp32_simt"
+    assert kernel_math("void cudnn::cnn::wgrad_alg0_engine<float, 128, 6, 7, 3, 3, 5, false, 512>(int)") == "fp32_simt"
+    assert kernel_math("void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(x)") == "fp32_simt"
+    assert kernel_math("void cudnn::bn_bw_1C11_kernel_new<float, float, float2, 512, true, 1>(float)") == "other"
+    [fp32] = [d for d in report("kineto_resnet50_nw4_2021.pt.trace.json.gz")["diagnoses"] if d["id"] == "fp32_matmul"]
+    assert 0.55 < fp32["measured"]["fp32_eligible_share"] < 0.59
+    assert "bfloat16" in fp32["recommendation"]  # this 2021 trace names no device
+
+
+def test_fp32_advice_on_a_gpu_without_bf16_is_fp16_with_a_scaler() -> None:
+    [fp32] = [d for d in report("v100_ns_resolution.pt.trace.json.gz")["diagnoses"] if d["id"] == "fp32_matmul"]
+    assert "Tesla V100-SXM2-32GB" in fp32["recommendation"] and "GradScaler" in fp32["recommendation"]
+    assert "bfloat16" not in fp32["recommendation"]
+
+
+def test_launch_bound_gain_is_bounded_by_the_launch_calls() -> None:
+    """B200 eager: the GPU waits on the host 99% of its idle time, but the host spends 6.7% of the window in
+    launch calls (the rest is Python and other host work): the gain is at most that, not 'up to 98%'."""
+    result = report("tl_b200_eager.json.gz")
+    [launch] = [d for d in result["diagnoses"] if d["id"] == "launch_bound"]
+    share = result["metrics"]["launch"]["launch_call_share"]
+    assert 0.05 < share < 0.09
+    assert launch["estimated_gain"] == pytest.approx(share, abs=1e-4)
+
+
+def test_an_implausible_duration_is_a_warning(tmp_path) -> None:
+    import gzip
+    import json
+
+    from fixtures import path
+    from perfhooks.analysis.analyze import analyze_paths
+
+    document = json.loads(gzip.decompress(path("mi250_minitoy_train.json.gz").read_bytes()))
+    kernel = next(e for e in document["traceEvents"] if e.get("cat") == "kernel")
+    kernel["dur"] = 1e15  # about 31 years
+    trace = tmp_path / "corrupt.json"
+    trace.write_text(json.dumps(document))
+    warnings = analyze_paths([trace])["warnings"]
+    assert any("longer than 24 h" in w and repr(kernel["name"]) in w for w in warnings), warnings

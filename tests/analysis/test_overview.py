@@ -72,3 +72,59 @@ def test_launch_statistics_and_memcpy_direction() -> None:
     assert metrics["launch"]["median_launch_to_start_us"] > 0
     assert metrics["memcpy"]["pageable_share"] == 1.0
     assert set(metrics["memcpy"]["by_direction"]) == {"HtoD"}
+
+
+def _events(name: str) -> dict:
+    import gzip
+    import json
+
+    from fixtures import path
+
+    return json.loads(gzip.decompress(path(name).read_bytes()))
+
+
+def test_a_window_without_step_markers_ends_with_the_device_work_it_launched() -> None:
+    """SGLang inference, no ProfilerStep: from the first host event to the end of the last kernel launched from
+    the host window (the plugin's rule), computed here from the raw events."""
+    document = _events("tl_sglang_qwen3_prefilldecode.json.gz")
+    complete = [e for e in document["traceEvents"] if e.get("ph") == "X" and "dur" in e]
+    host = [e for e in complete if e.get("cat") in ("cpu_op", "python_function", "user_annotation", "cuda_runtime",
+                                                     "cuda_driver")]
+    start, host_end = min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host)
+    launched = {e["args"]["correlation"] for e in host if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "correlation" in e.get("args", {})}
+    device_end = max(e["ts"] + e["dur"] for e in complete if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+                     and e.get("args", {}).get("correlation") in launched)
+    metrics = report("tl_sglang_qwen3_prefilldecode.json.gz")["metrics"]
+    assert metrics["step_rule"] == "host_window"
+    assert metrics["step_us"] == pytest.approx(max(host_end, device_end) - start, rel=1e-6)
+    assert device_end > host_end  # the case the rule is for: the GPU was still working when the host stopped
+    assert metrics["gpu_utilization"] == pytest.approx(0.499, abs=0.002)
+
+
+def test_a_gpu_only_trace_is_one_step_over_its_device_activity(tmp_path) -> None:
+    """A trace with device events only (ProfilerActivity.CUDA alone): the real ResNet-50 trace with its host
+    side removed is analysed as a GPU run, with utilization = kernel busy time ÷ first-to-last device span."""
+    import gzip
+    import json
+
+    from perfhooks.analysis.analyze import analyze_paths
+
+    document = _events("resnet50_num_workers_4.worker0.1623212756351.pt.trace.json.gz")
+    device = [e for e in document["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") in ("Kernel", "Memcpy", "Memset")]
+    document["traceEvents"] = [e for e in document["traceEvents"] if e.get("ph") != "X"] + device
+    trace = tmp_path / "gpu_only.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps(document).encode()))
+    result = analyze_paths([trace])
+    first = min(e["ts"] for e in device)
+    last = max(e["ts"] + e["dur"] for e in device)
+    kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in device if e["cat"] == "Kernel")
+    busy, reach = 0.0, float("-inf")
+    for begin, end in kernels:
+        busy += max(0.0, end - max(begin, reach))
+        reach = max(reach, end)
+    assert result["metrics"]["step_rule"] == "device_only"
+    assert result["device"]["type"] == "cuda"
+    assert result["metrics"]["step_us"] == pytest.approx(last - first)
+    assert result["metrics"]["gpu_utilization"] == pytest.approx(busy / (last - first), rel=1e-6)
