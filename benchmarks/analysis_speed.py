@@ -96,7 +96,9 @@ def peer_seconds(peer: str, path: Path, python: str | None) -> float | None:
 def _json_loads_figures(path: Path, repeats: int) -> tuple[int, int, float]:
     """Events, uncompressed bytes, and the best ``json.loads`` time (s) of the uncompressed text."""
     text = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
-    events = len(json.loads(text).get("traceEvents", []))
+    document = json.loads(text)
+    events = len(document if isinstance(document, list) else document.get("traceEvents", []))  # 2021: an array
+    del document
     return events, len(text), best_of(lambda: json.loads(text), repeats)
 
 
