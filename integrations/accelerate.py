@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -121,6 +122,7 @@ class PerfSession:
         self._hooks = HookHandles()
         self._patches = InstancePatches()
         self._swapped: list[tuple[Any, type]] = []
+        self._optimizers: list[Any] = []
         self._closed = False
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
@@ -140,17 +142,37 @@ class PerfSession:
         engine = self.engine
         if getattr(self.accelerator, "profile_handler", None) is not None:
             engine.defer_windows_to("accelerate's ProfileKwargs")
-        for model in self.models:
-            watch_training_forward(model, self._forward_start, None, self._hooks)
-            engine.watch_model(model)
-        for optimizer in optimizers:
-            self._wrap_optimizer(optimizer)
+        models, self.models = self.models, []
+        self._watch(models, optimizers, dataloaders)
         self._wrap_method("backward", self._timed_backward)
         self._wrap_method("save_state", self._timed_save_state)
         self._wrap_method("skip_first_batches", self._timed_skip)
         self._wrap_method("profile", self._deferring_profile)
+
+    def _watch(self, models: list[Any], optimizers: list[Any], dataloaders: list[Any]) -> None:
+        """Wire objects not watched yet (each once)."""
+        for model in models:
+            if not any(model is watched for watched in self.models):
+                watch_training_forward(model, self._forward_start, None, self._hooks)
+                self.engine.watch_model(model)
+                self.models.append(model)
+        for optimizer in optimizers:
+            if not any(optimizer is watched for watched in self._optimizers):
+                self._wrap_optimizer(optimizer)
+                self._optimizers.append(optimizer)
         for loader in dataloaders:
             self._wrap_dataloader(loader)
+
+    def watch_prepared(self) -> None:
+        """Also watch what the accelerator prepared since ``attach`` (models, optimizers, dataloaders)."""
+        if self._closed:
+            return
+        accelerator = self.accelerator
+        try:
+            self._watch(list(getattr(accelerator, "_models", [])), list(getattr(accelerator, "_optimizers", [])),
+                        list(getattr(accelerator, "_dataloaders", [])))
+        except Exception as error:  # never into the user's loop
+            self.engine.faults.report("attach", error)
 
     # --------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
@@ -163,6 +185,7 @@ class PerfSession:
         self._hooks = HookHandles()
         self._patches = InstancePatches()
         self._swapped = []
+        self._optimizers = []
         self._closed = True
         self.engine = None
 
@@ -295,7 +318,7 @@ class PerfSession:
             self._unwire()
         except Exception as error:
             FaultLog().report("detach", error)
-        self.accelerator, self.models = None, []  # the session keeps none of the loop's objects
+        self.accelerator, self.models, self._optimizers = None, [], []  # the session keeps none of the loop's objects
         return self.engine.close()
 
     def __enter__(self) -> PerfSession:
@@ -307,3 +330,65 @@ class PerfSession:
             self.engine.exception(error)
         self.close()
         return False
+
+
+# ----------------------------------------------------------------------------- perfhooks run
+def _built_by_transformers() -> bool:
+    """Whether the Accelerator being built is a transformers Trainer's own (that Trainer has its callback)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if str(frame.f_globals.get("__name__", "")).startswith("transformers."):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def instrument_constructions(module: Any, launcher: Any) -> Callable[[], None]:
+    """For ``perfhooks run``: every ``Accelerator`` built from now on is attached at its first ``prepare``
+    and watches what later ``prepare`` calls return; its session closes when the script ends. Returns the undo."""
+    accelerator_class = module.Accelerator
+    original_init = accelerator_class.__init__
+    prepare_patches = InstancePatches()
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if _built_by_transformers():
+            return
+        try:
+            _follow_prepare(self, launcher, prepare_patches)
+        except Exception as error:  # never into the user's script
+            FaultLog().report("perfhooks run", error)
+
+    accelerator_class.__init__ = __init__
+
+    def undo() -> None:
+        accelerator_class.__init__ = original_init
+        prepare_patches.restore()
+
+    return undo
+
+
+def _follow_prepare(accelerator: Any, launcher: Any, patches: InstancePatches) -> None:
+    original = accelerator.prepare
+    session: list[PerfSession] = []
+
+    def prepare(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        try:
+            if not session:
+                session.append(attach(accelerator, **launcher.settings))
+                launcher.attached.append(session[0])
+                launcher.closers.append(lambda error: _close(session[0], error))
+            else:
+                session[0].watch_prepared()
+        except Exception as error:  # never into the user's script
+            FaultLog().report("perfhooks run", error)
+        return result
+
+    patches.set(accelerator, "prepare", prepare)
+
+
+def _close(session: PerfSession, error: BaseException | None) -> None:
+    if error is not None and session.engine is not None and not session._closed:
+        session.engine.exception(error)
+    session.close()

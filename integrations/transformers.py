@@ -36,6 +36,7 @@ guard notes an uncaught error and writes the report at exit.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -45,6 +46,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
+from perfhooks.faults import FaultLog
 from perfhooks.hooks import HookHandles, InstancePatches, noting_errors, timed_aside, watch_training_forward
 from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.report import interval_metrics
@@ -214,3 +216,44 @@ def _wandb_source(args: TrainingArguments) -> RunSource:
     if "wandb" not in report_to and "all" not in report_to:
         return RunSource()
     return RunSource(current_run, WANDB_STEP_KEY)
+
+
+# ----------------------------------------------------------------------------- perfhooks run
+def instrument_constructions(module: Any, launcher: Any) -> Any:
+    """For ``perfhooks run``: every ``Trainer`` built from now on gets a ``PerfTrainerCallback`` (with the
+    launcher's settings) unless it has one, and ``report_to="perfhooks"`` is accepted. Returns the undo."""
+    from transformers.integrations import integration_utils
+
+    trainer_class = module.Trainer
+    original_init = trainer_class.__init__
+    registry = integration_utils.INTEGRATION_TO_CALLBACK
+
+    class LaunchedPerfTrainerCallback(PerfTrainerCallback):
+        """``report_to="perfhooks"``: transformers builds it with no arguments; the launcher's settings apply."""
+
+        def __init__(self) -> None:
+            super().__init__(**launcher.settings)
+            launcher.attached.append(self)
+
+    @functools.wraps(original_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        try:
+            if not any(isinstance(callback, PerfTrainerCallback) for callback in self.callback_handler.callbacks):
+                callback = PerfTrainerCallback(**launcher.settings)
+                self.add_callback(callback)
+                launcher.attached.append(callback)
+        except Exception as error:  # never into the user's script
+            FaultLog().report("perfhooks run", error)
+
+    trainer_class.__init__ = __init__
+    had_name = "perfhooks" in registry
+    if not had_name:
+        registry["perfhooks"] = LaunchedPerfTrainerCallback
+
+    def undo() -> None:
+        trainer_class.__init__ = original_init
+        if not had_name:
+            registry.pop("perfhooks", None)
+
+    return undo

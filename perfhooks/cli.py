@@ -89,7 +89,31 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="regenerate report.html in a perfhooks output folder")
     report.add_argument("output_dir")
     report.set_defaults(run=_report)
+    launch = commands.add_parser(
+        "run", allow_abbrev=False, help="run a training script unmodified, with perfhooks added to its "
+        "Lightning Trainer, transformers Trainer or Accelerator",
+        description="perfhooks run [OPTIONS] SCRIPT [ARGS...] runs SCRIPT as `python SCRIPT ARGS` would. Every "
+        "perfhooks.PerfConfig setting is an option (--max-traces 3, --no-console, --memory-threshold 0.8, ...) "
+        "and an environment variable (PERFHOOKS_MAX_TRACES=3); options go before SCRIPT.")
+    from perfhooks.launch import add_setting_options
+
+    add_setting_options(launch)
+    launch.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m does")
+    launch.add_argument("target", metavar="SCRIPT", help="the training script (or module, with -m)")
+    launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
+    launch.set_defaults(run=_run)
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from perfhooks.launch import run, settings_from
+
+    try:
+        settings = settings_from(args)
+    except (ValueError, TypeError) as error:
+        print(f"perfhooks run: {error}", file=sys.stderr)
+        return 2
+    return run(args.target, args.arguments, settings, module=args.module)
 
 
 def main(argv: list[str] | None = None) -> int:

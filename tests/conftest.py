@@ -15,6 +15,7 @@ REPO = TESTS.parent
 sys.path.insert(0, str(TESTS))
 sys.path.insert(0, str(REPO / "examples"))
 sys.path.insert(0, str(TESTS / "integrations"))
+sys.path.insert(0, str(TESTS / "analysis"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,0 +1,304 @@
+"""``perfhooks run SCRIPT [ARGS...]``: profile an unmodified training script.
+
+The script runs as ``__main__`` (as ``python SCRIPT ARGS`` would run it) after a post-import hook is
+set on each framework's construction path. The hook does not import any framework itself; when the
+script imports one, its integration adds perfhooks to every object built with it:
+
+- a Lightning ``Trainer`` gets a ``PerfCallback`` unless it has one;
+- a transformers ``Trainer`` gets a ``PerfTrainerCallback`` unless it has one, and
+  ``report_to="perfhooks"`` is accepted;
+- an ``Accelerator`` (not one that a transformers ``Trainer`` builds for itself) is attached, and
+  what it prepares is watched.
+
+Settings are the :class:`perfhooks.PerfConfig` fields, as options (``--output-dir``, ``--schedule
+skip_first=8,warmup=2,active=3``, ``--no-wandb``) or environment variables (``PERFHOOKS_OUTPUT_DIR``,
+``PERFHOOKS_SCHEDULE``, ``PERFHOOKS_WANDB=0``); an option wins over the environment. Every patch is
+undone when the script ends. The exit status, stdout and stderr are the script's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import runpy
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import fields
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from perfhooks.config import PerfConfig
+from perfhooks.schedule import Schedule
+
+#: Settings that are not command-line material (objects built in code).
+_NOT_OPTIONS = ("wandb_run", "thresholds", "schedule", "output_dir", "wandb")
+ENV_PREFIX = "PERFHOOKS_"
+
+#: The module whose import completes each framework's class -> (distribution, installer in
+#: perfhooks.integrations, the framework versions (major, minor) the patching was tested on, inclusive). The
+#: packages themselves for Lightning and accelerate (their ``__init__`` finishes after the class's module, and
+#: the integration imports from the package); transformers' lazy ``Trainer`` module for transformers.
+FRAMEWORKS: dict[str, tuple[str, str, tuple[tuple[int, int], tuple[int, int]]]] = {
+    "lightning.pytorch": ("lightning", "lightning", ((2, 2), (2, 6))),
+    "transformers.trainer": ("transformers", "transformers", ((4, 46), (5, 23))),
+    "accelerate": ("accelerate", "accelerate", ((1, 0), (1, 15))),
+}
+
+
+# ----------------------------------------------------------------------------- settings
+def parse_schedule(text: str) -> Schedule | None:
+    """``skip_first=8,warmup=2,active=3`` -> ``Schedule(...)``; ``none`` -> no scheduled windows."""
+    if text.strip().lower() in ("none", "off", ""):
+        return None
+    values: dict[str, int] = {}
+    allowed = {f.name for f in fields(Schedule)}
+    for part in text.split(","):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or name not in allowed:
+            raise ValueError(f"--schedule takes name=value pairs of {', '.join(sorted(allowed))} "
+                             f"(or 'none'), got {part.strip()!r}")
+        try:
+            values[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--schedule {name} must be an integer, got {value.strip()!r}") from None
+    return Schedule(**values)
+
+
+def _boolean(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {text!r}")
+
+
+def _option_fields() -> list[Any]:
+    return [f for f in fields(PerfConfig) if f.name not in _NOT_OPTIONS]
+
+
+def add_setting_options(parser: argparse.ArgumentParser) -> None:
+    """One option per :class:`PerfConfig` setting (``--max-traces 3``, ``--no-console``, ...)."""
+    parser.add_argument("--output-dir", help="folder for report.json and traces/ (default: the integration's)")
+    parser.add_argument("--schedule", help="capture windows, e.g. skip_first=8,warmup=2,active=3, or none")
+    parser.add_argument("--wandb", dest="wandb", action="store_true", default=None,
+                        help="log to W&B, opening a run if there is none")
+    parser.add_argument("--no-wandb", dest="wandb", action="store_false", help="never log to W&B")
+    parser.add_argument("--thresholds", help="diagnosis thresholds as JSON (fields of perfhooks.Thresholds)")
+    for item in _option_fields():
+        flag = "--" + item.name.replace("_", "-")
+        if item.type in ("bool", bool):
+            parser.add_argument(flag, dest=item.name, action="store_true", default=None, help=argparse.SUPPRESS)
+            parser.add_argument("--no-" + item.name.replace("_", "-"), dest=item.name, action="store_false",
+                                help=argparse.SUPPRESS)
+        else:
+            parser.add_argument(flag, dest=item.name, default=None, help=argparse.SUPPRESS)
+
+
+def settings_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str] = os.environ
+                  ) -> dict[str, Any]:
+    """PerfConfig keyword arguments from the options, else ``PERFHOOKS_<NAME>`` variables (validated)."""
+    raw: dict[str, Any] = {}
+    for name in ("output_dir", "schedule", "wandb", "thresholds", *(f.name for f in _option_fields())):
+        value = getattr(args, name, None)
+        source = "--" + name.replace("_", "-")
+        if value is None and ENV_PREFIX + name.upper() in environ:
+            value, source = environ[ENV_PREFIX + name.upper()], ENV_PREFIX + name.upper()
+        if value is not None:
+            raw[name] = (value, source)
+    settings: dict[str, Any] = {}
+    types_ = {f.name: f.type for f in fields(PerfConfig)}
+    for name, (value, source) in raw.items():
+        if name == "schedule":
+            settings[name] = parse_schedule(value)
+        elif name == "thresholds":
+            from perfhooks.analysis.diagnoses import Thresholds
+
+            try:
+                settings[name] = Thresholds(**json.loads(value))
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"{source} must be a JSON object of perfhooks.Thresholds fields: {error}") from None
+        elif isinstance(value, bool) or name == "output_dir":
+            settings[name] = value
+        elif types_[name] in ("bool", "bool | None", bool):
+            settings[name] = _boolean(source, value)
+        elif types_[name] in ("int", "int | None", int):
+            try:
+                settings[name] = int(value)
+            except ValueError:
+                raise ValueError(f"{source} must be an integer, got {value!r}") from None
+        else:
+            try:
+                settings[name] = float(value)
+            except ValueError:
+                raise ValueError(f"{source} must be a number, got {value!r}") from None
+    PerfConfig.from_kwargs("perfhooks run", dict(settings))  # every value checked here, before the script runs
+    return settings
+
+
+# ----------------------------------------------------------------------------- post-import hooks
+class _AfterExec(importlib.abc.Loader):
+    """A loader that runs the module as its own loader would, then calls ``after(module)``."""
+
+    def __init__(self, loader: Any, after: Callable[[types.ModuleType], None]) -> None:
+        self._loader = loader
+        self._after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._after(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_data, get_resource_reader, ... of the real loader
+        return getattr(self._loader, name)
+
+
+class PostImportHooks(importlib.abc.MetaPathFinder):
+    """Call a function with a module right after it is first imported (or now, if it already is)."""
+
+    def __init__(self) -> None:
+        self._hooks: dict[str, Callable[[types.ModuleType], None]] = {}
+        self._finding: set[str] = set()
+
+    def add(self, name: str, hook: Callable[[types.ModuleType], None]) -> None:
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            self._hooks[name] = hook
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        hook = self._hooks.get(name)
+        if hook is None or name in self._finding:
+            return None
+        self._finding.add(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self._finding.discard(name)
+        if spec is None or spec.loader is None:
+            return None
+        del self._hooks[name]
+        spec.loader = _AfterExec(spec.loader, hook)
+        return spec
+
+    def install(self) -> None:
+        sys.meta_path.insert(0, self)
+
+    def remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+# ----------------------------------------------------------------------------- the launcher
+class Launcher:
+    """Installs the construction hooks; :meth:`finish` closes what they attached and undoes every patch."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+        self.hooks = PostImportHooks()
+        self.undo: list[Callable[[], None]] = []
+        #: Objects perfhooks was added to (trainers, accelerator sessions), for the final notice.
+        self.attached: list[Any] = []
+        self.closers: list[Callable[[BaseException | None], None]] = []
+
+    def install(self) -> None:
+        for module, (distribution, integration, tested) in FRAMEWORKS.items():
+            self.hooks.add(module, self._patcher(distribution, integration, tested))
+        self.hooks.install()
+
+    def _patcher(self, distribution: str, integration: str, tested: tuple[tuple[int, int], tuple[int, int]]
+                 ) -> Callable[[types.ModuleType], None]:
+        def patch(module: types.ModuleType) -> None:
+            try:
+                _check_version(distribution, tested)
+                installer = importlib.import_module(f"perfhooks.integrations.{integration}")
+                self.undo.append(installer.instrument_constructions(module, self))
+            except Exception as error:  # never into the user's script: it runs unprofiled by this framework
+                print(f"perfhooks run: {distribution} is not profiled ({type(error).__name__}: {error})",
+                      file=sys.stderr)
+
+        return patch
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Close what is still open (accelerate sessions), undo the patches, remove the hooks."""
+        self.hooks.remove()
+        for close in self.closers:
+            try:
+                close(error)
+            except Exception as fault:
+                print(f"perfhooks run: closing failed ({type(fault).__name__}: {fault})", file=sys.stderr)
+        for undo in reversed(self.undo):
+            undo()
+        self.undo.clear()
+        if not self.attached and not isinstance(error, KeyboardInterrupt):
+            print("perfhooks run: no Lightning Trainer, transformers Trainer or Accelerator was built; nothing was "
+                  "profiled (a plain PyTorch loop needs perfhooks' API, see the README)", file=sys.stderr)
+
+
+def _check_version(distribution: str, tested: tuple[tuple[int, int], tuple[int, int]]) -> None:
+    try:
+        version = metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    low, high = tested
+    if len(parts) == 2 and not low <= parts <= high:
+        print(f"perfhooks run: {distribution} {version} was not tested with the launcher "
+              f"(tested {low[0]}.{low[1]} to {high[0]}.{high[1]}); profiling it anyway", file=sys.stderr)
+
+
+def run(target: str, arguments: list[str], settings: dict[str, Any], module: bool = False) -> int:
+    """Run ``target`` (a script path, or a module with ``module=True``) as ``__main__``; its exit status."""
+    if not module and not Path(target).is_file():
+        print(f"perfhooks run: {target}: no such script", file=sys.stderr)
+        return 2
+    launcher = Launcher(settings)
+    launcher.install()
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    sys.argv = [target, *arguments]
+    if not module:
+        sys.path.insert(0, str(Path(target).resolve().parent))
+    error: BaseException | None = None
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
+        return 0
+    except SystemExit as exit_:  # the script's own exit: the same code and message, through the interpreter
+        error = exit_
+        raise
+    except KeyboardInterrupt as interrupt:  # the interpreter's own handling (traceback, exit by SIGINT)
+        error = interrupt
+        raise
+    except BaseException as raised:  # as the interpreter reports an uncaught exception: excepthook, status 1
+        error = raised
+        trimmed = _script_frames(raised.__traceback__, target)
+        sys.excepthook(type(raised), raised.with_traceback(trimmed), trimmed)
+        return 1
+    finally:
+        launcher.finish(None if isinstance(error, SystemExit) and error.code in (0, None) else error)
+        sys.argv = saved_argv
+        if not module and sys.path and saved_path0 is not None and sys.path[0] != saved_path0:
+            del sys.path[0]
+
+
+def _script_frames(tb: types.TracebackType | None, target: str) -> types.TracebackType | None:
+    """The traceback from the script's first frame on (as ``python SCRIPT`` shows it): the frames of this
+    launcher and of runpy above it are dropped."""
+    launcher = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    while tb is not None and tb.tb_next is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if filename not in launcher and os.path.abspath(filename) not in launcher:
+            break
+        tb = tb.tb_next
+    return tb

@@ -1,0 +1,170 @@
+"""``perfhooks run SCRIPT``: unmodified scripts (tests/scripts/launched, which import nothing from perfhooks)
+get perfhooks through their framework's construction path; exit status and output stay the script's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts" / "launched"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def launch(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "perfhooks", "run", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def plain(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def own_lines(stderr: str) -> list[str]:
+    """stderr without torch's profiler notes (``USDT: ...``, printed by any torch.profiler session)."""
+    return [line for line in stderr.splitlines() if not line.startswith("USDT:")]
+
+
+def report(folder: Path, name: str = "report.json") -> dict:
+    return json.loads((folder / name).read_text())
+
+
+def test_lightning_script_is_profiled_and_keeps_its_exit_status(tmp_path: Path) -> None:
+    out = tmp_path / "perf"
+    done = launch("--output-dir", str(out), "--schedule", "skip_first=2,warmup=1,active=2", "--no-wandb",
+                  str(SCRIPTS / "lightning_train.py"), str(tmp_path), "12", "3")
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "done 12" in done.stdout
+    result = report(out)
+    assert (result["framework"], result["status"], result["steps"], result["global_step"]) == \
+        ("lightning", "completed", 12, 12)
+    assert result["run"]["evaluations"] == 2 and result["run"]["checkpoints"] >= 2  # val every 5 steps, its saves
+    assert [window["first_step"] for window in result["windows"]] == [3]
+    assert list((tmp_path / "lightning_logs").iterdir()), "the script's own logger still wrote its files"
+
+
+def test_transformers_script_from_the_command_line(tmp_path: Path) -> None:
+    """An HfArgumentParser script (like run_clm.py) with evaluation and saving on: the launcher's settings apply
+    and the default folder is the integration's (<output_dir>/_perfhooks)."""
+    done = launch("--schedule", "skip_first=2,warmup=1,active=2", "--no-wandb",
+                  str(SCRIPTS / "transformers_train.py"), "--output_dir", str(tmp_path), "--max_steps", "8",
+                  "--report_to", "none", "--eval_strategy", "steps", "--eval_steps", "4", "--save_steps", "4",
+                  "--use_cpu")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "done 8 ['epoch', 'total_flos', 'train_loss'" in done.stdout  # train()'s metrics have no perf keys
+    result = report(tmp_path / "_perfhooks")
+    assert (result["framework"], result["steps"], result["global_step"]) == ("transformers", 8, 8)
+    assert result["run"]["evaluations"] == 2 and result["run"]["checkpoints"] == 2
+    assert [window["first_step"] for window in result["windows"]] == [3]
+
+
+def test_report_to_perfhooks_is_accepted_and_adds_one_callback(tmp_path: Path) -> None:
+    done = launch("--no-wandb", str(SCRIPTS / "transformers_train.py"), "--output_dir", str(tmp_path),
+                  "--max_steps", "4", "--report_to", "perfhooks", "--use_cpu")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("perfhooks: 4 steps on") == 1  # one callback: one end-of-run table
+    assert report(tmp_path / "_perfhooks")["steps"] == 4
+
+
+def test_a_failing_script_fails_as_it_does_without_perfhooks(tmp_path: Path) -> None:
+    args = [str(SCRIPTS / "transformers_train.py"), "--output_dir", str(tmp_path), "--max_steps", "2",
+            "--report_to", "none", "--use_cpu", "--fail"]
+    with_perfhooks = launch("--no-wandb", "--no-console", *args)
+    without = plain(*args)
+    assert with_perfhooks.returncode == without.returncode == 1
+    assert own_lines(with_perfhooks.stderr)[-1] == own_lines(without.stderr)[-1] == \
+        "ValueError: the script failed after training"
+    tail = own_lines(with_perfhooks.stderr)[-6:]
+    assert not any("perfhooks" in line or "runpy" in line for line in tail), tail  # the script's frames only
+    assert report(tmp_path / "_perfhooks")["steps"] == 2
+
+
+def test_accelerate_loop_is_attached_at_its_first_prepare(tmp_path: Path) -> None:
+    """The script prepares model and optimizer, then the loader in a second call: all are watched."""
+    done = launch("--no-wandb", "--no-console", str(SCRIPTS / "accelerate_train.py"), str(tmp_path), "6")
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = report(tmp_path / "perfhooks")
+    assert (result["framework"], result["steps"]) == ("accelerate", 6)  # 12 batches, 2 accumulated per step
+    assert result["phases"]["data_wait"]["mean_ms"] > 0 and result["phases"]["backward"]["mean_ms"] > 0
+
+
+def test_a_plain_loop_gets_one_notice_and_no_harm(tmp_path: Path) -> None:
+    done = launch(str(SCRIPTS / "plain_train.py"))
+    assert done.returncode == 0 and done.stdout == plain(str(SCRIPTS / "plain_train.py")).stdout
+    assert own_lines(done.stderr) == ["perfhooks run: no Lightning Trainer, transformers Trainer or Accelerator "
+                                      "was built; nothing was profiled (a plain PyTorch loop needs perfhooks' "
+                                      "API, see the README)"]
+
+
+def test_settings_come_from_the_environment_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    out = tmp_path / "perf"
+    done = launch(str(SCRIPTS / "accelerate_train.py"), str(tmp_path), "4",
+                  env={"PERFHOOKS_OUTPUT_DIR": str(out), "PERFHOOKS_WANDB": "0", "PERFHOOKS_CONSOLE": "false",
+                       "PERFHOOKS_SCHEDULE": "none"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert report(out)["steps"] == 4 and report(out)["windows"] == []
+    assert "perfhooks: 4 steps on" not in done.stderr  # console off
+    bad = launch("--max-traces", "0", str(SCRIPTS / "plain_train.py"))
+    assert bad.returncode == 2 and bad.stderr.strip() == "perfhooks run: max_traces must be an integer >= 1, got 0"
+    bad = launch(str(SCRIPTS / "plain_train.py"), env={"PERFHOOKS_SCHEDULE": "active=two"})
+    assert bad.returncode == 2 and "--schedule active must be an integer, got 'two'" in bad.stderr
+    missing = launch("no_such_script.py")
+    assert missing.returncode == 2 and missing.stderr.strip() == "perfhooks run: no_such_script.py: no such script"
+
+
+def test_patches_are_undone_when_the_script_ends(tmp_path: Path) -> None:
+    import lightning.pytorch as lp
+    from transformers.integrations import integration_utils
+
+    from perfhooks.launch import run
+
+    lightning_init = lp.Trainer.__init__
+    finders = list(sys.meta_path)
+    code = run(str(SCRIPTS / "lightning_train.py"), [str(tmp_path), "6"],
+               {"output_dir": str(tmp_path / "perf"), "wandb": False, "console": False, "schedule": None})
+    assert code == 0
+    assert lp.Trainer.__init__ is lightning_init and sys.meta_path == finders
+    assert "perfhooks" not in integration_utils.INTEGRATION_TO_CALLBACK
+    assert report(tmp_path / "perf")["steps"] == 6
+
+
+@pytest.mark.distributed
+def test_under_torchrun_every_rank_is_profiled_and_the_reports_merge(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
+         "-m", "perfhooks", "run", "--no-wandb", "--no-console", str(SCRIPTS / "accelerate_train.py"),
+         str(tmp_path), "6"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder = tmp_path / "perfhooks"
+    assert [report(folder, f"report.rank{r}.json")["steps"] for r in (0, 1)] == [3, 3]  # each rank half the data
+    merged = report(folder)
+    assert merged["world_size"] == 2 and merged["ranks"]["count"] == 2
+
+
+def test_a_trainer_that_has_perfhooks_already_gets_no_second_one(tmp_path: Path) -> None:
+    import lightning as L
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from perfhooks.integrations.lightning import PerfCallback
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+    from perfhooks.launch import Launcher
+
+    launcher = Launcher({"wandb": False})
+    launcher.install()
+    try:
+        own = PerfCallback(output_dir=tmp_path / "own")
+        mine = L.Trainer(accelerator="cpu", default_root_dir=str(tmp_path), callbacks=[own])
+        added = L.Trainer(accelerator="cpu", default_root_dir=str(tmp_path), callbacks=None)
+        theirs = PerfTrainerCallback()
+        hf = Trainer(model=GPT2LMHeadModel(GPT2Config(vocab_size=16, n_positions=8, n_embd=8, n_layer=1, n_head=1)),
+                     args=TrainingArguments(str(tmp_path / "hf"), report_to="none", use_cpu=True),
+                     callbacks=[theirs])
+    finally:
+        launcher.finish()
+    assert [c for c in mine.callbacks if isinstance(c, PerfCallback)] == [own]
+    assert len([c for c in added.callbacks if isinstance(c, PerfCallback)]) == 1
+    assert [c for c in hf.callback_handler.callbacks if isinstance(c, PerfTrainerCallback)] == [theirs]
