@@ -44,6 +44,8 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
     first = devices[0] if devices else None
     step_spans = [end - start for _, start, end in overview.steps]
     p50 = statistics.median(step_spans) if step_spans else 0.0
+    # what ran in the steps: a window of perfhooks' holds evaluation and checkpoints between its steps
+    in_steps = trace.within(window) if window else trace
     metrics: dict[str, Any] = {
         "steps": steps,
         "step_rule": step_rule(trace),
@@ -57,18 +59,18 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
                              "achieved_occupancy": overview.achieved_occupancy[d]} for d in devices},
         "temporal": temporal_breakdown(trace, window),
         "idle": idle_breakdown(trace, window),
-        "kernels": kernel_breakdown(trace),
-        "streams": stream_breakdown(trace),
-        "tensor_cores": tensor_core_use(trace),
-        "eligible_precision": eligible_precision(trace),
-        "attention": attention_kernels(trace),
+        "kernels": kernel_breakdown(in_steps),
+        "streams": stream_breakdown(in_steps),
+        "tensor_cores": tensor_core_use(in_steps),
+        "eligible_precision": eligible_precision(in_steps),
+        "attention": attention_kernels(in_steps),
         "compile": compilation(trace),
         "host_sync": host_synchronizations(trace, steps),
         "launch": launch_statistics(trace, steps, window),
         "memcpy": memcpy_summary(trace, steps),
         "communication": communication_summary(trace, window),
-        "top_operators": top_operators(trace),
-        "misaligned_gemms": misaligned_gemms(trace),
+        "top_operators": top_operators(in_steps),
+        "misaligned_gemms": misaligned_gemms(in_steps),
         "step_us_p50": p50,
         "step_us_p95_over_p50": (_quantile(step_spans, 0.95) / p50) if p50 and len(step_spans) >= 5 else None,
     }

@@ -133,7 +133,7 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
             softmax_ops.append(op)
         elif name in BATCHED_MATMUL_OPS:
             bmm_ops.append(op)
-    if softmax_ops and bmm_ops and not any(found.get(k) for k in ("flash", "memory_efficient", "cudnn")):
+    if softmax_ops and bmm_ops and not any(found.get(k) for k in ("flash", "memory_efficient", "cudnn", "math")):
         # attention written out by hand (nn.MultiheadAttention with need_weights=True): bmm, softmax, bmm
         found["unfused"] = found.get("unfused", 0.0) + sum(
             device_time.get(op.external_id, 0.0) if on_device else op.dur for op in softmax_ops + bmm_ops)

@@ -201,6 +201,27 @@ class Trace:
     def has_gpu(self) -> bool:
         return bool(self.kernels or self.memcpys or self.memsets)
 
+    def within(self, window: list[tuple[float, float]]) -> Trace:
+        """The same trace with only the events that start inside ``window`` (merged, sorted spans, µs): what
+        ran in the steps, not evaluation or checkpoints between them. Step spans and metadata are kept."""
+        import bisect
+        from dataclasses import replace
+
+        starts = [start for start, _ in window]
+
+        def inside(events: list[Event]) -> list[Event]:
+            kept = []
+            for event in events:
+                index = bisect.bisect_right(starts, event.ts) - 1
+                if index >= 0 and event.ts < window[index][1]:
+                    kept.append(event)
+            return kept
+
+        return replace(self, kernels=inside(self.kernels), memcpys=inside(self.memcpys), memsets=inside(self.memsets),
+                       runtimes=inside(self.runtimes), cpu_ops=inside(self.cpu_ops),
+                       annotations=inside(self.annotations), gpu_annotations=inside(self.gpu_annotations),
+                       python=inside(self.python), syncs=inside(self.syncs), warnings=[])
+
     def device_name(self, device: int) -> str | None:
         return self.device_properties.get(device, {}).get("name")
 

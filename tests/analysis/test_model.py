@@ -220,3 +220,20 @@ def test_the_january_2021_array_format_has_its_steps_and_device() -> None:
     result = report("kineto_resnet50_nw0_jan2021.pt.trace.json.gz")
     assert result["steps"] == 6 and result["device"]["type"] == "cuda"
     assert "dataloader_bound" in [d["id"] for d in result["diagnoses"]]
+
+
+def test_within_keeps_only_what_started_in_the_steps() -> None:
+    """Op and kernel analyzers read ``trace.within(steps)``: evaluation or checkpoint work that a perfhooks
+    window records between its steps is not the steps' work."""
+    from fixtures import path
+    from perfhooks.analysis.model import load_trace
+    from perfhooks.analysis.overview import device_steps
+
+    trace = load_trace(path("tl_h100_qwen05b.json.gz"))  # one step, with work before it
+    window = [(start, end) for _, start, end in device_steps(trace)]
+    inside = trace.within(window)
+    assert 0 < len(inside.cpu_ops) < len(trace.cpu_ops) and 0 < len(inside.kernels) <= len(trace.kernels)
+    assert all(any(start <= op.ts < end for start, end in window) for op in inside.cpu_ops)
+    outside = [op for op in trace.cpu_ops if not any(start <= op.ts < end for start, end in window)]
+    assert len(outside) == len(trace.cpu_ops) - len(inside.cpu_ops)
+    assert inside.steps == trace.steps and inside.path == trace.path
