@@ -222,18 +222,26 @@ def test_the_january_2021_array_format_has_its_steps_and_device() -> None:
     assert "dataloader_bound" in [d["id"] for d in result["diagnoses"]]
 
 
-def test_within_keeps_only_what_started_in_the_steps() -> None:
+def test_within_keeps_only_what_started_in_the_steps(tmp_path) -> None:
     """Op and kernel analyzers read ``trace.within(steps)``: evaluation or checkpoint work that a perfhooks
-    window records between its steps is not the steps' work."""
+    window records between its steps is not the steps' work. A real trace, with one op added after its steps."""
+    import gzip
+    import json
+
     from fixtures import path
     from perfhooks.analysis.model import load_trace
     from perfhooks.analysis.overview import device_steps
 
-    trace = load_trace(path("tl_h100_qwen05b.json.gz"))  # one step, with work before it
+    document = json.loads(gzip.decompress(path("mi250_minitoy_train.json.gz").read_bytes()))
+    events = document["traceEvents"]
+    last = max(e["ts"] + e["dur"] for e in events if e.get("ph") == "X" and "dur" in e)
+    events.append({"ph": "X", "cat": "cpu_op", "name": "aten::evaluation_only", "pid": 1, "tid": 1,
+                   "ts": last + 1000, "dur": 10})
+    (tmp_path / "t.json").write_text(json.dumps(document))
+    trace = load_trace(tmp_path / "t.json")
     window = [(start, end) for _, start, end in device_steps(trace)]
     inside = trace.within(window)
-    assert 0 < len(inside.cpu_ops) < len(trace.cpu_ops) and 0 < len(inside.kernels) <= len(trace.kernels)
-    assert all(any(start <= op.ts < end for start, end in window) for op in inside.cpu_ops)
-    outside = [op for op in trace.cpu_ops if not any(start <= op.ts < end for start, end in window)]
-    assert len(outside) == len(trace.cpu_ops) - len(inside.cpu_ops)
+    assert "aten::evaluation_only" in {op.name for op in trace.cpu_ops}
+    assert "aten::evaluation_only" not in {op.name for op in inside.cpu_ops}
+    assert all(any(start <= op.ts < end for start, end in window) for op in inside.cpu_ops + inside.kernels)
     assert inside.steps == trace.steps and inside.path == trace.path
