@@ -89,6 +89,9 @@ def lightning_step_ms(variant: str, steps: int, d_model: int, out: str) -> float
     profiler: Any = None
     if variant == "perfhooks":
         callbacks.append(PerfCallback(output_dir=out, schedule=None, console=False))
+    elif variant.startswith("perfhooks_history_"):  # memory_history from_start / on_approach / off (CUDA)
+        mode = {"from_start": True, "on_approach": None, "off": False}[variant.removeprefix("perfhooks_history_")]
+        callbacks.append(PerfCallback(output_dir=out, schedule=None, console=False, memory_history=mode))
     elif variant == "perfhooks_window":
         callbacks.append(PerfCallback(output_dir=out, schedule=_window_schedule(steps), console=False,
                                       **WINDOW_SETTINGS))

@@ -137,20 +137,26 @@ def cuda_section(quick: bool) -> dict[str, Any]:
     print(f"  CUDA timing: forward p50 {measured:.3f} ms vs _sleep {expected:.3f} ms "
           f"(error {abs(measured - expected) / expected:.2%})")
     steps = 10 if quick else 20
-    ratios = []
-    for _ in range(5):
-        with tempfile.TemporaryDirectory() as out:
-            off = overhead.lightning_step_ms("perfhooks", steps, 256 if quick else 512, out)
-        torch.cuda.memory._record_memory_history(max_entries=100_000)
-        with tempfile.TemporaryDirectory() as out:
-            on = overhead.lightning_step_ms("perfhooks", steps, 256 if quick else 512, out)
-        torch.cuda.memory._record_memory_history(enabled=None)
-        ratios.append(on / off)
-    print(f"  memory history on/off: median {statistics.median(ratios):.4f} (min {min(ratios):.4f}, "
-          f"max {max(ratios):.4f})")
+    history: dict[str, Any] = {}
+    # memory_history from the start / armed on approach (a healthy run never arms) / off, interleaved rounds,
+    # on the tutorial layer and a model 4x as wide
+    for d_model in ((256,) if quick else (512, 2048)):
+        ratios: dict[str, list[float]] = {"from_start": [], "on_approach": []}
+        for round_ in range(5):
+            modes = ["off", "from_start", "on_approach"]
+            times = {}
+            for mode in modes[round_ % 3:] + modes[:round_ % 3]:
+                with tempfile.TemporaryDirectory() as out:
+                    times[mode] = overhead.lightning_step_ms(f"perfhooks_history_{mode}", steps, d_model, out)
+            for mode in ratios:
+                ratios[mode].append(times[mode] / times["off"])
+        history[str(d_model)] = {mode: {"median": statistics.median(r), "min": min(r), "max": max(r)}
+                                 for mode, r in ratios.items()}
+        print(f"  memory history, d_model {d_model}, step time / off: from the start "
+              f"{statistics.median(ratios['from_start']):.4f}, armed on approach "
+              f"{statistics.median(ratios['on_approach']):.4f}")
     return {"timing_measured_ms": measured, "timing_expected_ms": expected,
-            "timing_error": abs(measured - expected) / expected,
-            "memory_history_ratio": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}}
+            "timing_error": abs(measured - expected) / expected, "memory_history": history}
 
 
 def main(argv: list[str] | None = None) -> int:

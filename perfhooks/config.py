@@ -47,7 +47,12 @@ class PerfConfig:
         memory_capacity_bytes: the capacity to compare with; default the device's, or on CPU the
             smallest of cgroup ``memory.max``, ``RLIMIT_AS`` and physical memory.
         memory_poll_s: seconds between memory samples (taken at phase boundaries).
-        memory_history: on CUDA, record allocation history for snapshots (a few % of step time).
+        memory_history: on CUDA, record allocation history, which gives snapshots their stacks. ``None``
+            (default): start it when allocated memory crosses ``memory_arm_fraction`` of capacity or the
+            allocator starts retrying; ``True``: from the start; ``False``: never. A history the user
+            started is never changed.
+        memory_arm_fraction: fraction 0..1 of capacity at which ``memory_history=None`` starts recording;
+            at most ``memory_threshold``.
         memory_history_entries: allocation events kept in that history.
         max_memory_captures: captures near the limit kept per run.
         wandb: Weights & Biases logging. ``None`` (default): log into the run the framework or
@@ -79,7 +84,8 @@ class PerfConfig:
     memory_threshold: float = 0.9
     memory_capacity_bytes: int | None = None
     memory_poll_s: float = 0.05
-    memory_history: bool = True
+    memory_history: bool | None = None
+    memory_arm_fraction: float = 0.75
     memory_history_entries: int = 100_000
     max_memory_captures: int = 3
     wandb: bool | None = None
@@ -108,7 +114,7 @@ class PerfConfig:
             raise TypeError(f"thresholds must be a perfhooks.analysis.diagnoses.Thresholds or None, "
                             f"got {type(self.thresholds).__name__}")
         for name in ("record_shapes", "profile_memory", "with_stack", "nvtx", "module_ranges",
-                     "nsys_capture", "on_demand", "console", "analyze_windows", "memory", "memory_history"):
+                     "nsys_capture", "on_demand", "console", "analyze_windows", "memory"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.wandb is not None and not isinstance(self.wandb, bool):
@@ -121,6 +127,12 @@ class PerfConfig:
         threshold = self.memory_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
             raise ValueError(f"memory_threshold must be a fraction in (0, 1], got {threshold!r}")
+        if self.memory_history is not None and not isinstance(self.memory_history, bool):
+            raise TypeError(f"memory_history must be True, False or None, got {self.memory_history!r}")
+        arm = self.memory_arm_fraction
+        if isinstance(arm, bool) or not isinstance(arm, (int, float)) or not 0 < arm <= threshold:
+            raise ValueError(f"memory_arm_fraction must be a fraction in (0, memory_threshold={threshold}], "
+                             f"got {arm!r}")
         capacity = self.memory_capacity_bytes
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"memory_capacity_bytes must be an integer >= 1 or None, got {capacity!r}")

@@ -105,7 +105,8 @@ class Engine:
                     self.output_dir, on_cuda, self.faults, self.once, threshold=config.memory_threshold,
                     capacity_bytes=config.memory_capacity_bytes, poll_s=config.memory_poll_s,
                     history=config.memory_history, history_entries=config.memory_history_entries,
-                    max_captures=config.max_memory_captures)
+                    max_captures=config.max_memory_captures, arm_fraction=config.memory_arm_fraction,
+                    submit=self.writer.submit)
             except Exception as error:
                 self.faults.report("memory_start", error)
         self.wandb: WandbSink | None = None

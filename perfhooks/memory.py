@@ -1,15 +1,24 @@
 """Memory telemetry, captures near the limit, and what was alive at an OOM.
 
-Sampling costs no host sync: CUDA figures come from the caching allocator's counters
-(``torch.cuda.memory_stats``), CPU figures from ``/proc/self/statm``. Both are read at phase
-boundaries at most every ``memory_poll_s`` seconds, so the step and phase of the peak are known
-to that resolution.
+Sampling costs no host sync: CUDA figures come from the caching allocator's counters, CPU figures
+from ``/proc/self/statm``. Both are read at phase boundaries at most every ``memory_poll_s``
+seconds, so the step and phase of the peak are known to that resolution.
 
-On CUDA with ``memory_history`` on, ``torch.cuda.memory._record_memory_history`` runs from the
-start (bounded by ``memory_history_entries``; it records a Python stack per allocation, a
-few percent of step time) and snapshots are saved as pickles (protocol 4) that
-pytorch.org/memory_viz reads, with an HTML trace plot beside them. On every device a capture
-also writes a live-tensor census (``census.json``).
+**The signal.** Near the limit means *allocated* bytes (CUDA; resident or virtual size on CPU) at
+``threshold`` of capacity, or the caching allocator retrying (``num_alloc_retries`` rising: it had
+to free its cache and call cudaMalloc again). Reserved memory is not the signal: the allocator keeps
+it near capacity in healthy runs by design; reserved/allocated stays the fragmentation signal.
+
+**Allocation history** (CUDA) is what gives a snapshot its stacks. ``history=None`` (the default)
+arms it on approach: it starts when allocated memory crosses ``arm_fraction`` of capacity or the
+allocator starts retrying, so a capture near the limit or at an OOM has the stacks of the
+allocations that led there and a healthy run pays nothing. ``True`` records from the start,
+``False`` never. A history the user started is never changed (perfhooks snapshots from it), and
+perfhooks stops only the history it started.
+
+**Captures** take only what must be taken at that moment on the training thread (the census's
+object walk, the snapshot object); the census JSON, the snapshot pickle and its HTML plot are
+written by the background writer.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import resource
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,11 +79,23 @@ class MemoryMonitor:
     """Samples memory at phase boundaries, captures once per crossing of the threshold, dumps at OOM."""
 
     def __init__(self, output_dir: Path, on_cuda: bool, faults: FaultLog, once: Once, *, threshold: float,
-                 capacity_bytes: int | None, poll_s: float, history: bool, history_entries: int,
-                 max_captures: int) -> None:
+                 capacity_bytes: int | None, poll_s: float, history: bool | None, history_entries: int,
+                 max_captures: int, arm_fraction: float = 0.75,
+                 submit: Callable[[str, Callable[[], None]], None] | None = None) -> None:
         import torch
 
         self.torch = torch
+        self.arm_fraction = arm_fraction
+        self.history_entries = history_entries
+        #: ``from_start``, ``on_approach`` or ``off``: the ``memory_history`` setting.
+        self.history_mode = {True: "from_start", None: "on_approach", False: "off"}[history]
+        #: Who records the allocation history now: ``perfhooks``, ``user`` or None.
+        self.history_owner: str | None = None
+        #: When and why the approach armed the history: {"step", "signal"}, or None.
+        self.armed: dict[str, Any] | None = None
+        self._submit = submit
+        self._start_retries: int | None = None
+        self._retries_captured = False
         self.output_dir = output_dir
         self.cuda = on_cuda and torch.cuda.is_available()
         self.faults = faults
@@ -91,13 +113,14 @@ class MemoryMonitor:
         self._armed = True
         self._next_ns = 0
         self._observer_attached = False
+        self.history = False
         if self.cuda:
             self.limit_source = "device"
             self.capacity = capacity_bytes or torch.cuda.mem_get_info()[1]
-            self.history = history and self._start_history(history_entries)
+            if self.history_mode == "from_start":
+                self._record_history()
         else:
             self.capacity, self.limit_source = (capacity_bytes, "configured") if capacity_bytes else cpu_limit()
-            self.history = False
 
     # ------------------------------------------------------------------ sampling
     def observe(self, step: int, phase: str | None) -> None:
@@ -111,27 +134,32 @@ class MemoryMonitor:
         self.series.append((step, used))
         if used > self.peak["used_bytes"]:
             self.peak = {"used_bytes": used, "step": step, "phase": phase}
-        if not self.capacity:
-            return
-        fraction = used / self.capacity
-        if self._armed and fraction >= self.threshold:
+        retries = figures.get("num_alloc_retries")
+        if self._start_retries is None and retries is not None:
+            self._start_retries = retries
+        retrying = retries is not None and retries > (self._start_retries or 0)
+        fraction = used / self.capacity if self.capacity else 0.0
+        if self.armed is None and self.history_mode == "on_approach" and (fraction >= self.arm_fraction or retrying):
+            self.arm(step, "alloc_retries" if retrying and fraction < self.arm_fraction else "allocated")
+        if retrying and not self._retries_captured:  # the allocator freed its cache to satisfy an allocation
+            self._retries_captured = True
+            self.capture(step, phase, "near_limit", signal="alloc_retries")
+        elif self._armed and self.capacity and fraction >= self.threshold:
             self._armed = False
-            self.capture(step, phase, "near_limit")
+            self.capture(step, phase, "near_limit", signal="allocated")
         elif not self._armed and fraction < self.threshold - HYSTERESIS:
             self._armed = True
 
+    def arm(self, step: int, signal: str) -> None:
+        """Memory is approaching the limit: start the allocation history (CUDA) so a later capture has stacks."""
+        self.armed = {"step": step, "signal": signal}
+        if self.cuda:
+            self._record_history()
+
     def sample(self) -> dict[str, Any]:
         if self.cuda:
-            stats = self.torch.cuda.memory_stats()
-            figures = {
-                "allocated_bytes": stats.get("allocated_bytes.all.current", 0),
-                "reserved_bytes": stats.get("reserved_bytes.all.current", 0),
-                "active_bytes": stats.get("active_bytes.all.current", 0),
-                "peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
-                "num_alloc_retries": stats.get("num_alloc_retries", 0),
-                "num_ooms": stats.get("num_ooms", 0),
-            }
-            figures["used_bytes"] = figures["reserved_bytes"]
+            figures = _cuda_figures(self.torch)
+            figures["used_bytes"] = figures["allocated_bytes"]
             self._attach_observer()
         else:
             figures = cpu_usage()
@@ -140,23 +168,41 @@ class MemoryMonitor:
         return figures
 
     # ------------------------------------------------------------------ captures
-    def capture(self, step: int, phase: str | None, reason: str) -> Path | None:
-        """Write a census (and on CUDA a snapshot and its HTML plot) under ``memory/``; bounded in count."""
+    def capture(self, step: int, phase: str | None, reason: str, signal: str = "allocated") -> Path | None:
+        """A census (and on CUDA a snapshot and its HTML plot) under ``memory/``; bounded in count.
+
+        The training thread takes the census's object walk and the snapshot object
+        (``training_thread_ms`` in the capture's entry); the writer thread writes the files.
+        """
         if len(self.captures) >= self.max_captures:
             self.once.warn("memory_captures", f"memory near the limit again at step {step}; at most "
                            f"{self.max_captures} captures are kept (max_memory_captures)")
             return None
         folder = self.output_dir / "memory" / f"{reason}.step{step}"
+        started = time.perf_counter_ns()
         try:
             census = self.take_census()
-            atomic_write_json(folder / "census.json", {"step": step, "phase": phase, "reason": reason,
-                                                       "memory": dict(self.latest), **census})
-            files = ["census.json", *self._write_snapshot(folder)]
+            snapshot = self._take_snapshot()
         except Exception as error:
             self.faults.report("memory_capture", error)
             return None
-        self.captures.append({"reason": reason, "step": step, "phase": phase, "path": str(folder), "files": files,
-                              "used_bytes": self.latest.get("used_bytes", 0)})
+        document = {"step": step, "phase": phase, "reason": reason, "signal": signal, "memory": dict(self.latest),
+                    **census}
+        files = ["census.json"] + ([] if snapshot is None else ["snapshot.pickle", "snapshot.html"])
+
+        def write() -> None:
+            atomic_write_json(folder / "census.json", document)
+            if snapshot is not None:
+                self._write_snapshot_files(folder, "snapshot", snapshot)
+
+        paused_ms = (time.perf_counter_ns() - started) / 1e6
+        if self._submit is not None:
+            self._submit("memory_capture", write)
+        else:
+            write()
+        self.captures.append({"reason": reason, "signal": signal, "step": step, "phase": phase, "path": str(folder),
+                              "files": files, "used_bytes": self.latest.get("used_bytes", 0),
+                              "training_thread_ms": round(paused_ms, 3)})
         return folder
 
     def take_census(self) -> dict[str, Any]:
@@ -197,9 +243,13 @@ class MemoryMonitor:
     def section(self) -> dict[str, Any]:
         latest = self.latest or (self.sample() if not self.cuda else {})
         section = {"device": "cuda" if self.cuda else "cpu", "capacity_bytes": self.capacity,
-                   "limit": self.limit_source, "peak_used_bytes": self.peak["used_bytes"],
+                   "limit": self.limit_source, "signal": "allocated_bytes" if self.cuda else "used_bytes",
+                   "peak_used_bytes": self.peak["used_bytes"],
                    "peak_step": self.peak["step"], "peak_phase": self.peak["phase"],
-                   "threshold": self.threshold, "history": self.history, "captures": list(self.captures)}
+                   "threshold": self.threshold, "arm_fraction": self.arm_fraction,
+                   "history": {"mode": self.history_mode, "recording": self.history, "owner": self.history_owner,
+                               "armed": self.armed},
+                   "captures": list(self.captures)}
         section.update({key: value for key, value in latest.items() if key != "used_bytes"})
         if self.series:
             section["series"] = {"step": [s for s, _ in self.series], "used_bytes": [u for _, u in self.series]}
@@ -238,22 +288,29 @@ class MemoryMonitor:
         return out
 
     def stop(self) -> None:
-        """End of training: stop recording allocation history (it costs time on every allocation)."""
-        if self.history:
+        """End of training: stop the allocation history perfhooks started (a user's is left as it is)."""
+        if self.history and self.history_owner == "perfhooks":
             self.torch.cuda.memory._record_memory_history(enabled=None)
-            self.history = False
+        self.history = False
+        self.history_owner = None
 
     # ------------------------------------------------------------------ CUDA internals
-    def _start_history(self, entries: int) -> bool:
+    def _record_history(self) -> None:
+        """Make sure an allocation history records: the user's if one already does, else perfhooks' own."""
+        if self.history:
+            return
+        if _history_recording(self.torch):
+            self.history, self.history_owner = True, "user"
+            return
         recorder = getattr(self.torch.cuda.memory, "_record_memory_history", None)
         if recorder is None:
             self.once.warn("memory_history", "this torch has no memory history recorder; no snapshots")
-            return False
+            return
         try:
-            recorder(enabled="all", stacks="python", max_entries=entries)
+            recorder(enabled="all", stacks="python", max_entries=self.history_entries)
         except TypeError:  # older signature
-            recorder(True, max_entries=entries)
-        return True
+            recorder(True, max_entries=self.history_entries)
+        self.history, self.history_owner = True, "perfhooks"
 
     def _attach_observer(self) -> None:
         """The allocator's OOM observer, attached once per process (torch cannot detach one) once CUDA is
@@ -284,10 +341,16 @@ class MemoryMonitor:
         if _observer_target is not None and _observer_target() is self:
             _observer_target = None
 
+    def _take_snapshot(self) -> Any:
+        """The allocator's snapshot object (with the history's stacks), or None without a history."""
+        return self.torch.cuda.memory._snapshot() if self.history else None
+
     def _write_snapshot(self, folder: Path, name: str = "snapshot") -> list[str]:
-        if not self.history:
-            return []
-        snapshot = self.torch.cuda.memory._snapshot()
+        """Take and write a snapshot now (at an OOM, where the process may not live to run the writer)."""
+        snapshot = self._take_snapshot()
+        return [] if snapshot is None else self._write_snapshot_files(folder, name, snapshot)
+
+    def _write_snapshot_files(self, folder: Path, name: str, snapshot: Any) -> list[str]:
         data = pickle.dumps(snapshot, protocol=4)
         if len(data) > MAX_SNAPSHOT_BYTES:
             self.once.warn("snapshot_size", f"memory snapshot of {len(data)} bytes is over {MAX_SNAPSHOT_BYTES}; "
@@ -303,6 +366,36 @@ class MemoryMonitor:
         except Exception as error:
             self.faults.report("memory_viz", error)
         return files
+
+
+def _cuda_figures(torch: Any) -> dict[str, int]:
+    """The allocator's figures from its nested stats (the flat ``memory_stats()`` dict is built in Python,
+    about 100 entries per call)."""
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        stats = raw(torch.cuda.current_device())
+
+        def get(key: str, part: str = "current") -> int:
+            return int(stats.get(key, {}).get("all", {}).get(part, 0))
+
+        return {"allocated_bytes": get("allocated_bytes"), "reserved_bytes": get("reserved_bytes"),
+                "active_bytes": get("active_bytes"), "peak_allocated_bytes": get("allocated_bytes", "peak"),
+                "num_alloc_retries": int(stats.get("num_alloc_retries", 0)), "num_ooms": int(stats.get("num_ooms", 0))}
+    stats = torch.cuda.memory_stats()
+    return {"allocated_bytes": stats.get("allocated_bytes.all.current", 0),
+            "reserved_bytes": stats.get("reserved_bytes.all.current", 0),
+            "active_bytes": stats.get("active_bytes.all.current", 0),
+            "peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
+            "num_alloc_retries": stats.get("num_alloc_retries", 0), "num_ooms": stats.get("num_ooms", 0)}
+
+
+def _history_recording(torch: Any) -> bool:
+    """Whether an allocation history already records (the user's): its snapshot has trace entries. Read once,
+    when perfhooks would start its own (torch has no public getter for this)."""
+    try:
+        return any(torch.cuda.memory._snapshot().get("device_traces") or [])
+    except Exception:
+        return False
 
 
 #: The monitor the process's OOM observer writes for (the current CUDA run's), if any.

@@ -137,6 +137,68 @@ def test_near_limit_capture_fires_once_per_crossing(tmp_path: Path) -> None:
     assert "memory_near_limit" in [d["id"] for d in report["diagnoses"]]
 
 
+def test_history_arms_on_approach_before_the_capture(tmp_path: Path) -> None:
+    """With a configured capacity: crossing memory_arm_fraction arms the history (on CPU nothing records, but
+    the report says when and why), crossing memory_threshold captures; the files are written off the training
+    thread, and the pause the capture cost the step is in its entry."""
+    model = mlp()
+    batch = torch.randn(8, 32)
+    train_steps(Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory=False), tmp_path / "w",
+                       "test"), lambda x: model(x).square().mean(), torch.optim.SGD(model.parameters()), [batch] * 2)
+    rss = cpu_usage()["rss_bytes"]
+    capacity = int(rss / 0.6)  # now at 60%: 0.75 is 0.15 × capacity away, 0.9 is 0.3 × capacity away
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0,
+                               memory_capacity_bytes=capacity, memory_threshold=0.9, memory_arm_fraction=0.75),
+                    tmp_path, "test")
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    steps = lambda count: train_steps(engine, lambda x: model(x).square().mean(), optimizer, [batch] * count)  # noqa: E731
+    steps(2)
+    assert engine.memory.armed is None and engine.memory.captures == []
+    first = torch.ones(int(0.22 * capacity) // 4)  # to about 82%: armed, not captured
+    steps(2)
+    assert engine.memory.armed == {"step": 2, "signal": "allocated"} and engine.memory.captures == []
+    second = torch.ones(int(0.12 * capacity) // 4)  # past 90%: one capture
+    steps(2)
+    report = engine.close()
+    del first, second
+    memory = report["memory"]
+    assert memory["history"] == {"mode": "on_approach", "recording": False, "owner": None,
+                                 "armed": {"step": 2, "signal": "allocated"}}
+    [capture] = memory["captures"]
+    assert (capture["step"], capture["signal"], capture["files"]) == (4, "allocated", ["census.json"])
+    assert 0 < capture["training_thread_ms"] < 5000
+    census = json.loads((Path(capture["path"]) / "census.json").read_text())  # written by the writer thread
+    assert census["signal"] == "allocated" and census["activations_other_bytes"] >= 0.3 * capacity
+
+
+def test_history_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"memory_arm_fraction must be a fraction in \(0, memory_threshold=0.8\]"):
+        PerfConfig(memory_threshold=0.8, memory_arm_fraction=0.85)
+    with pytest.raises(TypeError, match="memory_history must be True, False or None"):
+        PerfConfig(memory_history="yes")
+    assert PerfConfig().memory_history is None and PerfConfig().memory_arm_fraction == 0.75
+
+
+def test_the_capture_is_written_on_the_writer_thread(tmp_path: Path) -> None:
+    """Only the census walk runs where the capture is called; the JSON is written by the job it submits."""
+    import threading
+
+    from perfhooks.faults import FaultLog, Once
+    from perfhooks.memory import MemoryMonitor
+
+    jobs: list = []
+    monitor = MemoryMonitor(tmp_path, False, FaultLog(), Once(), threshold=0.9, capacity_bytes=2**40, poll_s=0,
+                            history=None, history_entries=10, max_captures=2,
+                            submit=lambda kind, job: jobs.append((kind, job)))
+    monitor.sample()
+    folder = monitor.capture(3, "forward", "near_limit")
+    assert [kind for kind, _ in jobs] == ["memory_capture"] and not (folder / "census.json").exists()
+    writer = threading.Thread(target=jobs[0][1])
+    writer.start()
+    writer.join()
+    assert json.loads((folder / "census.json").read_text())["step"] == 3
+
+
 def test_report_memory_section_names_units(tmp_path: Path) -> None:
     engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0), tmp_path, "test")
     train_steps(engine, lambda x: mlp()(x).square().mean(), torch.optim.SGD(mlp().parameters(), lr=0.1),
@@ -201,8 +263,8 @@ def test_a_real_cpu_oom_through_lightning(tmp_path: Path) -> None:
 
 @pytest.mark.cuda
 def test_cuda_oom_observer_and_snapshot(tmp_path: Path) -> None:
-    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0), tmp_path, "test",
-                    device="cuda")
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0, memory_history=True),
+                    tmp_path, "test", device="cuda")
     engine.phase_start("forward")
     torch.ones(1024, device="cuda")
     engine.phase_start("backward")  # a sample: CUDA is initialised, the observer attaches
@@ -217,3 +279,94 @@ def test_cuda_oom_observer_and_snapshot(tmp_path: Path) -> None:
     from torch.cuda import _memory_viz
 
     assert "<html" in _memory_viz.trace_plot(pickle.loads(pickle_path.read_bytes())).lower()
+
+
+def _cuda_engine(tmp_path: Path, **settings) -> Engine:
+    return Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0, **settings), tmp_path,
+                  "test", device="cuda")
+
+
+@pytest.mark.cuda
+def test_cuda_healthy_run_records_no_history(tmp_path: Path) -> None:
+    engine = _cuda_engine(tmp_path)
+    model = mlp().cuda()
+    train_steps(engine, lambda x: model(x).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1),
+                [torch.randn(8, 32, device="cuda")] * 5)
+    memory = engine.close()["memory"]
+    assert memory["history"]["mode"] == "on_approach" and memory["history"]["armed"] is None
+    assert not any(torch.cuda.memory._snapshot().get("device_traces") or [])
+
+
+@pytest.mark.cuda
+def test_cuda_approach_arms_history_and_the_capture_has_stacks(tmp_path: Path) -> None:
+    import pickle
+
+    from torch.cuda import _memory_viz
+
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    capacity = base + 400 * 2**20
+    engine = _cuda_engine(tmp_path, memory_capacity_bytes=capacity, memory_threshold=0.9, memory_arm_fraction=0.5)
+    model = mlp().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = lambda n: train_steps(engine, lambda x: model(x).square().mean(), optimizer,  # noqa: E731
+                                  [torch.randn(8, 32, device="cuda")] * n)
+    steps(2)
+    armer = torch.empty(250 * 2**20, dtype=torch.uint8, device="cuda")  # past 50%: armed
+    steps(2)
+    filler = torch.empty(130 * 2**20, dtype=torch.uint8, device="cuda")  # allocated with the history on
+    steps(2)
+    report = engine.close()
+    del armer, filler
+    memory = report["memory"]
+    assert memory["history"]["armed"]["signal"] == "allocated" and memory["history"]["owner"] == "perfhooks"
+    [capture] = memory["captures"]
+    snapshot = pickle.loads((Path(capture["path"]) / "snapshot.pickle").read_bytes())
+    frames = [frame for trace in snapshot["device_traces"] for entry in trace for frame in entry.get("frames", [])]
+    assert any("test_memory.py" in frame.get("filename", "") for frame in frames), "Python stacks recorded"
+    assert "<html" in _memory_viz.trace_plot(snapshot).lower()
+    assert not any(torch.cuda.memory._snapshot().get("device_traces") or []), "perfhooks stopped its own history"
+
+
+@pytest.mark.cuda
+def test_cuda_users_own_history_is_untouched(tmp_path: Path) -> None:
+    torch.cuda.memory._record_memory_history(enabled="all", max_entries=1000)
+    try:
+        keep = torch.ones(1024, device="cuda")
+        engine = _cuda_engine(tmp_path, memory_history=True)
+        model = mlp().cuda()
+        train_steps(engine, lambda x: model(x).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1),
+                    [torch.randn(8, 32, device="cuda")] * 2)
+        assert engine.close()["memory"]["history"]["owner"] == "user"
+        del keep
+        assert any(torch.cuda.memory._snapshot().get("device_traces") or []), "the user's history still records"
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+@pytest.mark.cuda
+def test_cuda_real_oom_keeps_the_error_and_exit_status(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import torch
+        from helpers import mlp, train_steps
+        from perfhooks import Engine, PerfConfig
+        engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0,
+                                   memory_history=True), {str(tmp_path)!r}, "test", device="cuda")
+        model = mlp().cuda()
+        held = []
+        def loss_of(x):
+            held.append(torch.empty(1 << 40, dtype=torch.uint8, device="cuda"))  # past the capacity
+            return model(x).square().mean()
+        try:
+            batches = [torch.randn(8, 32, device="cuda")] * 2
+            train_steps(engine, loss_of, torch.optim.SGD(model.parameters(), lr=0.1), batches)
+        except BaseException as error:
+            engine.exception(error)
+            raise
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{REPO}"})
+    assert done.returncode == 1 and "OutOfMemoryError" in done.stderr.strip().splitlines()[-1]
+    summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
+    assert summary["requested_bytes"] == 1 << 40 and summary["error_type"] == "OutOfMemoryError"
+    assert (tmp_path / "oom" / "observer_snapshot.pickle").exists()
