@@ -370,3 +370,26 @@ def test_cuda_real_oom_keeps_the_error_and_exit_status(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
     assert summary["requested_bytes"] == 1 << 40 and summary["error_type"] == "OutOfMemoryError"
     assert (tmp_path / "oom" / "observer_snapshot.pickle").exists()
+
+
+def test_allocator_retries_arm_and_capture_once_with_their_signal(tmp_path: Path) -> None:
+    """The allocator retrying is a sign of pressure well below the threshold: it arms the history and captures
+    once, with ``signal: alloc_retries``. (CPU has no allocator counters: the CUDA figures are fed here.)"""
+    from perfhooks.faults import FaultLog, Once
+    from perfhooks.memory import MemoryMonitor
+
+    class Fed(MemoryMonitor):
+        figures: list[dict] = []
+
+        def sample(self) -> dict:
+            self.latest = self.figures.pop(0)
+            return self.latest
+
+    monitor = Fed(tmp_path, False, FaultLog(), Once(), threshold=0.9, capacity_bytes=1000, poll_s=0, history=None,
+                  history_entries=10, max_captures=3)
+    Fed.figures = [{"used_bytes": 300, "num_alloc_retries": 2}, {"used_bytes": 310, "num_alloc_retries": 2},
+                   {"used_bytes": 320, "num_alloc_retries": 3}, {"used_bytes": 330, "num_alloc_retries": 5}]
+    for step in range(4):
+        monitor.observe(step, "forward")
+    assert monitor.armed == {"step": 2, "signal": "alloc_retries"}  # retries counted from the run's start (2)
+    assert [(c["step"], c["signal"]) for c in monitor.captures] == [(2, "alloc_retries")]
