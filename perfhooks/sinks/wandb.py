@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,8 @@ PERF_STEP = "perf/step"
 DIAGNOSIS_COLUMNS = ("id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step")
 #: Diagnoses whose id and gain go to the run summary.
 SUMMARY_TOP = 3
+#: Window results kept while the run is not found yet (the latest).
+MAX_PENDING_WINDOWS = 8
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,11 @@ class WandbSink:
         self._thread = BackgroundWriter(faults, capacity=queue, name="perfhooks-wandb")
         self._last_step = -1
         self._declared = False
+        #: Window results that came before the run was found (windows can end before the first row): logged,
+        #: in order, on the training thread as soon as the run is found. At most MAX_PENDING_WINDOWS kept.
+        self._pending_windows: deque[tuple[int, dict[str, Any], list[dict[str, Any]]]] = deque(
+            maxlen=MAX_PENDING_WINDOWS)
+        self._pending_lock = threading.Lock()
         if self.run is not None:
             self._adopt(self.run)
 
@@ -98,7 +107,12 @@ class WandbSink:
             return False
         if run is None:
             return False
-        self._adopt(run)
+        with self._pending_lock:  # a window's results arriving now are either pending here or see the run
+            self._adopt(run)
+            pending = list(self._pending_windows)
+            self._pending_windows.clear()
+        for step, window, diagnoses in pending:
+            self.log_window(step, window, diagnoses)
         return True
 
     def log_steps(self, step: int, timings: list[Any], memory: dict[str, Any] | None) -> None:
@@ -116,9 +130,13 @@ class WandbSink:
         self._submit("wandb_log", lambda: self._log_row(row, step))
 
     def log_window(self, step: int, window: dict[str, Any], diagnoses: list[dict[str, Any]]) -> None:
-        """After a window's analysis (any thread): its GPU figures, the diagnoses table and the trace artifact."""
-        if self.run is None:
-            return
+        """After a window's analysis (any thread): its GPU figures, the diagnoses table and the trace artifact.
+        Before the run is found (that lookup belongs to the training thread), they wait for it."""
+        with self._pending_lock:
+            if self.run is None:
+                if not self.failed:
+                    self._pending_windows.append((step, window, diagnoses))
+                return
         metrics = window.get("metrics") or {}
         row = {f"perf/{key}": value for key, value in metrics.items()
                if key in ("gpu_utilization", "sm_efficiency", "achieved_occupancy") and value is not None}

@@ -212,3 +212,27 @@ def test_a_full_queue_drops_and_counts(offline_wandb: Path, tmp_path: Path, monk
     section = read_report(tmp_path)["wandb"]
     assert section["dropped"] >= 8  # 12 rows and the last one; the queue holds 2 and one is in flight
     assert section["rows"] + section["dropped"] == 13
+
+
+def test_with_every_default_the_window_reaches_wandb(offline_wandb: Path, tmp_path: Path) -> None:
+    """Defaults everywhere (the default schedule, wandb_log_every=50, Lightning's checkpoints, progress bar and
+    validation): the window ends before the first perf/* row; its trace artifact, GPU figures and diagnoses
+    table still reach the run, once it is found."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from helpers import default_trainer
+    from perfhooks.integrations.lightning import PerfCallback
+
+    logger = WandbLogger(offline=True, save_dir=str(offline_wandb))
+    out = tmp_path / "perf"
+    trainer = default_trainer(tmp_path, max_steps=30, logger=logger, callbacks=[PerfCallback(output_dir=out)],
+                              val_check_interval=10, limit_val_batches=2)
+    trainer.fit(lightning_mlp(), random_loader(30), random_loader(2))
+    wandb.finish()
+    records = wandb_records(offline_wandb)
+    report = read_report(out)
+    [window] = report["windows"]
+    kinds = {a["type"]: a for a in artifacts(records)}
+    assert f"step{window['first_step']}" in kinds["perf-trace"]["aliases"]
+    tables = [row for row in history(records) if row.get("perf/diagnoses._type") == "table-file"]
+    assert len(tables) == 2, "the window's table and the final one"
