@@ -69,14 +69,17 @@ def make_dataloader(steps: int, batch_size: int = 16, seq_len: int = 128, d_mode
     return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, shuffle=False)
 
 
-def lightning_module(d_model: int = 512, heads: int = 8, lr: float = 1e-4):
-    """The layer wrapped in a LightningModule (imported lazily: Lightning is an extra)."""
+def lightning_module(d_model: int = 512, heads: int = 8, lr: float = 1e-4, optimized: bool = False):
+    """The layer (``optimized``: :class:`OptimizedTransformerLayer`) wrapped in a LightningModule (imported
+    lazily: Lightning is an extra)."""
     import lightning as L
+
+    layer_class = OptimizedTransformerLayer if optimized else TransformerLayer
 
     class TutorialTransformer(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.layer = TransformerLayer(d_model, heads)
+            self.layer = layer_class(d_model, heads)
 
         def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
             x, y = batch

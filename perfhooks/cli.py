@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="regenerate report.html in a perfhooks output folder")
     report.add_argument("output_dir")
     report.set_defaults(run=_report)
+    diff = commands.add_parser("diff", help="compare two runs: reports, output folders or traces")
+    diff.add_argument("before", help="report.json, a perfhooks output folder, or trace file(s)/folder")
+    diff.add_argument("after", help="the same kinds as BEFORE")
+    diff.add_argument("--format", choices=("text", "json", "html"), default="text")
+    diff.add_argument("--output", "-o", help="write here instead of standard output")
+    diff.set_defaults(run=_diff)
     launch = commands.add_parser(
         "run", allow_abbrev=False, help="run a training script unmodified, with perfhooks added to its "
         "Lightning Trainer, transformers Trainer or Accelerator",
@@ -103,6 +109,30 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
     launch.set_defaults(run=_run)
     return parser
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from perfhooks.analysis.model import TraceError
+    from perfhooks.diff import compare, format_html, format_text, load_side
+    from perfhooks.files import atomic_write_bytes
+    from perfhooks.report import json_safe
+
+    try:
+        result = compare(load_side(args.before), load_side(args.after))
+    except TraceError as error:
+        print(f"perfhooks: {error}", file=sys.stderr)
+        return 2
+    if args.format == "json":
+        text = json.dumps(json_safe(result), indent=2, allow_nan=False)
+    elif args.format == "html":
+        text = format_html(result)
+    else:
+        text = format_text(result)
+    if args.output:
+        atomic_write_bytes(Path(args.output), (text + "\n").encode())
+    else:
+        print(text)
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

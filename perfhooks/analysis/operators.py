@@ -29,11 +29,14 @@ def device_time_by_op(trace: Trace) -> dict[Any, float]:
 
 
 def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
+    """Operators by the device time of the kernels they launched; on a trace with no device, by host time
+    (inclusive of the ops they call)."""
     by_id = device_time_by_op(trace)
+    on_host = not trace.has_gpu
     groups: dict[tuple[str, str], list[float]] = {}
     for op in trace.cpu_ops:
-        device = by_id.get(op.external_id)
-        if not device:
+        device = by_id.get(op.external_id, 0.0)
+        if not device and not on_host:
             continue
         shapes = op.input_dims
         key = (op.name or "?", str(shapes) if shapes else "")
@@ -41,7 +44,7 @@ def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
         entry[0] += 1
         entry[1] += device
         entry[2] += op.dur
-    ranked = sorted(groups.items(), key=lambda item: item[1][1], reverse=True)[:top]
+    ranked = sorted(groups.items(), key=lambda item: item[1][2 if on_host else 1], reverse=True)[:top]
     return [{"name": name, "input_shapes": shapes, "count": count, "device_self_us": device, "host_us": host}
             for (name, shapes), (count, device, host) in ranked]
 

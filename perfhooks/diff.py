@@ -1,0 +1,218 @@
+"""``perfhooks diff BEFORE AFTER``: what changed between two runs, two traces or two output folders.
+
+Each side is a ``report.json`` (a run's, or ``perfhooks analyze --format json`` output), a perfhooks output
+folder (its ``report.json``, with its latest window's trace for operators and kernels), or a trace file or
+folder of traces (analysed). The comparison (:func:`compare`) gives, with ratios after/before:
+
+- ``step_ms``: the steady step time (steps that overlapped perfhooks' own work left out) where the report has
+  it, else the mean;
+- ``phases``: each phase's ms per step and share (perfhooks' phases where both sides have them, else the trace
+  breakdown's roles: kernel, memcpy, ..., dataloader, cpu_exec, other);
+- ``diagnoses``: ``resolved`` (before only), ``new`` (after only), ``unchanged``;
+- ``operators`` and ``kernels``: those whose time per step changed most (µs);
+- ``memory``: the peak (bytes).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from perfhooks.analysis.model import TraceError
+
+PHASE_NAMES = ("data_wait", "forward", "backward", "optimizer", "other")
+TOP = 10
+
+
+def load_side(path: str | Path) -> dict[str, Any]:
+    """``{"label", "report", "metrics"}`` for one side; ``metrics`` is the trace analysis (or None)."""
+    from perfhooks.analysis.analyze import analyze_paths
+
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such file or folder")
+    report: dict[str, Any] | None = None
+    if path.is_dir() and (path / "report.json").is_file():
+        report = _read_report(path / "report.json")
+    elif path.is_file() and path.name.endswith(".json") and not path.name.endswith(".pt.trace.json"):
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            document = None
+        if isinstance(document, dict) and "schema_version" in document and "phases" in document:
+            report = document
+    if report is None:  # traces: analyse them
+        report = analyze_paths([path])
+        return {"label": str(path), "report": report, "metrics": report.get("metrics")}
+    metrics = report.get("metrics")
+    if metrics is None:  # a run's report: its latest window's trace, where it still exists
+        windows = [w for w in report.get("windows") or [] if w.get("path") and Path(w["path"]).exists()]
+        if windows:
+            metrics = analyze_paths([windows[-1]["path"]]).get("metrics")
+    return {"label": str(path), "report": report, "metrics": metrics}
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise TraceError(f"{path}: unreadable report ({error})") from None
+
+
+def _ratio(after: float | None, before: float | None) -> float | None:
+    return after / before if after is not None and before else None
+
+
+def _step_ms(side: dict[str, Any]) -> float | None:
+    report, metrics = side["report"], side["metrics"]
+    steady = (report.get("steady") or {}).get("step_ms") or {}
+    if steady.get("mean"):
+        return steady["mean"]
+    if (report.get("step_ms") or {}).get("mean"):
+        return report["step_ms"]["mean"]
+    return metrics["step_us"] / 1e3 if metrics and metrics.get("step_us") else None
+
+
+def _has_phases(report: dict[str, Any]) -> bool:
+    phases = report.get("phases") or {}
+    return any((phases.get(name) or {}).get("mean_ms") for name in PHASE_NAMES if name != "other")
+
+
+def _phase_rows(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    if _has_phases(before["report"]) and _has_phases(after["report"]):
+        rows = []
+        for name in PHASE_NAMES:
+            b, a = before["report"]["phases"].get(name) or {}, after["report"]["phases"].get(name) or {}
+            rows.append({"name": name, "before_ms": b.get("mean_ms"), "after_ms": a.get("mean_ms"),
+                         "ratio": _ratio(a.get("mean_ms"), b.get("mean_ms")),
+                         "before_share": b.get("share"), "after_share": a.get("share")})
+        return "phases", rows
+    b_metrics, a_metrics = before["metrics"] or {}, after["metrics"] or {}
+    b_roles, a_roles = b_metrics.get("breakdown") or {}, a_metrics.get("breakdown") or {}
+    b_step, a_step = b_metrics.get("step_us") or 0.0, a_metrics.get("step_us") or 0.0
+    rows = []
+    for name in dict.fromkeys([*b_roles, *a_roles]):
+        b, a = b_roles.get(name), a_roles.get(name)
+        rows.append({"name": name, "before_ms": None if b is None else b / 1e3, "after_ms": None if a is None
+                     else a / 1e3, "ratio": _ratio(a, b), "before_share": b / b_step if b is not None and b_step
+                     else None, "after_share": a / a_step if a is not None and a_step else None})
+    return "breakdown", rows
+
+
+def _per_step(metrics: dict[str, Any] | None, key: str, name_key: str, time_key: str) -> dict[str, float]:
+    if not metrics:
+        return {}
+    steps = max(metrics.get("steps") or 1, 1)
+    items = metrics.get(key) or []
+    if isinstance(items, dict):  # kernels: {"top": [...]}
+        items = items.get("top") or []
+    out: dict[str, float] = {}
+    for item in items:
+        out[item[name_key]] = out.get(item[name_key], 0.0) + (item.get(time_key) or 0.0) / steps
+    return out
+
+
+def _changes(before: dict[str, float], after: dict[str, float]) -> list[dict[str, Any]]:
+    rows = [{"name": name, "before_us": before.get(name, 0.0), "after_us": after.get(name, 0.0),
+             "change_us": after.get(name, 0.0) - before.get(name, 0.0)} for name in dict.fromkeys([*before, *after])]
+    return sorted(rows, key=lambda row: -abs(row["change_us"]))[:TOP]
+
+
+def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The comparison of two sides from :func:`load_side` (see the module docstring)."""
+    b_step, a_step = _step_ms(before), _step_ms(after)
+    kind, phases = _phase_rows(before, after)
+    b_ids = [d["id"] for d in before["report"].get("diagnoses") or []]
+    a_ids = [d["id"] for d in after["report"].get("diagnoses") or []]
+    b_peak = (before["report"].get("memory") or {}).get("peak_used_bytes")
+    a_peak = (after["report"].get("memory") or {}).get("peak_used_bytes")
+    operators = _changes(_per_step(before["metrics"], "top_operators", "name", "device_self_us")
+                         if _device_timed(before["metrics"]) else
+                         _per_step(before["metrics"], "top_operators", "name", "host_us"),
+                         _per_step(after["metrics"], "top_operators", "name", "device_self_us")
+                         if _device_timed(after["metrics"]) else
+                         _per_step(after["metrics"], "top_operators", "name", "host_us"))
+    return {
+        "before": before["label"], "after": after["label"],
+        "step_ms": {"before": b_step, "after": a_step, "ratio": _ratio(a_step, b_step)},
+        "phase_source": kind, "phases": phases,
+        "diagnoses": {"resolved": [i for i in b_ids if i not in a_ids], "new": [i for i in a_ids if i not in b_ids],
+                      "unchanged": [i for i in a_ids if i in b_ids]},
+        "operators": operators,
+        "kernels": _changes(_per_step(before["metrics"], "kernels", "name", "total_us"),
+                            _per_step(after["metrics"], "kernels", "name", "total_us")),
+        "memory": {"before_peak_bytes": b_peak, "after_peak_bytes": a_peak, "ratio": _ratio(a_peak, b_peak)},
+    }
+
+
+def _device_timed(metrics: dict[str, Any] | None) -> bool:
+    return bool(metrics and metrics.get("devices"))
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def format_text(result: dict[str, Any]) -> str:
+    step = result["step_ms"]
+    lines = [f"before: {result['before']}", f"after:  {result['after']}",
+             f"step time  {_ms(step['before'])} ms -> {_ms(step['after'])} ms  ({_x(step['ratio'])})", "",
+             f"  {'phase' if result['phase_source'] == 'phases' else 'role':<14}{'before ms':>11}{'after ms':>11}"
+             f"{'ratio':>9}{'before':>9}{'after':>9}"]
+    for row in result["phases"]:
+        lines.append(f"  {row['name']:<14}{_ms(row['before_ms']):>11}{_ms(row['after_ms']):>11}"
+                     f"{_x(row['ratio']):>9}{_pct(row['before_share']):>9}{_pct(row['after_share']):>9}")
+    d = result["diagnoses"]
+    lines += [""] + [f"diagnoses {key}: {', '.join(d[key]) or '-'}" for key in ("resolved", "new", "unchanged")]
+    for key, title in (("operators", "operators"), ("kernels", "kernels")):
+        if result[key]:
+            lines += ["", f"{title} whose time per step changed most (us):"]
+            lines += [f"  {row['change_us']:+12.1f}  {row['before_us']:10.1f} -> {row['after_us']:10.1f}  "
+                      f"{row['name'][:80]}" for row in result[key]]
+    memory = result["memory"]
+    if memory["before_peak_bytes"] or memory["after_peak_bytes"]:
+        lines += ["", f"memory peak {_bytes(memory['before_peak_bytes'])} -> {_bytes(memory['after_peak_bytes'])} "
+                      f"({_x(memory['ratio'])})"]
+    return "\n".join(lines)
+
+
+def _bytes(value: int | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def format_html(result: dict[str, Any]) -> str:
+    """One self-contained page (no network): the same tables as the text."""
+    e = html.escape
+    step = result["step_ms"]
+
+    def table(headers: list[str], rows: list[list[str]]) -> str:
+        head = "".join(f"<th>{e(h)}</th>" for h in headers)
+        body = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows)
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    parts = [f"<h1>perfhooks diff</h1><p>before: <code>{e(result['before'])}</code><br>after: "
+             f"<code>{e(result['after'])}</code></p>",
+             f"<p id='step'>step time {_ms(step['before'])} ms → {_ms(step['after'])} ms ({_x(step['ratio'])})</p>",
+             table([result["phase_source"], "before ms", "after ms", "ratio", "before share", "after share"],
+                   [[r["name"], _ms(r["before_ms"]), _ms(r["after_ms"]), _x(r["ratio"]), _pct(r["before_share"]),
+                     _pct(r["after_share"])] for r in result["phases"]]),
+             table(["diagnoses", "ids"], [[k, ", ".join(v) or "-"] for k, v in result["diagnoses"].items()])]
+    for key in ("operators", "kernels"):
+        if result[key]:
+            parts.append(table([key, "before µs/step", "after µs/step", "change"],
+                               [[r["name"], f"{r['before_us']:.1f}", f"{r['after_us']:.1f}", f"{r['change_us']:+.1f}"]
+                                for r in result[key]]))
+    style = ("body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}table{border-collapse:collapse;"
+             "margin:12px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>perfhooks diff</title><style>{style}</style>" \
+           f"</head><body>{''.join(parts)}</body></html>"
