@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--format", choices=("text", "json", "html"), default="text")
     diff.add_argument("--output", "-o", help="write here instead of standard output")
     diff.set_defaults(run=_diff)
+    view = commands.add_parser("wandb-workspace", help="save a W&B workspace view of perfhooks' panels "
+                               "(needs wandb-workspaces: pip install 'perfhooks[workspace]')")
+    view.add_argument("project", metavar="ENTITY/PROJECT")
+    view.add_argument("--name", default="perfhooks", help="the view's name (default: perfhooks)")
+    view.add_argument("--dry-run", action="store_true", help="print the view as JSON; save nothing, need no server")
+    view.set_defaults(run=_wandb_workspace)
     launch = commands.add_parser(
         "run", allow_abbrev=False, help="run a training script unmodified, with perfhooks added to its "
         "Lightning Trainer, transformers Trainer or Accelerator",
@@ -132,6 +138,27 @@ def _diff(args: argparse.Namespace) -> int:
         atomic_write_bytes(Path(args.output), (text + "\n").encode())
     else:
         print(text)
+    return 0
+
+
+def _wandb_workspace(args: argparse.Namespace) -> int:
+    from perfhooks.sinks.wandb_workspace import build_workspace, workspace_json
+
+    entity, slash, project = args.project.partition("/")
+    if not slash or not entity or not project or "/" in project:
+        print(f"perfhooks wandb-workspace: ENTITY/PROJECT must be like my-team/my-project, got {args.project!r}",
+              file=sys.stderr)
+        return 2
+    try:
+        workspace = build_workspace(entity, project, args.name)
+    except RuntimeError as error:
+        print(f"perfhooks wandb-workspace: {error}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(json.dumps(workspace_json(workspace), indent=2))
+        return 0
+    workspace.save()
+    print(workspace.url)
     return 0
 
 

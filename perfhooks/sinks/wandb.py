@@ -36,6 +36,8 @@ PERF_STEP = "perf/step"
 DIAGNOSIS_COLUMNS = ("id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step")
 #: Diagnoses whose id and gain go to the run summary.
 SUMMARY_TOP = 3
+#: A window's figures logged as ``perf/<name>`` (from its trace; CUDA only).
+WINDOW_FIGURES = ("gpu_utilization", "sm_efficiency", "achieved_occupancy")
 #: Window results kept while the run is not found yet (the latest).
 MAX_PENDING_WINDOWS = 8
 
@@ -138,8 +140,7 @@ class WandbSink:
                     self._pending_windows.append((step, window, diagnoses))
                 return
         metrics = window.get("metrics") or {}
-        row = {f"perf/{key}": value for key, value in metrics.items()
-               if key in ("gpu_utilization", "sm_efficiency", "achieved_occupancy") and value is not None}
+        row = {f"perf/{key}": value for key, value in metrics.items() if key in WINDOW_FIGURES and value is not None}
         rows = [dict(d) for d in diagnoses]
         path = Path(window["path"])
 
