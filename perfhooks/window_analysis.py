@@ -15,6 +15,8 @@ from typing import Any
 
 #: The figures of a window's analysis that go into its record (and W&B).
 WINDOW_METRICS = ("gpu_utilization", "sm_efficiency", "achieved_occupancy")
+#: Operators and kernels kept in a window's record.
+TOP_WORK = 5
 
 
 def analysis_command(path: Path, thresholds: Any) -> list[str]:
@@ -34,4 +36,22 @@ def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: floa
     diagnoses = result["diagnoses"]
     for diagnosis in diagnoses:
         diagnosis["step"] = first_step
-    return {key: metrics.get(key) for key in WINDOW_METRICS}, diagnoses
+    return {**{key: metrics.get(key) for key in WINDOW_METRICS}, **top_work(metrics)}, diagnoses
+
+
+def top_work(metrics: dict[str, Any], top: int = TOP_WORK) -> dict[str, list[dict[str, Any]]]:
+    """The window's top operators (device time where the trace has a device, else host time) and top kernels:
+    name, ms per step and share 0..1 of the step."""
+    steps = max(metrics.get("steps") or 1, 1)
+    step_us = metrics.get("step_us") or 0.0
+    on_device = bool(metrics.get("devices"))
+
+    def row(name: str, total_us: float, **extra: Any) -> dict[str, Any]:
+        per_step = total_us / steps
+        return {"name": name, "ms_per_step": round(per_step / 1e3, 4),
+                "share": round(per_step / step_us, 4) if step_us else None, **extra}
+
+    operators = [row(op["name"], op["device_self_us"] if on_device else op["host_us"],
+                     input_shapes=op.get("input_shapes") or "") for op in (metrics.get("top_operators") or [])[:top]]
+    kernels = [row(k["name"], k["total_us"]) for k in ((metrics.get("kernels") or {}).get("top") or [])[:top]]
+    return {"top_operators": operators, "top_kernels": kernels}

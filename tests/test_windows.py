@@ -37,8 +37,12 @@ def test_scheduled_window_writes_a_standard_trace(tmp_path: Path) -> None:
     assert {key: window[key] for key in ("path", "first_step", "last_step", "trigger", "pruned")} == {
         "path": str(tmp_path / "traces" / "rank0.step3.pt.trace.json.gz"), "first_step": 3, "last_step": 4,
         "trigger": "schedule", "pruned": False}
-    assert window["metrics"] == {"gpu_utilization": None, "sm_efficiency": None, "achieved_occupancy": None}, \
+    metrics = window["metrics"]
+    assert {key: metrics[key] for key in ("gpu_utilization", "sm_efficiency", "achieved_occupancy")} == \
+        {"gpu_utilization": None, "sm_efficiency": None, "achieved_occupancy": None}, \
         "the window was analysed (a CPU trace has no GPU metrics)"
+    assert metrics["top_kernels"] == [] and metrics["top_operators"], "host-timed operators on a CPU trace"
+    assert all(0 < op["share"] <= 1 and op["ms_per_step"] > 0 for op in metrics["top_operators"])
 
 
 def test_repeat_cycles_respect_max_traces(tmp_path: Path) -> None:

@@ -56,29 +56,92 @@ def _scale(values: list[float]) -> float:
     return min(ordered[-1], ordered[int(0.98 * (len(ordered) - 1))] * 1.1) or ordered[-1]
 
 
+#: Plot margins inside a chart's SVG (px): room for the y ticks on the left and the x ticks below.
+LEFT, BOTTOM, TOP_PAD = 72, 22, 6
+
+
 def _y(value: float, top: float, height: int) -> str:
-    return f"{height - height * min(value, top) / top:.1f}"
+    return f"{TOP_PAD + (height - TOP_PAD) * (1 - min(value, top) / top):.1f}"
 
 
-def _series(series: dict[str, list[float]], width: int = 1000, height: int = 180) -> str:
+def _ticks(top: float, count: int = 4) -> list[float]:
+    return [top * i / count for i in range(count + 1)]
+
+
+def _axes(plot_width: int, height: int, top: float, unit: str, steps: list[Any]) -> str:
+    """Y ticks (``unit``) at the left, step numbers along the bottom, grid lines between."""
+    out = []
+    for value in _ticks(top):
+        y = _y(value, top, height)
+        out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_width}" y1="{y}" y2="{y}" stroke="#e5e5e5"/>'
+                   f'<text x="{LEFT - 6}" y="{float(y) + 4:.1f}" text-anchor="end" font-size="11" fill="#555">'
+                   f"{_e(_tick_label(value, unit))}</text>")
+    if len(steps) >= 2:
+        dx = plot_width / (len(steps) - 1)
+        every = max(1, len(steps) // 8)
+        for i in range(0, len(steps), every):
+            x = LEFT + i * dx
+            anchor = "end" if x > LEFT + plot_width - 20 else "middle"  # the last label stays inside the chart
+            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{height}" y2="{height + 4}" stroke="#888"/>'
+                       f'<text x="{x:.1f}" y="{height + 16}" text-anchor="{anchor}" font-size="11" fill="#555">'
+                       f"{_e(steps[i])}</text>")
+    out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_width}" y1="{height}" y2="{height}" stroke="#888"/>'
+               f'<line x1="{LEFT}" x2="{LEFT}" y1="{TOP_PAD}" y2="{height}" stroke="#888"/>')
+    return "".join(out)
+
+
+def _tick_label(value: float, unit: str) -> str:
+    if unit == "GiB":
+        return f"{value / 2**30:.2f} GiB"
+    return f"{value:.3g} {unit}"
+
+
+def _chart(body: str, axes: str, width: int, height: int, label: str) -> str:
+    return (f'<svg width="{width}" height="{height + BOTTOM}" role="img" aria-label="{_e(label)}">{axes}'
+            f"{body}</svg>")
+
+
+def _hover_columns(steps: list[Any], texts: list[str], plot_width: int, height: int) -> str:
+    """One transparent column per step whose title gives that step's values (shown under the pointer)."""
+    if len(steps) < 2:
+        return ""
+    dx = plot_width / (len(steps) - 1)
+    return "".join(f'<rect x="{LEFT + (i - 0.5) * dx:.1f}" y="{TOP_PAD}" width="{dx:.1f}" '
+                   f'height="{height - TOP_PAD}" fill="transparent"><title>{_e(text)}</title></rect>'
+                   for i, text in enumerate(texts))
+
+
+def _step_axis(series: dict[str, list[float]], count: int, steps: list[Any] | None) -> list[Any]:
+    return list(steps[-count:]) if steps and len(steps) >= count else list(range(count))
+
+
+def _series(series: dict[str, list[float]], steps: list[Any] | None = None, width: int = 1000,
+            height: int = 180) -> str:
     values = [v for points in series.values() for v in points]
     if not values or max(values) <= 0:
         return "<p>no per-step phase times</p>"
     top = _scale(values)
+    plot = width - LEFT
     lines = []
+    count = max(len(points) for points in series.values())
+    axis = _step_axis(series, count, steps)
     for name, points in series.items():
         if len(points) < 2:
             continue
-        step = width / (len(points) - 1)
-        coords = " ".join(f"{i * step:.1f},{_y(v, top, height)}" for i, v in enumerate(points))
+        dx = plot / (len(points) - 1)
+        coords = " ".join(f"{LEFT + i * dx:.1f},{_y(v, top, height)}" for i, v in enumerate(points))
         lines.append(f'<polyline fill="none" stroke="{COLORS.get(name, "#999")}" stroke-width="1.5" '
                      f'points="{coords}"><title>{_e(name)}</title></polyline>')
+    texts = [f"step {axis[i]}: " + ", ".join(f"{n} {p[i]:.3f} ms" for n, p in series.items() if i < len(p))
+             for i in range(count)]
     legend = _legend(dict.fromkeys(series, ""))
-    return (f'<svg width="{width}" height="{height}" role="img" aria-label="phase time series">{"".join(lines)}</svg>'
-            f'<div class="legend">{legend} (axis top {top:.2f} ms; max {max(values):.2f} ms)</div>')
+    return (_chart("".join(lines) + _hover_columns(axis, texts, plot, height), _axes(plot, height, top, "ms", axis),
+                   width, height, "phase time series")
+            + f'<div class="legend">{legend} (max {max(values):.2f} ms; x: step)</div>')
 
 
-def _stacked_series(series: dict[str, list[float]], width: int = 1000, height: int = 180) -> str:
+def _stacked_series(series: dict[str, list[float]], steps: list[Any] | None = None, width: int = 1000,
+                    height: int = 180) -> str:
     """Phase times stacked per step (an area per phase): how the step's time splits, step by step."""
     names = [n for n, points in series.items() if len(points) >= 2]
     if not names:
@@ -88,20 +151,24 @@ def _stacked_series(series: dict[str, list[float]], width: int = 1000, height: i
     top = _scale(totals) if totals else 0.0
     if count < 2 or top <= 0:
         return ""
-    dx = width / (count - 1)
+    plot = width - LEFT
+    dx = plot / (count - 1)
+    axis = _step_axis(series, count, steps)
     base = [0.0] * count
     areas = []
     for name in names:
         upper = [base[i] + series[name][i] for i in range(count)]
-        points = [f"{i * dx:.1f},{_y(upper[i], top, height)}" for i in range(count)]
-        points += [f"{i * dx:.1f},{_y(base[i], top, height)}" for i in reversed(range(count))]
+        points = [f"{LEFT + i * dx:.1f},{_y(upper[i], top, height)}" for i in range(count)]
+        points += [f"{LEFT + i * dx:.1f},{_y(base[i], top, height)}" for i in reversed(range(count))]
         areas.append(f'<polygon fill="{COLORS.get(name, "#999")}" fill-opacity="0.85" points="{" ".join(points)}">'
                      f"<title>{_e(name)}</title></polygon>")
         base = upper
+    texts = [f"step {axis[i]}: {totals[i]:.3f} ms = " + ", ".join(f"{n} {series[n][i]:.3f}" for n in names)
+             for i in range(count)]
     legend = _legend(dict.fromkeys(names, ""))
-    return (f'<svg width="{width}" height="{height}" role="img" aria-label="stacked phase breakdown">'
-            f'{"".join(areas)}</svg><div class="legend">{legend} (axis top {top:.2f} ms per step; '
-            f'max {max(totals):.2f} ms)</div>')
+    return (_chart("".join(areas) + _hover_columns(axis, texts, plot, height), _axes(plot, height, top, "ms", axis),
+                   width, height, "stacked phase breakdown")
+            + f'<div class="legend">{legend} (max {max(totals):.2f} ms per step; x: step)</div>')
 
 
 def _memory_line(memory: dict[str, Any], width: int = 1000, height: int = 140) -> str:
@@ -116,16 +183,38 @@ def _memory_line(memory: dict[str, Any], width: int = 1000, height: int = 140) -
     if len(used) < 2:
         return text
     top = max(max(used), capacity or 0) * 1.05
-    dx = width / (len(used) - 1)
-    coords = " ".join(f"{i * dx:.1f},{height - height * u / top:.1f}" for i, u in enumerate(used))
+    plot = width - LEFT
+    dx = plot / (len(used) - 1)
+    coords = " ".join(f"{LEFT + i * dx:.1f},{_y(u, top, height)}" for i, u in enumerate(used))
     limit = ""
     if capacity:
-        y = height - height * capacity / top
-        limit = f'<line x1="0" x2="{width}" y1="{y:.1f}" y2="{y:.1f}" stroke="#c0392b" stroke-dasharray="6 4"/>'
-    steps = series.get("step") or [0]
-    return (text + f'<svg width="{width}" height="{height}" role="img" aria-label="memory used">{limit}'
-            f'<polyline fill="none" stroke="#2c3e50" stroke-width="1.5" points="{coords}"/></svg>'
-            f'<div class="legend">used memory, steps {steps[0]}–{steps[-1]}; dashed: capacity</div>')
+        y = _y(capacity, top, height)
+        limit = f'<line x1="{LEFT}" x2="{width}" y1="{y}" y2="{y}" stroke="#c0392b" stroke-dasharray="6 4"/>'
+    steps = series.get("step") or list(range(len(used)))
+    texts = [f"step {s}: {u / gib:.3f} GiB" for s, u in zip(steps, used, strict=False)]
+    body = (f'{limit}<polyline fill="none" stroke="#2c3e50" stroke-width="1.5" points="{coords}"/>'
+            + _hover_columns(steps, texts, plot, height))
+    return (text + _chart(body, _axes(plot, height, top, "GiB", steps), width, height, "memory used")
+            + '<div class="legend">used memory per sample (x: step); dashed: capacity</div>')
+
+
+def _top_work(window: dict[str, Any]) -> str:
+    """The latest analysed window's top operators (and kernels on a GPU) with their share of the step."""
+    metrics = window.get("metrics") or {}
+    out = []
+    for key, title in (("top_operators", "Top operators"), ("top_kernels", "Top kernels")):
+        rows = metrics.get(key) or []
+        if not rows:
+            continue
+        out.append(f'<h2 id="{key}">{title} (window at steps {window["first_step"]}–{window["last_step"]})</h2>'
+                   "<table><tr><th>share of step</th><th>ms per step</th><th>name</th></tr>")
+        for row in rows:
+            share = f"{row['share']:.1%}" if row.get("share") is not None else "n/a"
+            shapes = f" <code>{_e(row['input_shapes'])[:80]}</code>" if row.get("input_shapes") else ""
+            out.append(f"<tr><td>{share}</td><td>{row['ms_per_step']:.3f}</td><td>{_e(row['name'][:100])}{shapes}"
+                       "</td></tr>")
+        out.append("</table>")
+    return "".join(out)
 
 
 def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = None) -> str:
@@ -157,10 +246,9 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
     parts += ["<h2>Step breakdown</h2>", _stacked_bar(breakdown)]
     if series:
         phases = {name: series[name] for name in PHASE_SERIES if name in series}
-        steps = [s for s in series.get("global_step") or [] if s is not None]
-        axis = f'<div class="legend">steps {steps[0]}–{steps[-1]} (the framework\'s step)</div>' if steps else ""
-        parts += ["<h2>Phases per step, stacked (ms)</h2>", _stacked_series(phases), axis,
-                  "<h2>Phases per step (ms)</h2>", _series(phases), axis]
+        steps = [s for s in series.get("global_step") or [] if s is not None] or None
+        parts += ["<h2>Phases per step, stacked (ms; the framework's step below)</h2>",
+                  _stacked_series(phases, steps), "<h2>Phases per step (ms)</h2>", _series(phases, steps)]
     if report.get("memory"):
         parts += ['<h2 id="memory">Memory</h2>', _memory_line(report["memory"])]
     kernels = (metrics.get("kernels") or {}).get("top") or []
@@ -171,11 +259,16 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
                          f"<td>{kernel['count']}</td><td>{_e(kernel['name'][:120])}</td></tr>")
         parts.append("</table>")
     windows = [w for w in report.get("windows", []) if not w.get("pruned")]
+    analysed = [w for w in windows if (w.get("metrics") or {}).get("top_operators")]
+    if analysed:
+        parts.append(_top_work(analysed[-1]))
     if windows:
         parts.append("<h2>Traces</h2><ul>")
         for window in windows:
             parts.append(f'<li><a href="{_e(window["path"])}">{_e(window["path"])}</a> steps '
                          f'{window["first_step"]}–{window["last_step"]}</li>')
-        parts.append("</ul>")
+        parts.append("</ul><p>To open a trace: drop the <code>.json.gz</code> onto <a href=\"https://ui.perfetto.dev\">"
+                     "ui.perfetto.dev</a> (it stays in the browser), or run <code>perfhooks analyze PATH</code> "
+                     "for the figures and verdicts in the terminal.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)

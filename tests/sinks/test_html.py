@@ -53,3 +53,36 @@ def test_report_html_renders_with_the_diagnoses_in_view(tmp_path: Path) -> None:
 
     assert pixels_near((0x8E, 0x44, 0xAD)) > 500  # backward: its stacked area and its legend swatch
     assert pixels_near((0x2C, 0x3E, 0x50)) > 300  # the memory line
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium-headless-shell (apt-get install chromium-headless-shell)")
+def test_report_html_has_axes_hover_values_run_account_and_top_operators(tmp_path: Path) -> None:
+    """Lightning's defaults (validation, checkpoints, progress bar) and one window: the page has step numbers
+    and ms ticks on its charts, each step's values under the pointer (SVG titles), the run account as a bar
+    and the window's top operators; the run account's evaluation colour is on screen."""
+    from PIL import Image
+
+    import perfhooks
+    from helpers import default_trainer
+    from perfhooks.integrations.lightning import PerfCallback
+
+    out = tmp_path / "perf"
+    schedule = perfhooks.Schedule(skip_first=4, warmup=1, active=2)
+    callback = PerfCallback(output_dir=out, console=False, schedule=schedule)
+    trainer = default_trainer(tmp_path, max_steps=30, callbacks=[callback], val_check_interval=10, limit_val_batches=4)
+    trainer.fit(lightning_mlp(), random_loader(30), random_loader(4))
+    page = (out / "report.html").read_text()
+    report = read_report(out)
+    assert ">0 ms</text>" in page and "ms</text>" in page  # y ticks
+    steps = report["series"]["global_step"]
+    assert f">{steps[0]}</text>" in page  # x ticks: the framework's step numbers
+    assert f"<title>step {steps[-1]}: " in page  # the last step's values under the pointer
+    assert "Where the run&#x27;s time went" in page or "Where the run's time went" in page
+    assert 'id="top_operators"' in page and report["windows"][0]["metrics"]["top_operators"]
+    assert "ui.perfetto.dev" in page and "perfhooks analyze" in page
+    shot = tmp_path / "report.png"
+    _screenshot(out / "report.html", shot)
+    image = Image.open(shot).convert("RGB")
+    counts = {colour: count for count, colour in image.getcolors(maxcolors=WIDTH * HEIGHT)}
+    assert counts.get((0x16, 0xA0, 0x85), 0) > 200, "the run account's evaluation segment is drawn"
+    assert counts.get((0x55, 0x55, 0x55), 0) > 50, "axis labels are drawn"
