@@ -76,6 +76,8 @@ class Engine:
         self.global_step = start_step
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
+        #: Whether the run's rank summaries went through the process group's store (set at the end).
+        self.rank_store = False
         self.device = describe_device(device)
         on_cuda = self.device["type"] == "cuda"
         self.clock: HostClock = clock or (CudaClock() if on_cuda else HostClock())
@@ -574,11 +576,13 @@ class Engine:
             self.faults.report(kind, error)
             return None
 
-    def guarded_call(self, kind: str, fn: Any) -> None:
+    def guarded_call(self, kind: str, fn: Any) -> Any:
+        """``fn()``, or None after reporting its fault once."""
         try:
-            fn()
+            return fn()
         except Exception as error:
             self.faults.report(kind, error)
+            return None
 
 
 def compiled_graphs() -> int:

@@ -19,7 +19,16 @@ import sys
 import time
 from typing import Any
 
-from perfhooks.report import merge_rank_reports, rank_reports, write_merged_report, write_report
+from perfhooks import rank_store
+from perfhooks.ranks import rank_summary
+from perfhooks.report import (
+    merge_rank_reports,
+    merge_summaries,
+    rank_reports,
+    write_merged_report,
+    write_report,
+    write_run_report,
+)
 from perfhooks.sinks.console import format_table
 from perfhooks.sinks.html import render_html
 
@@ -59,10 +68,15 @@ def finish_run(engine: Any, deadline: Deadline) -> dict[str, Any] | None:
     report = engine.report()
     if engine.memory is not None and not engine.cuda_broken:
         guarded("memory_stop", engine.memory.stop)
-    if engine.wandb is not None:
-        guarded("wandb_close", lambda: close_wandb(engine, report, deadline))
-    guarded("report_write", lambda: write_report(engine.output_dir, report))
+    run_report: dict[str, Any] | None = None
     if engine.world_size > 1:
+        run_report = guarded("rank_merge", lambda: gather_ranks(engine, report, deadline))
+    if engine.wandb is not None:
+        guarded("wandb_close", lambda: close_wandb(engine, report, deadline, run_report))
+    guarded("report_write", lambda: write_report(engine.output_dir, report))
+    if run_report is not None and run_report["ranks"]["source"] == "store":
+        guarded("report_merge", lambda: write_run_report(engine.output_dir, run_report))
+    elif engine.world_size > 1 and not engine.rank_store:
         guarded("report_merge", lambda: write_merged_report(engine.output_dir, engine.world_size,
                                                               engine.config.thresholds))
     if engine.console and engine.rank == 0:
@@ -70,21 +84,47 @@ def finish_run(engine: Any, deadline: Deadline) -> dict[str, Any] | None:
     return report
 
 
-def close_wandb(engine: Any, report: dict[str, Any], deadline: Deadline) -> None:
-    """The last W&B row, table, summary and files; the ``wandb`` section of the report."""
+def gather_ranks(engine: Any, report: dict[str, Any], deadline: Deadline) -> dict[str, Any] | None:
+    """The run's merged report on rank 0 (None elsewhere, or when it cannot be had).
+
+    With a process group: every rank publishes its summary in the group's store; rank 0 collects the others'
+    within ``RANK_WAIT_S`` and merges what came, listing the rest as missing. Without one: the rank that
+    logs to W&B reads the others' ``report.rank{R}.json`` from the (shared) output folder within the wait.
+    """
+    store = rank_store.default_store()
+    engine.rank_store = store is not None
+    others = [r for r in range(engine.world_size) if r != engine.rank]
+    if store is not None:
+        index = rank_store.next_index()
+        summary = rank_summary(report)
+        rank_store.publish(store, index, engine.rank, summary)
+        if engine.rank != 0:
+            return None
+        wait_s = deadline.left(RANK_WAIT_S)
+        summaries, missing = rank_store.collect(store, index, others, wait_s)
+        if missing:
+            engine.once.warn("ranks_late", f"rank(s) {', '.join(map(str, missing))} sent no summary within "
+                                           f"{wait_s:.0f} s; the merged report lists them as missing")
+        return merge_summaries(report, [summary, *summaries], engine.config.thresholds, "store", engine.world_size)
+    if engine.wandb is None or not engine.wandb.resolve():
+        return None
+    wait_s = deadline.left(RANK_WAIT_S)
+    reports = rank_reports(engine.output_dir, others, wait_s=wait_s, final=True)
+    if reports is None:
+        engine.once.warn("ranks_late", f"not every rank's final report was there within {wait_s:.0f} s; "
+                                       "W&B gets this rank's figures only")
+        return None
+    return merge_rank_reports([report, *reports], engine.config.thresholds)
+
+
+def close_wandb(engine: Any, report: dict[str, Any], deadline: Deadline,
+                run_report: dict[str, Any] | None = None) -> None:
+    """The last W&B row, table, summary and files (with the run's merged report on a multi-rank run); the
+    ``wandb`` section of the report."""
     sink = engine.wandb
     recent = list(engine.stats.recent)[-engine.config.wandb_log_every:]
     latest = engine.memory.latest if engine.memory is not None else None
-    run_report = report
-    if engine.world_size > 1 and sink.resolve():  # the other ranks' final summaries, within the wait
-        wait_s = deadline.left(RANK_WAIT_S)
-        others = rank_reports(engine.output_dir, [r for r in range(engine.world_size) if r != engine.rank],
-                              wait_s=wait_s, final=True)
-        if others is None:
-            engine.once.warn("ranks_late", f"not every rank's final report was there within {wait_s:.0f} s; "
-                                           "W&B gets this rank's figures only")
-        else:
-            run_report = merge_rank_reports([report, *others], engine.config.thresholds)
+    run_report = run_report or report
     sink.close(engine.global_step, run_report, recent, latest, render_html(run_report, series=report.get("series")),
                timeout_s=deadline.left(WANDB_WAIT_S))
     if sink.run is not None or sink.failed:

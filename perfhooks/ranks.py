@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 
 def rank() -> int:
@@ -28,3 +29,50 @@ def logs_to_trackers(rank: int) -> bool:
     The one place where rank gating is decided; every rank writes its own local files.
     """
     return rank == 0
+
+
+# ----------------------------------------------------------------------------- one rank-merge schema
+def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
+    """A rank's entry in a merged report (a few KB), from its report: a run's ``report.rank{R}.json`` or
+    ``perfhooks analyze``'s report of one trace. It is what travels between ranks (the store, the folder).
+
+    ``step_ms`` is {mean, p50, p95, max} (ms); ``shares`` and ``phases_ms`` are perfhooks' phases (zero when
+    the source has none); ``collective_ms_per_step`` is the time in collectives per step in the latest
+    analysed window (the wait for the other ranks is inside it), or None.
+    """
+    metrics = report.get("metrics")
+    if metrics is None:  # a run's report: the latest analysed window's figures
+        analysed = [w["metrics"] for w in report.get("windows") or [] if w.get("metrics")]
+        metrics = analysed[-1] if analysed else {}
+    collective = metrics.get("collective_ms_per_step")
+    if collective is None and metrics.get("communication") and metrics.get("step_us"):
+        collective = metrics["communication"].get("share", 0.0) * metrics["step_us"] / 1e3
+    phases = report.get("phases") or {}
+    step_ms = report.get("step_ms") or {}
+    if not step_ms.get("mean") and metrics.get("step_us"):  # a trace: its device-side steps
+        step_ms = {"mean": metrics["step_us"] / 1e3, "p50": (metrics.get("step_us_p50") or 0.0) / 1e3,
+                   "p95": None, "max": None}
+    return {"rank": report["rank"], "status": report.get("status"), "steps": report.get("steps"),
+            "step_ms": step_ms, "coverage": report.get("coverage"),
+            "shares": {name: phase.get("share", 0.0) for name, phase in phases.items()},
+            "phases_ms": {name: phase.get("mean_ms", 0.0) for name, phase in phases.items()},
+            "collective_ms_per_step": collective, "gpu_utilization": metrics.get("gpu_utilization"),
+            "diagnoses": [d["id"] for d in report.get("diagnoses") or []], "faults": len(report.get("faults") or []),
+            "path": (report.get("source") or {}).get("path")}
+
+
+def ranks_section(summaries: list[dict[str, Any]], expected: int, source: str) -> dict[str, Any]:
+    """The merged report's ``ranks`` section, from the ranks' summaries (:func:`rank_summary`).
+
+    ``source``: ``store`` (the process group's key-value store), ``folder`` (``report.rank{R}.json`` files)
+    or ``traces`` (``perfhooks analyze`` on a folder of per-rank traces). ``missing``: the ranks of
+    ``range(expected)`` that sent nothing in time.
+    """
+    by_rank = sorted(summaries, key=lambda s: s["rank"])
+    step_ms = {s["rank"]: s["step_ms"]["mean"] for s in by_rank if (s.get("step_ms") or {}).get("mean")}
+    values = sorted(step_ms.values())
+    median = values[len(values) // 2] if values else 0.0
+    present = {s["rank"] for s in by_rank}
+    return {"count": len(by_rank), "expected": expected, "missing": [r for r in range(expected) if r not in present],
+            "source": source, "step_ms": {str(k): v for k, v in step_ms.items()},
+            "spread": (values[-1] - values[0]) / median if median else 0.0, "per_rank": by_rank}

@@ -1,7 +1,7 @@
 """The ``report.json`` document: the public contract, built by this module alone.
 
-Schema version 1 (README, "The report"). Keys are only ever added within a version; a key
-that changes meaning or goes away bumps ``schema_version``.
+Schema version 2 (README, "The report"; 2 made ``ranks`` one schema for runs and ``perfhooks analyze``).
+Keys are only ever added within a version; a key that changes meaning or goes away bumps ``schema_version``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from perfhooks.files import atomic_write_json
 from perfhooks.phases import OTHER, PHASES
 from perfhooks.timeline import PhaseStatistics
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 REPORT_FILE = "report.json"
 
 #: Top-level keys every version-1 report has.
@@ -221,28 +221,31 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
     return metrics
 
 
-def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None) -> dict[str, Any]:
-    """One run's report from its per-rank reports: rank 0's as the base, plus a ``ranks`` section
-    (per-rank step time, phase shares and status) and the cross-rank diagnoses (``straggler``)."""
-    from perfhooks.analysis.diagnoses import Thresholds, diagnose_rank_phases, rank
+def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None, source: str = "folder",
+                       expected: int | None = None) -> dict[str, Any]:
+    """One run's report from its per-rank reports (see :func:`merge_summaries`)."""
+    from perfhooks.ranks import rank_summary
 
     by_rank = sorted(reports, key=lambda r: r["rank"])
-    merged = dict(by_rank[0])
-    step_ms = {r["rank"]: r["step_ms"]["mean"] for r in by_rank if r.get("steps")}
-    values = list(step_ms.values())
-    median = sorted(values)[len(values) // 2] if values else 0.0
-    merged["ranks"] = {
-        "count": len(by_rank),
-        "step_ms": {str(k): v for k, v in step_ms.items()},
-        "spread": (max(values) - min(values)) / median if median else 0.0,
-        "per_rank": [{"rank": r["rank"], "status": r["status"], "steps": r["steps"], "step_ms": r["step_ms"],
-                      "coverage": r["coverage"], "shares": {n: p["share"] for n, p in r["phases"].items()},
-                      "diagnoses": [d["id"] for d in r["diagnoses"]], "faults": len(r["faults"])}
-                     for r in by_rank],
-    }
-    cross = diagnose_rank_phases(by_rank, thresholds or Thresholds())
-    merged["diagnoses"] = rank(list(merged["diagnoses"]) + cross)
-    merged["status"] = "failed" if any(r["status"] == "failed" for r in by_rank) else merged["status"]
+    return merge_summaries(by_rank[0], [rank_summary(r) for r in by_rank], thresholds, source,
+                           expected or max(r.get("world_size") or 1 for r in by_rank))
+
+
+def merge_summaries(base: dict[str, Any], summaries: list[dict[str, Any]], thresholds: Any = None,
+                    source: str = "folder", expected: int | None = None,
+                    diagnoses: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The one merge: ``base`` (the lowest rank's report), plus the ``ranks`` section built from every rank's
+    summary (:func:`perfhooks.ranks.ranks_section`) and the cross-rank ``straggler`` rule. ``diagnoses``:
+    the per-rank diagnoses to keep (default: the base's)."""
+    from perfhooks.analysis.diagnoses import Thresholds, diagnose_stragglers, rank
+    from perfhooks.ranks import ranks_section
+
+    merged = dict(base)
+    merged["ranks"] = ranks_section(summaries, expected or len(summaries), source)
+    cross = diagnose_stragglers(summaries, thresholds or Thresholds())
+    merged["diagnoses"] = rank(list(base.get("diagnoses") or [] if diagnoses is None else diagnoses) + cross)
+    if any(s.get("status") == "failed" for s in summaries):
+        merged["status"] = "failed"
     return merged
 
 
@@ -257,6 +260,15 @@ def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = Non
         return None
     target = output_dir / REPORT_FILE
     merged = merge_rank_reports(reports, thresholds)
+    if not supersedes(merged, _read_json(target)):
+        return None
+    _write_json_and_html(target, merged)
+    return target
+
+
+def write_run_report(output_dir: Path, merged: dict[str, Any]) -> Path | None:
+    """Rank 0's merged report (from the store) as ``report.json`` (and ``.html``), unless a newer one is there."""
+    target = output_dir / REPORT_FILE
     if not supersedes(merged, _read_json(target)):
         return None
     _write_json_and_html(target, merged)

@@ -1,15 +1,20 @@
 """A window's trace, analysed in a separate interpreter (``perfhooks analyze``, which imports no torch).
 
 In the training process the analysis would hold the GIL for a second or so and slow the steps it
-overlaps; as a child process it runs beside them. Runs on the writer thread, after the export.
+overlaps; as a child process it runs beside them. Runs on the writer thread, after the export. The ranks
+of a node take turns (:func:`node_lock`): one analysis process per node at a time, so the memory a window's
+analysis needs (peak RSS 2-3x the trace's uncompressed JSON) is paid once per node, not once per rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +29,34 @@ def analysis_command(path: Path, thresholds: Any) -> list[str]:
             "--thresholds", json.dumps(dataclasses.asdict(thresholds))]
 
 
+#: The node-local lock file: at most one window analysis runs at a time on a machine (every rank of the node
+#: analyses its window at the same moment; each analysis needs 2-3x its trace's JSON size in memory).
+LOCK_FILE = "perfhooks-analysis.lock"
+
+
+@contextlib.contextmanager
+def node_lock() -> Iterator[None]:
+    """Hold the node's analysis lock (``fcntl.flock`` on a file in the temp folder, which is node-local);
+    without ``fcntl`` (not POSIX), no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: float = 600.0
                    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(metrics for the window record, diagnoses tagged with the window's first step)``; raises on failure."""
-    done = subprocess.run(analysis_command(path, thresholds), capture_output=True, text=True, timeout=timeout_s,
-                          check=False)
+    with node_lock():
+        done = subprocess.run(analysis_command(path, thresholds), capture_output=True, text=True,
+                              timeout=timeout_s, check=False)
     if done.returncode != 0:
         raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
     result = json.loads(done.stdout)
@@ -36,7 +64,11 @@ def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: floa
     diagnoses = result["diagnoses"]
     for diagnosis in diagnoses:
         diagnosis["step"] = first_step
-    return {**{key: metrics.get(key) for key in WINDOW_METRICS}, **top_work(metrics)}, diagnoses
+    communication = metrics.get("communication") or {}
+    collective = (communication.get("share", 0.0) * metrics["step_us"] / 1e3
+                  if communication and metrics.get("step_us") else None)
+    return {**{key: metrics.get(key) for key in WINDOW_METRICS}, "collective_ms_per_step": collective,
+            **top_work(metrics)}, diagnoses
 
 
 def top_work(metrics: dict[str, Any], top: int = TOP_WORK) -> dict[str, list[dict[str, Any]]]:

@@ -66,8 +66,9 @@ def test_a_folder_of_ranks_is_one_run_with_a_straggler(tmp_path: Path, monkeypat
     assert main(["analyze", str(tmp_path / "traces"), "--format", "json", "--workers", "2"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["ranks"]["count"] == 2
-    step_us = report["ranks"]["step_us"]
-    assert step_us["1"] > step_us["0"] + 40_000
+    step_ms = report["ranks"]["step_ms"]
+    assert step_ms["1"] > step_ms["0"] + 40
+    assert report["ranks"]["source"] == "traces" and report["ranks"]["missing"] == []
     straggler = next(d for d in report["diagnoses"] if d["id"] == "straggler")
     assert straggler["measured"]["slowest_rank"] == 1
 

@@ -132,3 +132,26 @@ def test_the_report_written_at_a_window_end_has_that_windows_analysis(tmp_path: 
     assert written["status"] == "running"
     assert "metrics" in written["windows"][0], "analysed before the window-end report was written"
     engine.close()
+
+
+def test_window_analyses_on_a_node_take_turns(tmp_path: Path) -> None:
+    """While one rank's analysis holds the node lock, another rank's waits for it: one analysis process per
+    node at a time (each needs 2-3x its trace's JSON size in memory)."""
+    import threading
+
+    from perfhooks.analysis.diagnoses import Thresholds
+    from perfhooks.window_analysis import analyze_window, node_lock
+
+    trace = Path(__file__).parent / "data" / "traces" / "hta" / "mi250_minitoy_train.json.gz"
+    finished = threading.Event()
+
+    def analyse() -> None:
+        analyze_window(trace, Thresholds(), first_step=1)
+        finished.set()
+
+    with node_lock():  # another rank's analysis is running
+        worker = threading.Thread(target=analyse)
+        worker.start()
+        assert not finished.wait(3.0), "the analysis ran while the node's lock was held"
+    assert finished.wait(60.0), "the analysis ran once the lock was free"
+    worker.join()

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.analysis import ranges
-from perfhooks.analysis.diagnoses import Thresholds, diagnose_rank_phases, diagnose_ranks, diagnose_trace, rank
+from perfhooks.analysis.diagnoses import Thresholds, diagnose_trace, rank
 from perfhooks.analysis.host import compilation, host_synchronizations
 from perfhooks.analysis.kernels import (
     attention_kernels,
@@ -228,25 +228,16 @@ def _analyze_or_skip(path: str, thresholds: Thresholds | None = None) -> dict[st
 
 
 def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = None) -> dict[str, Any]:
-    """One run from per-rank reports: rank 0's (or the first) as the base, a ``ranks`` section and cross-rank rules."""
+    """One run from per-rank trace reports: the run's own merge (:func:`perfhooks.report.merge_summaries`),
+    with every rank's trace diagnoses kept."""
+    from perfhooks.ranks import rank_summary
+    from perfhooks.report import merge_summaries
+
     by_rank = sorted(reports, key=lambda r: r["rank"])
     for first, second in itertools.pairwise(by_rank):
         if first["rank"] == second["rank"]:
             raise TraceError(f"{first['source']['path']} and {second['source']['path']} are both rank "
                              f"{first['rank']}: analyse one trace per rank (one window of one run) at a time")
-    base = dict(by_rank[0])
-    step_us = {r["rank"]: r["metrics"]["step_us"] for r in by_rank if r["metrics"]["step_us"]}
-    values = list(step_us.values())
-    base["ranks"] = {
-        "count": len(by_rank),
-        "step_us": {str(k): v for k, v in step_us.items()},
-        "spread": (max(values) - min(values)) / statistics.median(values) if values else 0.0,
-        "per_rank": [{"rank": r["rank"], "path": r["source"]["path"], "step_us": r["metrics"]["step_us"],
-                      "gpu_utilization": r["metrics"]["gpu_utilization"],
-                      "diagnoses": [d["id"] for d in r["diagnoses"]]} for r in by_rank],
-    }
-    merged = [d for r in by_rank for d in r["diagnoses"]] + diagnose_ranks(step_us, thresholds or Thresholds())
-    if all(r["phases"]["backward"]["mean_ms"] > 0 for r in by_rank):  # perfhooks labels: the synchronised view
-        merged += diagnose_rank_phases(by_rank, thresholds or Thresholds())
-    base["diagnoses"] = rank(merged)
-    return base
+    expected = max(len(by_rank), *(r.get("world_size") or 1 for r in by_rank))
+    return merge_summaries(by_rank[0], [rank_summary(r) for r in by_rank], thresholds, "traces", expected,
+                           diagnoses=[d for r in by_rank for d in r["diagnoses"]])

@@ -398,48 +398,63 @@ def _straggler_fix(slowest: int) -> str:
             "(other processes, CPU affinity), GPU clocks and thermals.")
 
 
-def diagnose_ranks(step_us_by_rank: dict[int, float], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
-    """Rules across the ranks of one run."""
-    if len(step_us_by_rank) < 2:
+def diagnose_stragglers(summaries: list[dict[str, Any]], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+    """The rank the others wait for, from the ranks' summaries (:func:`perfhooks.ranks.rank_summary`).
+
+    Every rank of a synchronised run (DDP, FSDP 1 and 2, ZeRO, tensor parallel) ends its step together: the
+    others wait for the slow one inside their collectives. So the rule, in order of the evidence present:
+
+    1. **collective wait** (any parallelism; what HTA's straggler analysis reads): with every rank's time in
+       collectives per step from an analysed window, the straggler is the rank that spends the *least* time
+       in them; its lead over the median of the others is what they lose waiting.
+    2. **time outside backward** (DDP only, where the wait is the gradient all-reduce in backward): with
+       perfhooks' phases and no window figures, the rank with the most time outside backward.
+    3. **step time** (ranks that do not synchronise): the slowest rank against the median.
+    """
+    ranked = [s for s in summaries if (s.get("step_ms") or {}).get("mean")]
+    if len(ranked) < 2:
         return []
-    median = statistics.median(step_us_by_rank.values())
-    slowest, worst = max(step_us_by_rank.items(), key=lambda item: item[1])
+    collectives = {s["rank"]: s.get("collective_ms_per_step") for s in ranked}
+    if all(value is not None for value in collectives.values()) and max(collectives.values()) > 0:
+        slowest, least = min(collectives.items(), key=lambda item: item[1])
+        others = statistics.median(v for r, v in collectives.items() if r != slowest)
+        step = next(s["step_ms"]["mean"] for s in ranked if s["rank"] == slowest)
+        excess = others - least
+        if step <= 0 or excess / step < t.straggler_spread:
+            return []
+        return [make(
+            "straggler", "warning", f"Rank {slowest} is slower than the others",
+            f"rank {slowest} spends {least:.1f} ms per step in collectives vs {others:.1f} ms on the others: they "
+            f"wait {excess:.1f} ms ({pct(excess / step)} of its {step:.1f} ms step) for it. Rule: the rank that "
+            f"waits least in collectives (any parallelism); threshold {pct(t.straggler_spread)} of step time",
+            excess / step, _straggler_fix(slowest), slowest_rank=slowest, excess_ms=round(excess, 3),
+            rule="collective_wait")]
+    phases = {s["rank"]: s.get("phases_ms") or {} for s in ranked}
+    if all(p.get("backward", 0) > 0 for p in phases.values()):
+        outside = {r: max(0.0, s["step_ms"]["mean"] - phases[r]["backward"]) for r, s in
+                   ((s["rank"], s) for s in ranked)}
+        slowest, worst = max(outside.items(), key=lambda item: item[1])
+        median = statistics.median(v for r, v in outside.items() if r != slowest)
+        step = next(s["step_ms"]["mean"] for s in ranked if s["rank"] == slowest)
+        excess = worst - median
+        if step <= 0 or excess / step < t.straggler_spread:
+            return []
+        return [make(
+            "straggler", "warning", f"Rank {slowest} is slower than the others",
+            f"rank {slowest} spends {worst:.1f} ms per step outside backward vs {median:.1f} ms on the others "
+            f"(+{excess:.1f} ms, {pct(excess / step)} of its {step:.1f} ms step); the other ranks wait that long "
+            f"in the gradient all-reduce. Rule: time outside backward (DDP; no window's collective times to "
+            f"read); threshold {pct(t.straggler_spread)} of step time",
+            excess / step, _straggler_fix(slowest), slowest_rank=slowest, excess_ms=round(excess, 3),
+            rule="outside_backward")]
+    step_ms = {s["rank"]: s["step_ms"]["mean"] for s in ranked}
+    median = statistics.median(step_ms.values())
+    slowest, worst = max(step_ms.items(), key=lambda item: item[1])
     spread = (worst - median) / median if median else 0.0
     if spread < t.straggler_spread:
         return []
     return [make(
         "straggler", "warning", f"Rank {slowest} is slower than the others",
-        f"rank {slowest} steps take {worst / 1e3:.1f} ms vs a median of {median / 1e3:.1f} ms (+{pct(spread)}); "
-        f"threshold +{pct(t.straggler_spread)}",
-        (worst - median) / worst,
-        _straggler_fix(slowest),
-        slowest_rank=slowest, spread=spread)]
-
-
-def diagnose_rank_phases(reports: list[dict[str, Any]], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
-    """The straggler among synchronised ranks, from their version-1 reports (``step_ms``, ``phases``).
-
-    Under DDP every rank's step takes the same time: the others wait for the slow one inside the
-    gradient all-reduce, i.e. in their backward phase. So the slow rank is the one with the most
-    time *outside* backward (data wait, forward, optimizer, other), and the gain is what the
-    others lose waiting.
-    """
-    phase_ms_by_rank = {r["rank"]: {"step": r["step_ms"]["mean"], "backward": r["phases"]["backward"]["mean_ms"]}
-                        for r in reports if r.get("steps")}
-    if len(phase_ms_by_rank) < 2:
-        return []
-    outside = {r: max(0.0, p["step"] - p.get("backward", 0.0)) for r, p in phase_ms_by_rank.items()}
-    slowest, worst = max(outside.items(), key=lambda item: item[1])
-    median = statistics.median(v for r, v in outside.items() if r != slowest)  # of the others
-    step = phase_ms_by_rank[slowest]["step"]
-    excess = worst - median
-    if step <= 0 or excess / step < t.straggler_spread:
-        return []
-    return [make(
-        "straggler", "warning", f"Rank {slowest} is slower than the others",
-        f"rank {slowest} spends {worst:.1f} ms per step outside backward vs {median:.1f} ms on the others "
-        f"(+{excess:.1f} ms, {pct(excess / step)} of its {step:.1f} ms step); the other ranks wait that long "
-        f"in the gradient all-reduce. Threshold {pct(t.straggler_spread)} of step time",
-        excess / step,
-        _straggler_fix(slowest),
-        slowest_rank=slowest, excess_ms=round(excess, 3))]
+        f"rank {slowest} steps take {worst:.1f} ms vs a median of {median:.1f} ms (+{pct(spread)}). Rule: step "
+        f"time (no phase or collective figures); threshold +{pct(t.straggler_spread)}",
+        (worst - median) / worst, _straggler_fix(slowest), slowest_rank=slowest, spread=spread, rule="step_time")]

@@ -35,7 +35,7 @@ def format_analysis(report: dict[str, Any], top: int = 5) -> str:
                      f"kernel wait {_pct(idle.get('kernel_wait'))}, other {_pct(idle.get('other'))}")
     ranks = report.get("ranks")
     if ranks:
-        per_rank = ", ".join(f"rank {k}: {v / 1e3:.1f} ms" for k, v in ranks["step_us"].items())
+        per_rank = ", ".join(f"rank {k}: {v:.1f} ms" for k, v in ranks["step_ms"].items())
         lines.append(f"  {ranks['count']} ranks, step time {per_rank} (spread {ranks['spread']:.1%})")
     kernels = (metrics.get("kernels") or {}).get("top") or []
     if kernels:

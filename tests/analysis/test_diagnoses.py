@@ -10,7 +10,7 @@ import pytest
 from fixtures import NUM_WORKERS_0, NUM_WORKERS_4, RESNET, report
 from helpers import plain_loop, train_steps
 from perfhooks import Engine, PerfConfig
-from perfhooks.analysis.diagnoses import DOCS, Thresholds, diagnose_live, diagnose_ranks, rank
+from perfhooks.analysis.diagnoses import DOCS, Thresholds, diagnose_live, rank
 from perfhooks.report import validate_report
 
 
@@ -137,11 +137,33 @@ def test_live_rules_wait_for_enough_steps(tmp_path: Path) -> None:
     engine.close()
 
 
-def test_straggler_names_the_slow_rank() -> None:
-    [diagnosis] = diagnose_ranks({0: 100_000.0, 1: 140_000.0, 2: 101_000.0})
+def _summary(rank: int, step_ms: float, backward_ms: float = 0.0, collective_ms: float | None = None) -> dict:
+    return {"rank": rank, "step_ms": {"mean": step_ms}, "phases_ms": {"backward": backward_ms},
+            "collective_ms_per_step": collective_ms}
+
+
+def test_straggler_by_step_time_when_nothing_else_is_known() -> None:
+    from perfhooks.analysis.diagnoses import diagnose_stragglers
+
+    [diagnosis] = diagnose_stragglers([_summary(0, 100.0), _summary(1, 140.0), _summary(2, 101.0)])
     assert diagnosis["id"] == "straggler" and diagnosis["measured"]["slowest_rank"] == 1
-    assert "Rank 1" in diagnosis["title"]
-    assert diagnose_ranks({0: 100_000.0, 1: 105_000.0}) == []
+    assert diagnosis["measured"]["rule"] == "step_time" and "Rank 1" in diagnosis["title"]
+    assert diagnose_stragglers([_summary(0, 100.0), _summary(1, 105.0)]) == []
+
+
+def test_straggler_under_fsdp_is_the_rank_that_waits_least_in_collectives() -> None:
+    """FSDP: the fast ranks wait in forward all-gathers too, so time outside backward names the wrong rank
+    (rank 0 here); the collective wait names rank 1, the one the others wait for."""
+    from perfhooks.analysis.diagnoses import diagnose_stragglers
+
+    fsdp = [_summary(0, 60.0, backward_ms=10.0, collective_ms=35.0), _summary(1, 60.0, backward_ms=25.0,
+                                                                              collective_ms=5.0)]
+    [diagnosis] = diagnose_stragglers(fsdp)
+    assert diagnosis["measured"]["slowest_rank"] == 1 and diagnosis["measured"]["rule"] == "collective_wait"
+    assert diagnosis["estimated_gain"] == pytest.approx(30.0 / 60.0)
+    without_windows = [dict(s, collective_ms_per_step=None) for s in fsdp]
+    [wrong] = diagnose_stragglers(without_windows)  # the DDP rule, all that is left without window figures
+    assert (wrong["measured"]["rule"], wrong["measured"]["slowest_rank"]) == ("outside_backward", 0)
 
 
 def test_rank_keeps_the_larger_gain_per_id() -> None:

@@ -3,7 +3,9 @@
     torchrun --nproc-per-node 2 tests/distributed/plain_ddp.py OUTPUT_DIR
 
 Environment: SLOW_RANK (that rank sleeps SLOW_MS in each forward), SLOW_EXPORT_S (rank 1's trace
-export sleeps that long first, as on a slow filesystem), PG_TIMEOUT_S (the process group's timeout).
+export sleeps that long first, as on a slow filesystem), PG_TIMEOUT_S (the process group's timeout),
+PER_RANK_DIRS (each rank writes to OUTPUT_DIR/rank<R>, as node-local disks), VANISH_RANK (that rank
+leaves with os._exit(0) before perfhooks' end: it never reports).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ def main(output_dir: str) -> int:
     torch.manual_seed(0)
     model = DistributedDataParallel(mlp())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if os.environ.get("PER_RANK_DIRS"):
+        output_dir = str(Path(output_dir) / f"rank{rank}")
     engine = perfhooks.Engine(perfhooks.PerfConfig(schedule=perfhooks.Schedule(skip_first=3, warmup=1, active=2),
                                                    console=False, analyze_windows=False), output_dir, "torchrun")
     started = time.monotonic()
@@ -60,7 +64,11 @@ def main(output_dir: str) -> int:
         optimizer.zero_grad()
         engine.step_end()
     print(f"rank {rank} trained {STEPS} steps in {time.monotonic() - started:.2f} s", flush=True)
+    if rank == int(os.environ.get("VANISH_RANK", "-1")):
+        os._exit(0)
+    closing = time.monotonic()
     engine.close()
+    print(f"rank {rank} closed in {time.monotonic() - closing:.2f} s", flush=True)
     dist.destroy_process_group()
     return 0
 
