@@ -76,8 +76,6 @@ class Engine:
         self.global_step = start_step
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
-        #: Whether the run's rank summaries went through the process group's store (set at the end).
-        self.rank_store = False
         self.device = describe_device(device)
         on_cuda = self.device["type"] == "cuda"
         self.clock: HostClock = clock or (CudaClock() if on_cuda else HostClock())
@@ -431,7 +429,7 @@ class Engine:
                             world_size=self.world_size, device=self.device, stats=self.stats,
                             windows=self.windows.snapshot(), diagnoses=self.diagnoses(live),
                             faults=self.faults.as_list(), error=self.error,
-                            memory=self._guarded_value("memory_report", self.memory.section) if self.memory else None,
+                            memory=self.guarded_call("memory_report", self.memory.section) if self.memory else None,
                             run=self.account.section(self.stats.training_ms), global_step=self.global_step,
                             run_id=self.run_id, started_at=self.started_at)
 
@@ -568,13 +566,6 @@ class Engine:
                 self.wandb.log_window(global_step, written[-1], report["diagnoses"])
 
         self.writer.submit("report_write", write)
-
-    def _guarded_value(self, kind: str, fn: Any) -> Any:
-        try:
-            return fn()
-        except Exception as error:
-            self.faults.report(kind, error)
-            return None
 
     def guarded_call(self, kind: str, fn: Any) -> Any:
         """``fn()``, or None after reporting its fault once."""

@@ -69,14 +69,16 @@ def finish_run(engine: Any, deadline: Deadline) -> dict[str, Any] | None:
     if engine.memory is not None and not engine.cuda_broken:
         guarded("memory_stop", engine.memory.stop)
     run_report: dict[str, Any] | None = None
+    store = guarded("rank_store", rank_store.default_store) if engine.world_size > 1 else None
     if engine.world_size > 1:
-        run_report = guarded("rank_merge", lambda: gather_ranks(engine, report, deadline))
+        run_report = guarded("rank_merge", lambda: gather_ranks(engine, report, deadline, store))
     if engine.wandb is not None:
         guarded("wandb_close", lambda: close_wandb(engine, report, deadline, run_report))
     guarded("report_write", lambda: write_report(engine.output_dir, report))
-    if run_report is not None and run_report["ranks"]["source"] == "store":
-        guarded("report_merge", lambda: write_run_report(engine.output_dir, run_report))
-    elif engine.world_size > 1 and not engine.rank_store:
+    if store is not None:  # rank 0 merged the store's summaries
+        if run_report is not None:
+            guarded("report_merge", lambda: write_run_report(engine.output_dir, run_report))
+    elif engine.world_size > 1:  # no process group: the last rank to finish merges the folder's reports
         guarded("report_merge", lambda: write_merged_report(engine.output_dir, engine.world_size,
                                                               engine.config.thresholds))
     if engine.console and engine.rank == 0:
@@ -84,15 +86,15 @@ def finish_run(engine: Any, deadline: Deadline) -> dict[str, Any] | None:
     return report
 
 
-def gather_ranks(engine: Any, report: dict[str, Any], deadline: Deadline) -> dict[str, Any] | None:
+def gather_ranks(engine: Any, report: dict[str, Any], deadline: Deadline, store: Any
+                 ) -> dict[str, Any] | None:
     """The run's merged report on rank 0 (None elsewhere, or when it cannot be had).
 
-    With a process group: every rank publishes its summary in the group's store; rank 0 collects the others'
-    within ``RANK_WAIT_S`` and merges what came, listing the rest as missing. Without one: the rank that
-    logs to W&B reads the others' ``report.rank{R}.json`` from the (shared) output folder within the wait.
+    With a process group (``store`` is its key-value store): every rank publishes its summary there; rank 0
+    collects the others' within ``RANK_WAIT_S`` and merges what came, listing the rest as missing. Without
+    one: the rank that logs to W&B reads the others' ``report.rank{R}.json`` from the (shared) output folder
+    within the wait.
     """
-    store = rank_store.default_store()
-    engine.rank_store = store is not None
     others = [r for r in range(engine.world_size) if r != engine.rank]
     if store is not None:
         index = rank_store.next_index()
