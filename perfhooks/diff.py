@@ -128,12 +128,8 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     a_ids = [d["id"] for d in after["report"].get("diagnoses") or []]
     b_peak = (before["report"].get("memory") or {}).get("peak_used_bytes")
     a_peak = (after["report"].get("memory") or {}).get("peak_used_bytes")
-    operators = _changes(_per_step(before["metrics"], "top_operators", "name", "device_self_us")
-                         if _device_timed(before["metrics"]) else
-                         _per_step(before["metrics"], "top_operators", "name", "host_us"),
-                         _per_step(after["metrics"], "top_operators", "name", "device_self_us")
-                         if _device_timed(after["metrics"]) else
-                         _per_step(after["metrics"], "top_operators", "name", "host_us"))
+    operators = _changes(_per_step(before["metrics"], "top_operators", "name", "time_us"),
+                         _per_step(after["metrics"], "top_operators", "name", "time_us"))
     return {
         "before": before["label"], "after": after["label"],
         "step_ms": {"before": b_step, "after": a_step, "ratio": _ratio(a_step, b_step)},
@@ -145,10 +141,6 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
                             _per_step(after["metrics"], "kernels", "name", "total_us")),
         "memory": {"before_peak_bytes": b_peak, "after_peak_bytes": a_peak, "ratio": _ratio(a_peak, b_peak)},
     }
-
-
-def _device_timed(metrics: dict[str, Any] | None) -> bool:
-    return bool(metrics and metrics.get("devices"))
 
 
 def _ms(value: float | None) -> str:

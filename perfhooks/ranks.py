@@ -44,9 +44,6 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
     if metrics is None:  # a run's report: the latest analysed window's figures
         analysed = [w["metrics"] for w in report.get("windows") or [] if w.get("metrics")]
         metrics = analysed[-1] if analysed else {}
-    collective = metrics.get("collective_ms_per_step")
-    if collective is None and metrics.get("communication") and metrics.get("step_us"):
-        collective = metrics["communication"].get("share", 0.0) * metrics["step_us"] / 1e3
     phases = report.get("phases") or {}
     step_ms = report.get("step_ms") or {}
     if not step_ms.get("mean") and metrics.get("step_us"):  # a trace: its device-side steps
@@ -56,7 +53,8 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
             "step_ms": step_ms, "coverage": report.get("coverage"),
             "shares": {name: phase.get("share", 0.0) for name, phase in phases.items()},
             "phases_ms": {name: phase.get("mean_ms", 0.0) for name, phase in phases.items()},
-            "collective_ms_per_step": collective, "gpu_utilization": metrics.get("gpu_utilization"),
+            "collective_ms_per_step": metrics.get("collective_ms_per_step"),
+            "gpu_utilization": metrics.get("gpu_utilization"),
             "diagnoses": [d["id"] for d in report.get("diagnoses") or []], "faults": len(report.get("faults") or []),
             "path": (report.get("source") or {}).get("path")}
 

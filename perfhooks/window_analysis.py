@@ -18,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-#: The figures of a window's analysis that go into its record (and W&B).
-WINDOW_METRICS = ("gpu_utilization", "sm_efficiency", "achieved_occupancy")
+#: The figures of a window's analysis that go into its record (the GPU ones to W&B too; the collective time
+#: to the straggler rule).
+WINDOW_METRICS = ("gpu_utilization", "sm_efficiency", "achieved_occupancy", "collective_ms_per_step")
 #: Operators and kernels kept in a window's record.
 TOP_WORK = 5
 
@@ -64,11 +65,7 @@ def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: floa
     diagnoses = result["diagnoses"]
     for diagnosis in diagnoses:
         diagnosis["step"] = first_step
-    communication = metrics.get("communication") or {}
-    collective = (communication.get("share", 0.0) * metrics["step_us"] / 1e3
-                  if communication and metrics.get("step_us") else None)
-    return {**{key: metrics.get(key) for key in WINDOW_METRICS}, "collective_ms_per_step": collective,
-            **top_work(metrics)}, diagnoses
+    return {**{key: metrics.get(key) for key in WINDOW_METRICS}, **top_work(metrics)}, diagnoses
 
 
 def top_work(metrics: dict[str, Any], top: int = TOP_WORK) -> dict[str, list[dict[str, Any]]]:
@@ -76,14 +73,13 @@ def top_work(metrics: dict[str, Any], top: int = TOP_WORK) -> dict[str, list[dic
     name, ms per step and share 0..1 of the step."""
     steps = max(metrics.get("steps") or 1, 1)
     step_us = metrics.get("step_us") or 0.0
-    on_device = bool(metrics.get("devices"))
 
     def row(name: str, total_us: float, **extra: Any) -> dict[str, Any]:
         per_step = total_us / steps
         return {"name": name, "ms_per_step": round(per_step / 1e3, 4),
                 "share": round(per_step / step_us, 4) if step_us else None, **extra}
 
-    operators = [row(op["name"], op["device_self_us"] if on_device else op["host_us"],
-                     input_shapes=op.get("input_shapes") or "") for op in (metrics.get("top_operators") or [])[:top]]
+    operators = [row(op["name"], op["time_us"], input_shapes=op.get("input_shapes") or "")
+                 for op in (metrics.get("top_operators") or [])[:top]]
     kernels = [row(k["name"], k["total_us"]) for k in ((metrics.get("kernels") or {}).get("top") or [])[:top]]
     return {"top_operators": operators, "top_kernels": kernels}

@@ -46,6 +46,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
     p50 = statistics.median(step_spans) if step_spans else 0.0
     # what ran in the steps: a window of perfhooks' holds evaluation and checkpoints between its steps
     in_steps = trace.within(window) if window else trace
+    communication = communication_summary(trace, window)
     metrics: dict[str, Any] = {
         "steps": steps,
         "step_rule": step_rule(trace),
@@ -68,7 +69,9 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "host_sync": host_synchronizations(trace, steps),
         "launch": launch_statistics(trace, steps, window),
         "memcpy": memcpy_summary(trace, steps),
-        "communication": communication_summary(trace, window),
+        "communication": communication,
+        # the time in collectives per step (the wait for the other ranks is inside it): the straggler rule's input
+        "collective_ms_per_step": (communication["share"] * overview.step_us / 1e3 if communication else None),
         "top_operators": top_operators(in_steps),
         "misaligned_gemms": misaligned_gemms(in_steps),
         "step_us_p50": p50,

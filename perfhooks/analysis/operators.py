@@ -45,7 +45,9 @@ def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
         entry[1] += device
         entry[2] += op.dur
     ranked = sorted(groups.items(), key=lambda item: item[1][2 if on_host else 1], reverse=True)[:top]
-    return [{"name": name, "input_shapes": shapes, "count": count, "device_self_us": device, "host_us": host}
+    # time_us: the time the operators are ranked by (device time, or host time on a trace with no device)
+    return [{"name": name, "input_shapes": shapes, "count": count, "device_self_us": device, "host_us": host,
+             "time_us": host if on_host else device}
             for (name, shapes), (count, device, host) in ranked]
 
 
