@@ -53,7 +53,14 @@ import torch
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
 from perfhooks.faults import FaultLog
-from perfhooks.hooks import HookHandles, InstancePatches, noting_errors, timed_aside, watch_training_forward
+from perfhooks.hooks import (
+    HookHandles,
+    InstancePatches,
+    noting_errors,
+    timed_aside,
+    watch_training_forward,
+    wrap_construction,
+)
 from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.sinks.wandb import RunSource
 
@@ -346,23 +353,16 @@ def _built_by_transformers() -> bool:
 def instrument_constructions(module: Any, launcher: Any) -> Callable[[], None]:
     """For ``perfhooks run``: every ``Accelerator`` built from now on is attached at its first ``prepare``
     and watches what later ``prepare`` calls return; its session closes when the script ends. Returns the undo."""
-    accelerator_class = module.Accelerator
-    original_init = accelerator_class.__init__
     prepare_patches = InstancePatches()
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        if _built_by_transformers():
-            return
-        try:
-            _follow_prepare(self, launcher, prepare_patches)
-        except Exception as error:  # never into the user's script
-            FaultLog().report("perfhooks run", error)
+    def follow(accelerator: Any) -> None:
+        if not _built_by_transformers():  # a transformers Trainer's own: that Trainer has its callback
+            _follow_prepare(accelerator, launcher, prepare_patches)
 
-    accelerator_class.__init__ = __init__
+    restore_init = wrap_construction(module.Accelerator, after=follow)
 
     def undo() -> None:
-        accelerator_class.__init__ = original_init
+        restore_init()
         prepare_patches.restore()
 
     return undo

@@ -38,7 +38,6 @@ optimization, everything in ``training_step`` outside backward and the optimizer
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Any
@@ -50,8 +49,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
-from perfhooks.faults import FaultLog
-from perfhooks.hooks import HookHandles, InstancePatches, timed_aside, watch_optimizer_steps
+from perfhooks.hooks import HookHandles, InstancePatches, timed_aside, watch_optimizer_steps, wrap_construction
 from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.sinks.wandb import RunSource
 
@@ -258,24 +256,14 @@ def _wandb_source(trainer: Trainer) -> RunSource:
 def instrument_constructions(module: Any, launcher: Any) -> Any:
     """For ``perfhooks run``: every ``Trainer`` built from now on gets a ``PerfCallback`` (with the launcher's
     settings) among its ``callbacks`` unless it has one already. Returns the undo."""
-    trainer_class = module.Trainer
-    original_init = trainer_class.__init__
 
-    @functools.wraps(original_init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def add_callback(kwargs: dict[str, Any]) -> dict[str, Any]:
         callbacks = kwargs.get("callbacks")
         listed = [] if callbacks is None else list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         if not any(isinstance(callback, PerfCallback) for callback in listed):
-            try:
-                kwargs["callbacks"] = [*listed, PerfCallback(**launcher.settings)]
-                launcher.attached.append(kwargs["callbacks"][-1])
-            except Exception as error:  # never into the user's script
-                FaultLog().report("perfhooks run", error)
-        original_init(self, *args, **kwargs)
+            callback = PerfCallback(**launcher.settings)
+            kwargs["callbacks"] = [*listed, callback]
+            launcher.attached.append(callback)
+        return kwargs
 
-    trainer_class.__init__ = __init__
-
-    def undo() -> None:
-        trainer_class.__init__ = original_init
-
-    return undo
+    return wrap_construction(module.Trainer, before=add_callback)

@@ -36,7 +36,6 @@ guard notes an uncaught error and writes the report at exit.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -46,8 +45,14 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from perfhooks.config import PerfConfig
 from perfhooks.engine import Engine
-from perfhooks.faults import FaultLog
-from perfhooks.hooks import HookHandles, InstancePatches, noting_errors, timed_aside, watch_training_forward
+from perfhooks.hooks import (
+    HookHandles,
+    InstancePatches,
+    noting_errors,
+    timed_aside,
+    watch_training_forward,
+    wrap_construction,
+)
 from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.report import interval_metrics
 from perfhooks.sinks.wandb import RunSource, current_run
@@ -224,8 +229,6 @@ def instrument_constructions(module: Any, launcher: Any) -> Any:
     launcher's settings) unless it has one, and ``report_to="perfhooks"`` is accepted. Returns the undo."""
     from transformers.integrations import integration_utils
 
-    trainer_class = module.Trainer
-    original_init = trainer_class.__init__
     registry = integration_utils.INTEGRATION_TO_CALLBACK
 
     class LaunchedPerfTrainerCallback(PerfTrainerCallback):
@@ -235,24 +238,19 @@ def instrument_constructions(module: Any, launcher: Any) -> Any:
             super().__init__(**launcher.settings)
             launcher.attached.append(self)
 
-    @functools.wraps(original_init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        try:
-            if not any(isinstance(callback, PerfTrainerCallback) for callback in self.callback_handler.callbacks):
-                callback = PerfTrainerCallback(**launcher.settings)
-                self.add_callback(callback)
-                launcher.attached.append(callback)
-        except Exception as error:  # never into the user's script
-            FaultLog().report("perfhooks run", error)
+    def add_callback(trainer: Any) -> None:
+        if not any(isinstance(callback, PerfTrainerCallback) for callback in trainer.callback_handler.callbacks):
+            callback = PerfTrainerCallback(**launcher.settings)
+            trainer.add_callback(callback)
+            launcher.attached.append(callback)
 
-    trainer_class.__init__ = __init__
+    restore_init = wrap_construction(module.Trainer, after=add_callback)
     had_name = "perfhooks" in registry
     if not had_name:
         registry["perfhooks"] = LaunchedPerfTrainerCallback
 
     def undo() -> None:
-        trainer_class.__init__ = original_init
+        restore_init()
         if not had_name:
             registry.pop("perfhooks", None)
 

@@ -15,7 +15,6 @@ def _analyze(args: argparse.Namespace) -> int:
     from perfhooks.analysis.analyze import analyze_paths
     from perfhooks.analysis.diagnoses import Thresholds
     from perfhooks.analysis.model import TraceError
-    from perfhooks.files import atomic_write_bytes
 
     try:
         thresholds = Thresholds(**json.loads(args.thresholds)) if args.thresholds else None
@@ -45,8 +44,15 @@ def _analyze(args: argparse.Namespace) -> int:
         from perfhooks.sinks.text import format_analysis
 
         text = format_analysis(report)
-    if args.output:
-        atomic_write_bytes(Path(args.output), (text + "\n").encode())
+    return _emit(text, args.output)
+
+
+def _emit(text: str, output: str | None) -> int:
+    """``text`` to the ``--output`` file (atomically) or to standard output."""
+    from perfhooks.files import atomic_write_bytes
+
+    if output:
+        atomic_write_bytes(Path(output), (text + "\n").encode())
     else:
         print(text)
     return 0
@@ -120,7 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _diff(args: argparse.Namespace) -> int:
     from perfhooks.analysis.model import TraceError
     from perfhooks.diff import compare, format_html, format_text, load_side
-    from perfhooks.files import atomic_write_bytes
     from perfhooks.report import json_safe
 
     try:
@@ -134,11 +139,7 @@ def _diff(args: argparse.Namespace) -> int:
         text = format_html(result)
     else:
         text = format_text(result)
-    if args.output:
-        atomic_write_bytes(Path(args.output), (text + "\n").encode())
-    else:
-        print(text)
-    return 0
+    return _emit(text, args.output)
 
 
 def _wandb_workspace(args: argparse.Namespace) -> int:

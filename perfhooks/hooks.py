@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -109,6 +110,38 @@ class InstancePatches:
         patched, self._patched = self._patched, []
         for owner, name in reversed(patched):
             owner.__dict__.pop(name, None)
+
+
+def wrap_construction(cls: type, before: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                      after: Callable[[Any], None] | None = None) -> Callable[[], None]:
+    """Replace ``cls.__init__`` (for ``perfhooks run``): ``before(kwargs)`` returns the keyword arguments to
+    build with, ``after(instance)`` runs on the built object. A fault in either is reported once and the object
+    is built as the user asked. Returns the undo, which puts the original ``__init__`` back."""
+    from perfhooks.faults import FaultLog
+
+    original = cls.__init__
+    faults = FaultLog()
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if before is not None:
+            try:
+                kwargs = before(dict(kwargs))
+            except Exception as error:  # never into the user's script
+                faults.report("perfhooks run", error)
+        original(self, *args, **kwargs)
+        if after is not None:
+            try:
+                after(self)
+            except Exception as error:
+                faults.report("perfhooks run", error)
+
+    cls.__init__ = __init__  # type: ignore[misc]
+
+    def undo() -> None:
+        cls.__init__ = original  # type: ignore[misc]
+
+    return undo
 
 
 def timed_aside(engine: Any, kind: str, method: Callable[..., Any]) -> Callable[..., Any]:

@@ -263,10 +263,11 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
         return 2
     launcher = Launcher(settings)
     launcher.install()
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_argv = sys.argv[:]
+    script_dir = None if module else str(Path(target).resolve().parent)
     sys.argv = [target, *arguments]
-    if not module:
-        sys.path.insert(0, str(Path(target).resolve().parent))
+    if script_dir is not None:  # as python SCRIPT does: the script's folder first on the path
+        sys.path.insert(0, script_dir)
     error: BaseException | None = None
     try:
         if module:
@@ -288,8 +289,8 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
     finally:
         launcher.finish(None if isinstance(error, SystemExit) and error.code in (0, None) else error)
         sys.argv = saved_argv
-        if not module and sys.path and saved_path0 is not None and sys.path[0] != saved_path0:
-            del sys.path[0]
+        if script_dir is not None and script_dir in sys.path:
+            sys.path.remove(script_dir)
 
 
 def _script_frames(tb: types.TracebackType | None, target: str) -> types.TracebackType | None:

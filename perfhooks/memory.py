@@ -110,7 +110,7 @@ class MemoryMonitor:
         #: (step, used bytes) of recent samples, for the memory line of the report.
         self.series: deque[tuple[int, int]] = deque(maxlen=SERIES_SAMPLES)
         self.census: dict[str, Any] | None = None
-        self._armed = True
+        self._capture_ready = True  # a near-limit capture may fire (re-armed 5 points below the threshold)
         self._next_ns = 0
         self._observer_attached = False
         self.history = False
@@ -144,11 +144,11 @@ class MemoryMonitor:
         if retrying and not self._retries_captured:  # the allocator freed its cache to satisfy an allocation
             self._retries_captured = True
             self.capture(step, phase, "near_limit", signal="alloc_retries")
-        elif self._armed and self.capacity and fraction >= self.threshold:
-            self._armed = False
+        elif self._capture_ready and self.capacity and fraction >= self.threshold:
+            self._capture_ready = False
             self.capture(step, phase, "near_limit", signal="allocated")
-        elif not self._armed and fraction < self.threshold - HYSTERESIS:
-            self._armed = True
+        elif not self._capture_ready and fraction < self.threshold - HYSTERESIS:
+            self._capture_ready = True
 
     def arm(self, step: int, signal: str) -> None:
         """Memory is approaching the limit: start the allocation history (CUDA) so a later capture has stacks."""
