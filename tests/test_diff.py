@@ -32,13 +32,17 @@ def test_two_traces_show_the_dataloader_fix(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_tutorial_before_and_after(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """examples/tutorial_before_after.py as written: the optimized layer's SDPA resolves
+    """examples/tutorial_before_after.py as written (Lightning's defaults on): the optimized layer's SDPA resolves
     unfused_attention; the diff of the two run folders compares perfhooks' own phases."""
     import tutorial_before_after
 
     assert tutorial_before_after.main(["--output-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "diagnoses resolved: unfused_attention" in printed
+    for name in ("baseline", "optimized"):  # Lightning's defaults on: its logger, a checkpoint, validation
+        run = json.loads((tmp_path / name / "report.json").read_text())["run"]
+        assert (run["evaluations"], run["checkpoints"]) == (1, 1)
+        assert (tmp_path / name / "lightning_logs").is_dir()
     assert main(["diff", str(tmp_path / "baseline"), str(tmp_path / "optimized"), "--format", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["phase_source"] == "phases"
