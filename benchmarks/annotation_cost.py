@@ -39,7 +39,7 @@ def measure(calls: int = CALLS) -> dict[str, float]:
     import torch
 
     from perfhooks import Engine, PerfConfig
-    from perfhooks.annotate import NvtxRanges
+    from perfhooks.capture.nvtx import NvtxRanges
 
     domain = nvtx.get_domain("perfhooks")
     ranges = NvtxRanges(enabled=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 
 def machine_info() -> dict[str, Any]:
-    from perfhooks.device import _cpu_model
+    from perfhooks.device.describe import _cpu_model
 
     gpu = None
     try:

@@ -28,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cuda", action="store_true", help="on the GPU, with an allocation history recording")
     args = parser.parse_args(argv)
-    from perfhooks.device import _cpu_model
+    from perfhooks.device.describe import _cpu_model
     from perfhooks.faults import FaultLog, Once
-    from perfhooks.memory import MemoryMonitor
+    from perfhooks.memory.monitor import MemoryMonitor
     from tutorial_transformer import TransformerLayer
 
     device = "cuda" if args.cuda else "cpu"

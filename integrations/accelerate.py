@@ -51,17 +51,11 @@ from typing import Any
 import torch
 
 from perfhooks.config import PerfConfig
-from perfhooks.engine import Engine
+from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.faults import FaultLog
-from perfhooks.hooks import (
-    HookHandles,
-    InstancePatches,
-    noting_errors,
-    timed_aside,
-    watch_training_forward,
-    wrap_construction,
-)
-from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
+from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
+from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
 from perfhooks.sinks.wandb import RunSource
 
 
@@ -134,7 +128,7 @@ class PerfSession:
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
                                    wandb_source=RunSource(lambda: _wandb_tracker_run(accelerator)))
-        if self.engine is None:
+        if not self.engine.active:
             self._closed = True
             return
         try:
@@ -142,7 +136,7 @@ class PerfSession:
         except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched
             self._unwire()
             self.engine.faults.report("attach", error)
-            self.engine = None
+            self.engine = NullEngine()
             self._closed = True
 
     def _wire(self, optimizers: list[Any], dataloaders: list[Any]) -> None:
@@ -194,7 +188,7 @@ class PerfSession:
         self._swapped = []
         self._optimizers = []
         self._closed = True
-        self.engine = None
+        self.engine: RunEngine = NullEngine()
 
     # --------------------------------------------------------------- events
     def _forward_start(self) -> None:
@@ -333,7 +327,7 @@ class PerfSession:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  tb: TracebackType | None) -> bool:
-        if error is not None and self.engine is not None and not self._closed:
+        if error is not None and not self._closed:
             self.engine.exception(error)
         self.close()
         return False
@@ -389,6 +383,6 @@ def _follow_prepare(accelerator: Any, launcher: Any, patches: InstancePatches) -
 
 
 def _close(session: PerfSession, error: BaseException | None) -> None:
-    if error is not None and session.engine is not None and not session._closed:
+    if error is not None and not session._closed:
         session.engine.exception(error)
     session.close()

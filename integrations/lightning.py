@@ -48,9 +48,10 @@ from lightning.pytorch.profilers import PyTorchProfiler
 from lightning.pytorch.trainer.states import TrainerFn
 
 from perfhooks.config import PerfConfig
-from perfhooks.engine import Engine
-from perfhooks.hooks import HookHandles, InstancePatches, timed_aside, watch_optimizer_steps, wrap_construction
-from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
+from perfhooks.runtime.patches import InstancePatches, timed_aside, wrap_construction
+from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps
 from perfhooks.sinks.wandb import RunSource
 
 #: The step metric WandbLogger logs with every row.
@@ -70,7 +71,7 @@ class PerfCallback(Callback):
 
     def __init__(self, output_dir: str | os.PathLike[str] | None = None, **settings: Any) -> None:
         self.config = PerfConfig.from_kwargs("PerfCallback", {"output_dir": output_dir, **settings})
-        self.engine: Engine | None = None
+        self.engine: RunEngine = NullEngine()
         self._hooks = HookHandles()
         self._resume_state: dict[str, Any] | None = None
         self._global_step = 0
@@ -92,13 +93,13 @@ class PerfCallback(Callback):
                               start_step=_steps_done(trainer), wandb_source=_wandb_source(trainer),
                               ends_explicitly=True)
         resume_state, self._resume_state = self._resume_state, None  # a checkpoint of an older perfhooks
-        if engine is None:
+        self.engine = engine
+        if not engine.active:
             return
         if resume_state is not None:
             engine.load_state_dict(resume_state)
         if isinstance(trainer.profiler, PyTorchProfiler):
             engine.defer_windows_to("Lightning's PyTorchProfiler")
-        self.engine = engine
         self._global_step = trainer.global_step
         self._manual = not pl_module.automatic_optimization
         watch_optimizer_steps(trainer.optimizers, self._after_optimizer_step, self._hooks)
@@ -112,8 +113,7 @@ class PerfCallback(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         """Lightning re-raises ``exception`` after its hooks; after ``on_train_end`` the report is rewritten
         as failed (an error in a later ``on_train_end``/``on_fit_end`` hook is still the fit's failure)."""
-        if self.engine is not None:
-            self.engine.exception(exception)
+        self.engine.exception(exception)
         self._finish()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -126,36 +126,29 @@ class PerfCallback(Callback):
 
     # --------------------------------------------------------------- training steps
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self.engine is not None:
-            self.engine.phase_start(FORWARD)
+        self.engine.phase_start(FORWARD)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
-        if self.engine is not None:
-            self.engine.phase_start(BACKWARD)
+        self.engine.phase_start(BACKWARD)
 
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.engine is not None:
-            if self._manual:
-                self.engine.phase_start(FORWARD)
-            else:
-                self.engine.phase_end(BACKWARD)
+        if self._manual:
+            self.engine.phase_start(FORWARD)
+        else:
+            self.engine.phase_end(BACKWARD)
 
     def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        if self.engine is not None:
-            self.engine.phase_start(OPTIMIZER)
+        self.engine.phase_start(OPTIMIZER)
 
     def _after_optimizer_step(self) -> None:
-        if self.engine is not None:
-            if self._manual:
-                self.engine.phase_start(FORWARD)
-            else:
-                self.engine.phase_end(OPTIMIZER)
+        if self._manual:
+            self.engine.phase_start(FORWARD)
+        else:
+            self.engine.phase_end(OPTIMIZER)
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         engine = self.engine
-        if engine is None:
-            return
         engine.phase_end(FORWARD)
         engine.phase_end(OPTIMIZER)
         if trainer.global_step != self._global_step:
@@ -164,16 +157,14 @@ class PerfCallback(Callback):
 
     # --------------------------------------------------------------- not training
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.engine is not None and trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
+        if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
             self.engine.begin_aside(EVALUATION)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.engine is not None:
-            self.engine.end_aside(EVALUATION)
+        self.engine.end_aside(EVALUATION)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if self.engine is not None:
-            self.engine.idle()
+        self.engine.idle()
 
     # --------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -229,8 +220,7 @@ class PerfCallback(Callback):
     def _finish(self) -> None:
         self._hooks.remove()
         self._unwrap()
-        if self.engine is not None:
-            self.engine.close()
+        self.engine.close()
 
 
 def _steps_done(trainer: Trainer) -> int:

@@ -44,17 +44,11 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from perfhooks.config import PerfConfig
-from perfhooks.engine import Engine
-from perfhooks.hooks import (
-    HookHandles,
-    InstancePatches,
-    noting_errors,
-    timed_aside,
-    watch_training_forward,
-    wrap_construction,
-)
-from perfhooks.phases import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
-from perfhooks.report import interval_metrics
+from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.report.build import interval_metrics
+from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
+from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
+from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
 from perfhooks.sinks.wandb import RunSource, current_run
 
 #: The step metric transformers' WandbCallback logs with every row.
@@ -74,7 +68,7 @@ class PerfTrainerCallback(TrainerCallback):
 
     def __init__(self, output_dir: str | os.PathLike[str] | None = None, **settings: Any) -> None:
         self.config = PerfConfig.from_kwargs("PerfTrainerCallback", {"output_dir": output_dir, **settings})
-        self.engine: Engine | None = None
+        self.engine: RunEngine = NullEngine()
         self._hooks = HookHandles()
         self._patches = InstancePatches()
         self._logged_through = -1  # the last step whose figures went into a training log
@@ -91,7 +85,7 @@ class PerfTrainerCallback(TrainerCallback):
     # --------------------------------------------------------------- lifecycle
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
-        if self.engine is not None and not self.engine.closed:  # a retry (auto_find_batch_size) of a failed train()
+        if not self.engine.closed:  # a retry (auto_find_batch_size) of a failed train()
             self._detach()
             self.engine.abandon(quiet=True)
         output_dir = self.config.output_dir or Path(args.output_dir or ".") / DEFAULT_FOLDER
@@ -99,7 +93,7 @@ class PerfTrainerCallback(TrainerCallback):
         self.engine = Engine.start(self.config, output_dir, framework="transformers", device=args.device,
                                    start_step=state.global_step, wandb_source=_wandb_source(args),
                                    ends_explicitly=True)
-        if self.engine is None:
+        if not self.engine.active:
             return
         trainer = _calling_trainer(self)
         if trainer is not None:
@@ -115,44 +109,36 @@ class PerfTrainerCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         self._detach()
-        if self.engine is not None:
-            self.engine.close()
+        self.engine.close()
 
     # --------------------------------------------------------------- training steps
     def _forward_start(self) -> None:
-        if self.engine is not None:
-            self.engine.phase_start(FORWARD)
+        self.engine.phase_start(FORWARD)
 
     def _forward_end(self) -> None:
-        if self.engine is not None:
-            self.engine.phase_start(BACKWARD)
+        self.engine.phase_start(BACKWARD)
 
     def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        if self.engine is not None:
-            self.engine.phase_end(BACKWARD)
+        self.engine.phase_end(BACKWARD)
 
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                               **kwargs: Any) -> None:
-        if self.engine is not None:
-            self.engine.phase_start(OPTIMIZER)
+        self.engine.phase_start(OPTIMIZER)
 
     def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                           **kwargs: Any) -> None:
-        if self.engine is not None:
-            self.engine.phase_end(OPTIMIZER)
+        self.engine.phase_end(OPTIMIZER)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
-        if self.engine is not None:
-            self.engine.phase_end(OPTIMIZER)
-            self.engine.stepped(state.global_step)
+        self.engine.phase_end(OPTIMIZER)
+        self.engine.stepped(state.global_step)
 
     # --------------------------------------------------------------- not training
     def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
-        if self.engine is not None:
-            self.engine.idle()
+        self.engine.idle()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -160,7 +146,7 @@ class PerfTrainerCallback(TrainerCallback):
         one, for every ``report_to`` integration after this callback. That dict is the Trainer's own, never
         returned to the user: ``train()``'s metrics and ``evaluate()``'s dict stay as they are."""
         engine = self.engine
-        if engine is None or engine.closed or logs is None or "loss" not in logs:
+        if engine.closed or logs is None or "loss" not in logs:
             return
         fresh = [timing for timing in engine.stats.recent if timing.step > self._logged_through]
         if fresh:

@@ -11,13 +11,13 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Action": "perfhooks.schedule",
-    "Schedule": "perfhooks.schedule",
+    "Action": "perfhooks.capture.schedule",
+    "Schedule": "perfhooks.capture.schedule",
     "PerfConfig": "perfhooks.config",
-    "Engine": "perfhooks.engine",
+    "Engine": "perfhooks.runtime.engine",
     "PerfhooksWarning": "perfhooks.faults",
-    "PHASES": "perfhooks.phases",
-    "Thresholds": "perfhooks.analysis.diagnoses",
+    "PHASES": "perfhooks.events",
+    "Thresholds": "perfhooks.rules",
 }
 __all__ = [*sorted(_EXPORTS), "__version__"]
 

@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any
 
-from perfhooks.schedule import Schedule
+from perfhooks.capture.schedule import Schedule
+from perfhooks.rules.thresholds import Thresholds
 
 DEFAULT_SCHEDULE = Schedule()
 
@@ -41,7 +42,7 @@ class PerfConfig:
         trigger_poll_s: seconds between looks for the trigger file.
         console: print a summary table when training ends (rank 0).
         analyze_windows: analyse each window's trace off the training thread and add its diagnoses.
-        thresholds: a :class:`perfhooks.analysis.diagnoses.Thresholds` for the diagnosis rules.
+        thresholds: a :class:`perfhooks.rules.thresholds.Thresholds` for the diagnosis rules.
         memory: memory telemetry, captures near the limit and the OOM dump.
         memory_threshold: fraction 0..1 of capacity at which a capture is taken (once per crossing).
         memory_capacity_bytes: the capacity to compare with; default the device's, or on CPU the
@@ -106,12 +107,11 @@ class PerfConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        from perfhooks.analysis.diagnoses import Thresholds
 
         if self.thresholds is None:
             self.thresholds = Thresholds()
         elif not isinstance(self.thresholds, Thresholds):
-            raise TypeError(f"thresholds must be a perfhooks.analysis.diagnoses.Thresholds or None, "
+            raise TypeError(f"thresholds must be a perfhooks.rules.thresholds.Thresholds or None, "
                             f"got {type(self.thresholds).__name__}")
         for name in ("record_shapes", "profile_memory", "with_stack", "nvtx", "module_ranges",
                      "nsys_capture", "on_demand", "console", "analyze_windows", "memory"):

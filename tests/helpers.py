@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from perfhooks.clock import HostClock
+from perfhooks.device.clock import HostClock
 
 
 class ManualClock(HostClock):

@@ -8,8 +8,8 @@ import pytest
 
 from helpers import ManualClock
 from perfhooks import Engine, PerfConfig
-from perfhooks.account import RunAccount
-from perfhooks.report import validate_report
+from perfhooks.report.schema import validate_report
+from perfhooks.runtime.run_account import RunAccount
 
 
 def make_engine(tmp_path: Path) -> tuple[Engine, ManualClock]:

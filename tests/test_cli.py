@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from perfhooks.cli import main
-from perfhooks.report import validate_report
+from perfhooks.report.schema import validate_report
 
 TRACES = Path(__file__).resolve().parent / "data" / "traces"
 RESNET_0 = TRACES / "tb_plugin" / "resnet50_num_workers_0.worker0.1623143089861.pt.trace.json.gz"

@@ -36,7 +36,7 @@ def test_defaults() -> None:
     ({"trigger_poll_s": -1}, ValueError, "trigger_poll_s must be a finite number"),
     ({"console": 1}, TypeError, "console must be True or False"),
     ({"memory": None}, TypeError, "memory must be True or False"),
-    ({"thresholds": {"dataloader_share": 0.1}}, TypeError, "thresholds must be a perfhooks.analysis.diagnoses"),
+    ({"thresholds": {"dataloader_share": 0.1}}, TypeError, "thresholds must be a perfhooks.rules"),
     ({"wandb": "yes"}, TypeError, "wandb must be True, False or None"),
     ({"wandb_run": "my-run"}, TypeError, "wandb_run must be a wandb Run"),
     ({"wandb": False, "wandb_run": type("Run", (), {"log": lambda self: None})()}, ValueError,

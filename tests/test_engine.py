@@ -6,7 +6,7 @@ import pytest
 
 from helpers import ManualClock
 from perfhooks import Engine, PerfConfig, PerfhooksWarning
-from perfhooks.report import validate_report
+from perfhooks.report.schema import validate_report
 
 
 def make_engine(tmp_path: Path, **settings) -> tuple[Engine, ManualClock]:

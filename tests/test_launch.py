@@ -120,7 +120,7 @@ def test_patches_are_undone_when_the_script_ends(tmp_path: Path) -> None:
     import lightning.pytorch as lp
     from transformers.integrations import integration_utils
 
-    from perfhooks.launch import run
+    from perfhooks.cli.launch import run
 
     lightning_init = lp.Trainer.__init__
     finders = list(sys.meta_path)
@@ -149,9 +149,9 @@ def test_a_trainer_that_has_perfhooks_already_gets_no_second_one(tmp_path: Path)
     import lightning as L
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+    from perfhooks.cli.launch import Launcher
     from perfhooks.integrations.lightning import PerfCallback
     from perfhooks.integrations.transformers import PerfTrainerCallback
-    from perfhooks.launch import Launcher
 
     launcher = Launcher({"wandb": False})
     launcher.install()

@@ -164,7 +164,7 @@ def test_every_integration_object_pickles_and_deep_copies(tmp_path: Path) -> Non
     trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, CopyDuringFit)]  # a local class
     torch.save(trainer, tmp_path / "trainer.pt")  # what two of Lightning's own tests do
     restored = pickle.loads(pickle.dumps(perf))
-    assert restored.engine is None and restored.config.schedule == perf.config.schedule
+    assert not restored.engine.active and restored.config.schedule == perf.config.schedule
 
     hf = PerfTrainerCallback(schedule=None, console=False)
     copies(hf)
@@ -272,7 +272,7 @@ def test_an_accelerate_loop_left_by_a_caught_error_is_closed_at_the_next_attach(
 
 
 def test_the_signal_handler_is_restored_only_if_it_is_still_ours(tmp_path: Path) -> None:
-    from perfhooks.trigger import OnDemandTrigger
+    from perfhooks.capture.trigger import OnDemandTrigger
 
     def users(signum: int, frame: Any) -> None:
         pass
@@ -292,7 +292,7 @@ def test_the_signal_handler_is_restored_only_if_it_is_still_ours(tmp_path: Path)
 
 # ------------------------------------------------------------------ which report wins
 def test_an_older_runs_write_and_a_late_window_write_lose(tmp_path: Path) -> None:
-    from perfhooks.report import write_merged_report, write_report
+    from perfhooks.report.write import write_merged_report, write_report
 
     def report(run_id: str, started_at: float, status: str, rank: int = 0, world: int = 1) -> dict[str, Any]:
         return {"run_id": run_id, "started_at": started_at, "status": status, "rank": rank, "world_size": world,
@@ -317,11 +317,11 @@ def test_the_exit_work_keeps_its_deadline_and_makes_no_cuda_call_after_a_cuda_er
 
     engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test")
     engine.phase_start("forward")
-    engine.writer.submit("stuck", lambda: time.sleep(8))  # a trace export on a stalled filesystem
+    engine.writer.submit("stuck", lambda: time.sleep(30))  # a trace export on a stalled filesystem
     windows_closed = []
     engine.windows.close = lambda: windows_closed.append(True)  # would stop a CUDA profiler session
     start = time.monotonic()
     engine.exception(RuntimeError("CUDA error: an illegal memory access was encountered"), deadline_s=1.0)
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 10.0  # the 1 s deadline, not the 30 s export (10x apart either way)
     assert engine.cuda_broken and windows_closed == []
     assert engine.error["type"] == "RuntimeError"

@@ -1,5 +1,6 @@
 """The package builds and installs as documented, with the adapters under perfhooks.integrations."""
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -16,9 +17,12 @@ def test_wheel_holds_core_and_integrations(tmp_path: Path) -> None:
                    check=True, timeout=600)
     wheel = next(tmp_path.glob("perfhooks-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"perfhooks/engine.py", "perfhooks/sinks/console.py", "perfhooks/analysis/analyze.py",
-            "perfhooks/integrations/lightning.py", "perfhooks/integrations/transformers.py",
-            "perfhooks/integrations/accelerate.py", "perfhooks/cli.py"} <= names
+    sources = {path.relative_to(REPO).as_posix() for path in (REPO / "perfhooks").rglob("*.py")}
+    adapters = {f"perfhooks/{path.relative_to(REPO).as_posix()}" for path in (REPO / "integrations").glob("*.py")}
+    missing = (sources | adapters) - names
+    assert not missing, f"modules left out of the wheel (pyproject's package list): {sorted(missing)}"
+    assert {"perfhooks/runtime/engine.py", "perfhooks/runtime/lifecycle.py", "perfhooks/cli/main.py",
+            "perfhooks/integrations/lightning.py"} <= names
     assert not any(name.startswith(("tests/", "examples/", "integrations/")) for name in names)
 
 
@@ -26,3 +30,38 @@ def test_integrations_import_path() -> None:
     import perfhooks.integrations.lightning as adapter
 
     assert adapter.PerfCallback.__module__ == "perfhooks.integrations.lightning"
+
+
+def test_analyze_and_diff_run_where_torch_is_not_installed(tmp_path: Path) -> None:
+    """A fresh virtual environment with perfhooks and its light dependencies but no torch: ``perfhooks analyze``
+    and ``diff`` work, and ``import perfhooks.analysis`` imports no torch."""
+    import importlib.util
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "perfhooks").symlink_to(REPO / "perfhooks")
+    for name in ("numpy", "orjson", "msgspec"):
+        location = Path(importlib.util.find_spec(name).origin).parent
+        (site / name).symlink_to(location)
+        libs = location.parent / f"{name}.libs"  # a manylinux wheel's bundled shared libraries
+        if libs.is_dir():
+            (site / libs.name).symlink_to(libs)
+    python = venv / "bin" / "python"
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}
+    probe = subprocess.run([str(python), "-c", "import importlib.util, sys, perfhooks.analysis, perfhooks.rules; "
+                            "print(importlib.util.find_spec('torch') is None, 'torch' in sys.modules)"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    assert probe.stdout.split() == ["True", "False"], probe.stderr
+    traces = REPO / "tests" / "data" / "traces" / "tb_plugin"
+    trace = traces / "resnet50_num_workers_0.worker0.1623143089861.pt.trace.json.gz"
+    analyzed = subprocess.run([str(python), "-m", "perfhooks", "analyze", str(trace), "--format", "json"],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert analyzed.returncode == 0, analyzed.stderr
+    assert "dataloader_bound" in {d["id"] for d in json.loads(analyzed.stdout)["diagnoses"]}
+    other = traces / "resnet50_num_workers_4.worker0.1623212756351.pt.trace.json.gz"
+    diffed = subprocess.run([str(python), "-m", "perfhooks", "diff", str(trace), str(other)],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert diffed.returncode == 0, diffed.stderr
+    assert "data_wait" in diffed.stdout or "dataloader" in diffed.stdout

@@ -56,15 +56,15 @@ def _raise(*args: Any, **kwargs: Any) -> None:
 
 #: (what is broken, the object and attribute replaced by a raising function, the fault kinds reported).
 INJECTIONS = [
-    ("timing", "perfhooks.clock.HostClock.elapsed_ms", {"step_end"}),
-    ("annotation", "perfhooks.annotate.ProfilerLabels.enter", {"phase_start"}),
-    ("window", "perfhooks.windows.CaptureWindows.at_step", {"window"}),
+    ("timing", "perfhooks.device.clock.HostClock.elapsed_ms", {"step_end"}),
+    ("annotation", "perfhooks.capture.labels.ProfilerLabels.enter", {"phase_start"}),
+    ("window", "perfhooks.capture.windows.CaptureWindows.at_step", {"window"}),
     ("export", "torch.autograd.profiler.profile.export_chrome_trace", {"trace_export"}),
-    ("analysis", "perfhooks.window_analysis.analysis_command", {"window_analysis"}),
-    ("memory", "perfhooks.memory.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
-    ("report", "perfhooks.finish.write_report", {"report_write"}),
-    ("diagnoses", "perfhooks.analysis.diagnoses.diagnose_live", {"live_diagnoses"}),
-    ("trigger", "perfhooks.trigger.OnDemandTrigger.poll", {"trigger"}),
+    ("analysis", "perfhooks.capture.window_job.analysis_command", {"window_analysis"}),
+    ("memory", "perfhooks.memory.monitor.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
+    ("report", "perfhooks.runtime.lifecycle.write_report", {"report_write"}),
+    ("diagnoses", "perfhooks.rules.live.diagnose_live", {"live_diagnoses"}),
+    ("trigger", "perfhooks.capture.trigger.OnDemandTrigger.poll", {"trigger"}),
 ]
 
 
@@ -113,7 +113,7 @@ class _DiskFullFile:
 
 
 class _DiskFullOs:
-    """``os`` as perfhooks.files sees it on a full disk."""
+    """``os`` as perfhooks.report.files sees it on a full disk."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
@@ -124,9 +124,9 @@ class _DiskFullOs:
 
 
 def test_a_full_disk_warns_and_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import perfhooks.files
+    import perfhooks.report.files
 
-    monkeypatch.setattr(perfhooks.files, "os", _DiskFullOs())
+    monkeypatch.setattr(perfhooks.report.files, "os", _DiskFullOs())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = _fit(tmp_path, steps=10)
@@ -156,7 +156,7 @@ def test_capture_cycles_do_not_leak_host_memory(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(SCRIPTS / "capture_cycles_rss.py"), str(tmp_path),
                            str(warmup + measured)], capture_output=True, text=True, timeout=300, check=True)
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["windows"] == min(warmup + measured, perfhooks.windows.MAX_WINDOW_RECORDS)
+    assert result["windows"] == min(warmup + measured, perfhooks.capture.windows.MAX_WINDOW_RECORDS)
     rss = result["rss"][warmup:]
     xs = range(len(rss))
     mean_x, mean_y = sum(xs) / len(rss), sum(rss) / len(rss)

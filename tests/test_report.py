@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from perfhooks.report import json_safe
+from perfhooks.report.schema import json_safe
 
 
 def test_json_safe_nulls_every_non_finite_number_and_names_where() -> None:

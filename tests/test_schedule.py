@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from perfhooks import Action, Schedule
-from perfhooks.schedule import OnDemandWindow
+from perfhooks.capture.schedule import OnDemandWindow
 
 N, W, A, S = Action.NONE, Action.WARMUP, Action.ACTIVE, Action.ACTIVE_AND_SAVE
 

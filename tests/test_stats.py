@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from perfhooks.stats import StreamingStats
+from perfhooks.report.statistics import StreamingStats
 
 durations = st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False),
                      min_size=1, max_size=400)

@@ -139,8 +139,8 @@ def test_window_analyses_on_a_node_take_turns(tmp_path: Path) -> None:
     node at a time (each needs 2-3x its trace's JSON size in memory)."""
     import threading
 
-    from perfhooks.analysis.diagnoses import Thresholds
-    from perfhooks.window_analysis import analyze_window, node_lock
+    from perfhooks.capture.window_job import analyze_window, node_lock
+    from perfhooks.rules.thresholds import Thresholds
 
     trace = Path(__file__).parent / "data" / "traces" / "hta" / "mi250_minitoy_train.json.gz"
     finished = threading.Event()

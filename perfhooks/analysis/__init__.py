@@ -5,6 +5,6 @@
     result = analyze_trace(trace)        # metrics + ranked diagnoses
 """
 
-from perfhooks.analysis.model import Trace, TraceError, load_trace
+from perfhooks.analysis.trace import Trace, TraceError, load_trace
 
 __all__ = ["Trace", "TraceError", "load_trace"]

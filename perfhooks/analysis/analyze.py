@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.analysis import ranges
-from perfhooks.analysis.diagnoses import Thresholds, diagnose_trace, rank
 from perfhooks.analysis.host import compilation, host_synchronizations
 from perfhooks.analysis.kernels import (
     attention_kernels,
@@ -23,14 +22,18 @@ from perfhooks.analysis.kernels import (
     stream_breakdown,
     tensor_core_use,
 )
-from perfhooks.analysis.model import NotATrace, Trace, TraceError, load_trace
 from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, top_operators
 from perfhooks.analysis.overview import Overview, compute_overview, step_rule
 from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
+from perfhooks.analysis.trace import NotATrace, Trace, TraceError, load_trace
 from perfhooks.analysis.transfers import communication_summary, memcpy_summary
-from perfhooks.phases import PHASES
-from perfhooks.report import build_report
-from perfhooks.timeline import PhaseStatistics, StepTiming
+from perfhooks.events import PHASES
+from perfhooks.report.build import build_report
+from perfhooks.report.merge import merge_summaries, rank_summary
+from perfhooks.report.statistics import PhaseStatistics, StepTiming
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.rules.trace import diagnose_trace
+from perfhooks.rules.verdicts import rank
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -231,10 +234,8 @@ def _analyze_or_skip(path: str, thresholds: Thresholds | None = None) -> dict[st
 
 
 def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = None) -> dict[str, Any]:
-    """One run from per-rank trace reports: the run's own merge (:func:`perfhooks.report.merge_summaries`),
+    """One run from per-rank trace reports: the run's own merge (:func:`perfhooks.report.merge.merge_summaries`),
     with every rank's trace diagnoses kept."""
-    from perfhooks.ranks import rank_summary
-    from perfhooks.report import merge_summaries
 
     by_rank = sorted(reports, key=lambda r: r["rank"])
     for first, second in itertools.pairwise(by_rank):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfhooks.analysis.model import Trace
+from perfhooks.analysis.trace import Trace
 
 SYNC_RUNTIME = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
                 "hipStreamSynchronize", "hipEventSynchronize")

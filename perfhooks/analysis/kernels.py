@@ -8,8 +8,9 @@ from functools import lru_cache
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.model import Trace
+from perfhooks.analysis.operators import device_time_by_op
 from perfhooks.analysis.overview import communication_ids, is_communication_kernel
+from perfhooks.analysis.trace import Trace
 
 #: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels.
 TENSOR_CORE_KERNEL = re.compile(
@@ -114,7 +115,6 @@ def tensor_core_use(trace: Trace) -> dict[str, Any]:
 def attention_kernels(trace: Trace) -> dict[str, float]:
     """Time (µs) per attention implementation: ``flash``, ``memory_efficient``, ``cudnn`` from kernel names
     (or from op names on a CPU trace), ``math`` and ``unfused`` (softmax between batched matmuls)."""
-    from perfhooks.analysis.operators import device_time_by_op
 
     found: dict[str, float] = {}
     for kernel in trace.kernels:

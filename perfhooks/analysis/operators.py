@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfhooks.analysis.model import Trace
+from perfhooks.analysis.trace import Trace
 
 #: Ops whose math Tensor Cores can run (GEMMs and convolutions, attention).
 TENSOR_CORE_ELIGIBLE = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.model import Event, Trace
+from perfhooks.analysis.trace import Event, Trace
 
 ROLES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec",
                           "other")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.model import Trace
 from perfhooks.analysis.overview import role_spans
+from perfhooks.analysis.trace import Trace
 
 #: An idle gap no longer than this (µs) while the next kernel was already launched is "kernel wait".
 KERNEL_WAIT_MAX_US = 50.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.model import Trace
 from perfhooks.analysis.overview import communication_ids, is_communication_kernel, role_spans
+from perfhooks.analysis.trace import Trace
 
 DIRECTIONS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfhooks.phases import OTHER, PHASES
+from perfhooks.events import OTHER, PHASES
 
 
 def format_table(report: dict[str, Any]) -> str:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.faults import FaultLog, Once
-from perfhooks.writer import BackgroundWriter
+from perfhooks.report.build import headline_metrics, interval_metrics
+from perfhooks.report.worker import BackgroundWriter
 
 #: The step metric when the framework has none: the optimizer step (0-based count of steps done).
 PERF_STEP = "perf/step"
@@ -119,7 +120,6 @@ class WandbSink:
 
     def log_steps(self, step: int, timings: list[Any], memory: dict[str, Any] | None) -> None:
         """A ``perf/*`` row for the steps resolved since the last row; ``step`` is the count of steps done."""
-        from perfhooks.report import interval_metrics
 
         if not self.resolve():
             return
@@ -162,7 +162,6 @@ class WandbSink:
         if not self.resolve():
             self._thread.close(1.0)
             return
-        from perfhooks.report import headline_metrics, interval_metrics
 
         memory = report.get("memory") or {}
         row = interval_metrics([t for t in timings if t.step > self._last_step], memory_latest)

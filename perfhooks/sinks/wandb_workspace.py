@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfhooks.phases import PHASES
+from perfhooks.events import PHASES
 from perfhooks.sinks.wandb import PERF_STEP, WINDOW_FIGURES
 
 _PHASES = (*PHASES, "other")

@@ -10,8 +10,10 @@ import pytest
 from fixtures import NUM_WORKERS_0, NUM_WORKERS_4, RESNET, report
 from helpers import plain_loop, train_steps
 from perfhooks import Engine, PerfConfig
-from perfhooks.analysis.diagnoses import DOCS, Thresholds, diagnose_live, rank
-from perfhooks.report import validate_report
+from perfhooks.report.schema import validate_report
+from perfhooks.rules.live import diagnose_live
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.rules.verdicts import DOCS, rank
 
 
 def ids(name: str) -> list[str]:
@@ -143,7 +145,7 @@ def _summary(rank: int, step_ms: float, backward_ms: float = 0.0, collective_ms:
 
 
 def test_straggler_by_step_time_when_nothing_else_is_known() -> None:
-    from perfhooks.analysis.diagnoses import diagnose_stragglers
+    from perfhooks.rules.ranks import diagnose_stragglers
 
     [diagnosis] = diagnose_stragglers([_summary(0, 100.0), _summary(1, 140.0), _summary(2, 101.0)])
     assert diagnosis["id"] == "straggler" and diagnosis["measured"]["slowest_rank"] == 1
@@ -154,7 +156,7 @@ def test_straggler_by_step_time_when_nothing_else_is_known() -> None:
 def test_straggler_under_fsdp_is_the_rank_that_waits_least_in_collectives() -> None:
     """FSDP: the fast ranks wait in forward all-gathers too, so time outside backward names the wrong rank
     (rank 0 here); the collective wait names rank 1, the one the others wait for."""
-    from perfhooks.analysis.diagnoses import diagnose_stragglers
+    from perfhooks.rules.ranks import diagnose_stragglers
 
     fsdp = [_summary(0, 60.0, backward_ms=10.0, collective_ms=35.0), _summary(1, 60.0, backward_ms=25.0,
                                                                               collective_ms=5.0)]
@@ -211,7 +213,7 @@ def test_sdpa_is_recognised_and_nothing_fires_on_the_optimized_cpu_trace(tmp_pat
 
 
 def timings_stats(step_ms: list[float], own: set[int] = frozenset(), wait_ms: float = 0.0):
-    from perfhooks.timeline import PhaseStatistics, StepTiming
+    from perfhooks.report.statistics import PhaseStatistics, StepTiming
 
     stats = PhaseStatistics()
     for index, ms in enumerate(step_ms):
@@ -295,7 +297,7 @@ def test_driver_calls_are_not_the_runtime_role() -> None:
     """The TensorBoard plugin's runtime role has no ``cuda_driver`` events (cuLaunchKernel): on the B200 trace
     counting them moved 1.9 points of the step from CPU exec to runtime."""
     from fixtures import path
-    from perfhooks.analysis.model import load_trace
+    from perfhooks.analysis.trace import load_trace
 
     assert any(event.cat == "cuda_driver" for event in load_trace(path("tl_b200_eager.json.gz")).runtimes)
     metrics = report("tl_b200_eager.json.gz")["metrics"]
@@ -304,7 +306,7 @@ def test_driver_calls_are_not_the_runtime_role() -> None:
 
 
 def test_no_trace_verdict_without_its_premise() -> None:
-    from perfhooks.analysis.diagnoses import diagnose_trace
+    from perfhooks.rules.trace import diagnose_trace
 
     syncs = {"per_step": 5.0, "by_kind_per_step": {"cudaStreamSynchronize": 5.0}, "time_us_per_step": 50.0}
     misaligned = [{"op": "aten::mm [[7, 9], [9, 5]]", "count": 2, "device_us": 50.0}]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import TRACES, path
-from perfhooks.analysis.model import Trace, TraceError, load_trace
+from perfhooks.analysis.trace import Trace, TraceError, load_trace
 
 
 @pytest.mark.parametrize(("name", "rank", "steps", "kernels"), [
@@ -73,7 +73,7 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
 
 def test_bad_input_corpus_exits_2_with_one_line_each(tmp_path: Path) -> None:
     for case, (target, reason) in bad_inputs(tmp_path).items():
-        done = subprocess.run([sys.executable, "-m", "perfhooks.cli", "analyze", str(target)],
+        done = subprocess.run([sys.executable, "-m", "perfhooks", "analyze", str(target)],
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, case
         lines = done.stderr.strip().splitlines()
@@ -190,7 +190,7 @@ def test_the_parser_keeps_every_event(trace_path: Path) -> None:
 
     import orjson
 
-    from perfhooks.analysis.model import CATEGORIES, load_trace
+    from perfhooks.analysis.trace import CATEGORIES, load_trace
 
     document = orjson.loads(gzip.decompress(trace_path.read_bytes()))
     events = document if isinstance(document, list) else document["traceEvents"]
@@ -229,8 +229,8 @@ def test_within_keeps_only_what_started_in_the_steps(tmp_path) -> None:
     import json
 
     from fixtures import path
-    from perfhooks.analysis.model import load_trace
     from perfhooks.analysis.overview import device_steps
+    from perfhooks.analysis.trace import load_trace
 
     document = json.loads(gzip.decompress(path("mi250_minitoy_train.json.gz").read_bytes()))
     events = document["traceEvents"]

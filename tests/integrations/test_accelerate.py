@@ -179,16 +179,19 @@ def test_evaluation_loop_is_evaluation_and_save_state_is_checkpointing(tmp_path:
                 model.eval()
                 with torch.no_grad():
                     for ex, ey in evaluation:
-                        time.sleep(0.05)
+                        time.sleep(0.1)
                         nn.functional.mse_loss(model(ex), ey)
                 model.train()
                 accelerator.save_state(str(tmp_path / "state"))
     report = json.loads((tmp_path / "perf" / "report.json").read_text())
     run = report["run"]
     assert report["steps"] == 12
-    assert run["evaluations"] == 1 and run["evaluation_s"] >= 0.2
+    assert run["evaluations"] == 1 and run["evaluation_s"] >= 0.4  # four 100 ms batches
     assert run["checkpoints"] == 1 and run["checkpointing_s"] > 0
-    assert report["phases"]["data_wait"]["max_ms"] < 50 and report["step_ms"]["max"] < 150
+    # The evaluation counted as data wait or inside a step would make it last as long: compared within this run
+    evaluation_ms = 1e3 * run["evaluation_s"]
+    assert report["phases"]["data_wait"]["max_ms"] < evaluation_ms / 2
+    assert report["step_ms"]["max"] < evaluation_ms / 2
 
 
 def test_a_fault_while_wiring_is_a_warning_and_the_loop_runs(tmp_path: Path) -> None:

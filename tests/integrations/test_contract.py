@@ -12,7 +12,7 @@ import pytest
 
 from helpers import annotation_names, load_trace
 from perfhooks import Schedule
-from perfhooks.report import validate_report
+from perfhooks.report.schema import validate_report
 from runners import RUNNERS
 
 TESTS = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import torch
 from helpers import annotation_names, lightning_mlp, load_trace, quiet_trainer, random_loader, read_report
 from perfhooks import PerfhooksWarning, Schedule
 from perfhooks.integrations.lightning import PerfCallback
-from perfhooks.report import validate_report
+from perfhooks.report.schema import validate_report
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def test_validation_is_kept_out_of_training_steps(tmp_path: Path) -> None:
     model = lightning_mlp()
 
     def slow_validation_step(batch, batch_idx):
-        time.sleep(0.05)
+        time.sleep(0.1)
 
     model.validation_step = slow_validation_step
     callback = PerfCallback(output_dir=tmp_path, schedule=None, console=False)
@@ -83,7 +83,11 @@ def test_validation_is_kept_out_of_training_steps(tmp_path: Path) -> None:
     trainer.fit(model, random_loader(24), random_loader(4))
     report = read_report(tmp_path)
     assert report["steps"] == 6
-    assert report["step_ms"]["max"] < 100, "four 50 ms validation batches ran between steps"
+    run = report["run"]
+    one_evaluation_ms = 1e3 * run["evaluation_s"] / run["evaluations"]
+    assert one_evaluation_ms >= 400  # four 100 ms batches
+    # A step that held an evaluation would last at least as long as it: compared within this run
+    assert report["step_ms"]["max"] < one_evaluation_ms / 2, "an evaluation ran inside a step"
 
 
 def test_resume_keeps_the_step_counter_and_the_schedule_aligned(tmp_path: Path) -> None:
@@ -125,7 +129,7 @@ def test_the_users_exception_propagates_unchanged(tmp_path: Path) -> None:
 
 
 def test_a_failing_engine_start_warns_and_training_completes(tmp_path: Path, monkeypatch) -> None:
-    from perfhooks import engine as engine_module
+    from perfhooks.runtime import engine as engine_module
 
     def broken_describe_device(device):
         raise RuntimeError("injected fault")
@@ -134,7 +138,7 @@ def test_a_failing_engine_start_warns_and_training_completes(tmp_path: Path, mon
     model = lightning_mlp()
     with pytest.warns(PerfhooksWarning, match="engine_start failed .*injected fault"):
         callback = fit(tmp_path, steps=3, model=model)
-    assert callback.engine is None
+    assert not callback.engine.active
     assert model.global_step == 3
 
 
@@ -207,7 +211,7 @@ def test_module_ranges_come_from_forward_hooks(tmp_path: Path, nvtx_recorder: Pa
 
 
 def test_core_imports_no_framework() -> None:
-    code = ("import sys, perfhooks, perfhooks.engine, perfhooks.report, perfhooks.windows; "
+    code = ("import sys, perfhooks, perfhooks.runtime.engine, perfhooks.report.write, perfhooks.capture.windows; "
             "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'accelerate', 'wandb') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -282,10 +286,13 @@ def test_checkpoint_saves_are_checkpointing_not_data_wait(tmp_path: Path) -> Non
 
     assert report["steps"] == 30 and report["global_step"] == trainer.global_step == 30
     # The loader hands over a batch in about a ms; three 0.3 s saves are not data wait.
-    assert report["phases"]["data_wait"]["max_ms"] < max(fetch_ms) + 5
-    assert report["step_ms"]["max"] < 250, "a 300 ms save inside a step"
     run = report["run"]
-    assert run["checkpoints"] == 3 and 0.9 <= run["checkpointing_s"] <= 1.5
+    assert run["checkpoints"] == 3 and run["checkpointing_s"] >= 0.9
+    one_save_ms = 1e3 * run["checkpointing_s"] / run["checkpoints"]
+    # A save counted in a step or as data wait would make it last at least one save (300 ms of sleep, 10x
+    # the loader's fetch): compared within this run.
+    assert report["phases"]["data_wait"]["max_ms"] < one_save_ms / 2
+    assert report["step_ms"]["max"] < one_save_ms / 2, "a save inside a step"
     parts = run["training_s"] + run["evaluation_s"] + run["checkpointing_s"] + run["other_s"]
     assert parts == pytest.approx(run["wall_s"], rel=0.01)
     assert run["wall_s"] <= wall_s
@@ -314,10 +321,11 @@ def test_validation_inside_a_window_is_outside_every_profiler_step(tmp_path: Pat
     evaluation = trace_spans(trace, "evaluation")
     assert len(steps) == 4 and len(evaluation) == 1
     assert not any(overlaps(step, evaluation[0]) for step in steps)
-    assert evaluation[0][1] - evaluation[0][0] >= 400_000  # four 100 ms batches
+    evaluation_ms = (evaluation[0][1] - evaluation[0][0]) / 1e3
+    assert evaluation_ms >= 400  # four 100 ms batches
     longest_ms = max(end - start for start, end in steps) / 1e3
-    assert longest_ms < 100, f"a ProfilerStep of {longest_ms:.0f} ms holds more than one step"
-    assert report["step_ms"]["max"] < 100
+    assert longest_ms < evaluation_ms / 2, f"a ProfilerStep of {longest_ms:.0f} ms holds the evaluation"
+    assert report["step_ms"]["max"] < evaluation_ms / 2
 
 
 def gan_module():

@@ -55,7 +55,7 @@ def test_evaluation_stays_out_of_training_steps(tmp_path: Path) -> None:
 
     class SlowEval(TrainerCallback):
         def on_prediction_step(self, args, state, control, **kwargs):
-            time.sleep(0.05)
+            time.sleep(0.1)
 
     trainer = build_trainer(str(tmp_path), steps=6, batch_size=2, eval_strategy="steps", eval_steps=2,
                             per_device_eval_batch_size=2, eval_dataset=SyntheticTokens(8, seed=1),
@@ -64,9 +64,11 @@ def test_evaluation_stays_out_of_training_steps(tmp_path: Path) -> None:
     trainer.train()
     report = json.loads((tmp_path / "_perfhooks" / "report.json").read_text())
     evaluations = [entry for entry in trainer.state.log_history if "eval_runtime" in entry]
-    assert len(evaluations) == 3 and min(e["eval_runtime"] for e in evaluations) >= 0.2
+    shortest_evaluation_ms = 1e3 * min(e["eval_runtime"] for e in evaluations)
+    assert len(evaluations) == 3 and shortest_evaluation_ms >= 400  # four 100 ms batches
     assert report["steps"] == 6
-    assert report["step_ms"]["max"] < 150, "four 50 ms evaluation batches ran between steps"
+    # A step that held an evaluation would last at least as long as it (HF's own runtime, this run)
+    assert report["step_ms"]["max"] < shortest_evaluation_ms / 2, "an evaluation ran inside a step"
 
 
 def test_resume_keeps_the_schedule_aligned(tmp_path: Path) -> None:
@@ -127,11 +129,12 @@ def test_evaluation_and_saves_are_apart_from_steps_and_windows(tmp_path: Path, o
     # the step after the window overlaps its trace export (marked); every other fetch is a tiny tensor batch
     assert series["perfhooks"][8:14] == [1] * 6 and sum(series["perfhooks"]) <= 12
     steady_wait = [ms for ms, own in zip(series["data_wait"], series["perfhooks"], strict=True) if not own]
-    assert max(steady_wait) < 20, "evaluation or a save counted as data wait"
-    assert report["step_ms"]["max"] < 250
     run = report["run"]
     assert run["evaluations"] == 2 and run["checkpoints"] == 2
     assert run["checkpointing_s"] >= 0.6
+    one_save_ms = 1e3 * run["checkpointing_s"] / run["checkpoints"]  # >= 300 ms: 10x a fetch or a step here
+    assert max(steady_wait) < one_save_ms / 2, "evaluation or a save counted as data wait"
+    assert report["step_ms"]["max"] < one_save_ms / 2, "a save inside a step"
     parts = run["training_s"] + run["evaluation_s"] + run["checkpointing_s"] + run["other_s"]
     assert parts == pytest.approx(run["wall_s"], rel=0.01)
     ids = [d["id"] for d in report["diagnoses"]]

@@ -1,14 +1,15 @@
-"""Torch hooks every integration needs, registered through torch's own APIs (no monkeypatching)."""
+"""torch hooks that feed the engine: optimizer step hooks, the training forward, per-module NVTX ranges; every
+handle is kept so that a run removes exactly what it added.
+"""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from perfhooks.annotate import NvtxRanges
+from perfhooks.capture.nvtx import NvtxRanges
 
 
 class HookHandles:
@@ -90,78 +91,3 @@ def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookH
 
         handles.add(module.register_forward_pre_hook(pre))
         handles.add(module.register_forward_hook(post, always_call=True))
-
-
-class InstancePatches:
-    """Methods replaced on one object (its ``__dict__``), for the length of a run; ``restore()`` is idempotent.
-
-    The class and every other instance are left alone, and an override in a user's subclass is what
-    gets wrapped.
-    """
-
-    def __init__(self) -> None:
-        self._patched: list[tuple[Any, str]] = []
-
-    def set(self, owner: Any, name: str, value: Any) -> None:
-        owner.__dict__[name] = value
-        self._patched.append((owner, name))
-
-    def restore(self) -> None:
-        patched, self._patched = self._patched, []
-        for owner, name in reversed(patched):
-            owner.__dict__.pop(name, None)
-
-
-def wrap_construction(cls: type, before: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                      after: Callable[[Any], None] | None = None) -> Callable[[], None]:
-    """Replace ``cls.__init__`` (for ``perfhooks run``): ``before(kwargs)`` returns the keyword arguments to
-    build with, ``after(instance)`` runs on the built object. A fault in either is reported once and the object
-    is built as the user asked. Returns the undo, which puts the original ``__init__`` back."""
-    from perfhooks.faults import FaultLog
-
-    original = cls.__init__
-    faults = FaultLog()
-
-    @functools.wraps(original)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if before is not None:
-            try:
-                kwargs = before(dict(kwargs))
-            except Exception as error:  # never into the user's script
-                faults.report("perfhooks run", error)
-        original(self, *args, **kwargs)
-        if after is not None:
-            try:
-                after(self)
-            except Exception as error:
-                faults.report("perfhooks run", error)
-
-    cls.__init__ = __init__  # type: ignore[misc]
-
-    def undo() -> None:
-        cls.__init__ = original  # type: ignore[misc]
-
-    return undo
-
-
-def timed_aside(engine: Any, kind: str, method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method`` run as an aside of ``kind`` (``evaluation``, ``checkpoint``); its errors noted and re-raised."""
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        with engine.aside(kind):
-            return method(*args, **kwargs)
-
-    return noting_errors(engine, timed)
-
-
-def noting_errors(engine: Any, method: Callable[..., Any]) -> Callable[..., Any]:
-    """``method``, with an error that passes through it noted by the engine (the caller may still catch it)."""
-
-    def noted(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except BaseException as error:
-            engine.note_error(error)
-            raise
-
-    return noted

@@ -1,32 +1,114 @@
-"""Per-step phase intervals, resolved into statistics once their clock marks are ready."""
+"""Step statistics in bounded memory: streaming summaries (exact count, mean, max; quantiles within 1%), one
+resolved step (:class:`StepTiming`), and the per-phase statistics a report is built from.
+
+Streaming values land in logarithmic buckets (each 2% wide), so memory grows with the spread of the values,
+never with the number of steps, and two histograms merge by adding bucket counts.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
-from perfhooks.clock import HostClock
-from perfhooks.phases import ASIDES, HOST_TIMED_PHASES, OTHER, PHASES
-from perfhooks.stats import StreamingStats
+from perfhooks.events import OTHER, PHASES
+
+_RATIO = 1.02
+
+_INV_LOG_RATIO = 1.0 / math.log(_RATIO)
+
+#: Values at or below this (ms) share the zero bucket.
+_FLOOR_MS = 1e-6
+
+_INV_FLOOR_MS = 1.0 / _FLOOR_MS
+
+_log = math.log
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """The marks of one optimizer step, before they are turned into milliseconds."""
+@dataclass
+class StreamingStats:
+    """Summary of a stream of non-negative durations in milliseconds."""
 
-    step: int
-    start: Any  # a clock mark: an int on the host, a clock.Mark on CUDA
-    end: Any = None
-    #: ``(name, start, end)`` of each phase, and of each evaluation/checkpoint the step contained.
-    intervals: list[tuple[str, Any, Any]] = field(default_factory=list)
-    micro_batches: int = 0
-    #: An optimizer stepped during this record: it is a training step (ends at the next fetch).
-    stepped: bool = False
-    #: The framework's own step counter when the optimizer stepped.
-    global_step: int | None = None
-    #: perfhooks' own work (a capture window, trace export, window analysis, memory capture) overlapped it.
-    own: bool = False
+    count: int = 0
+    total: float = 0.0
+    maximum: float = 0.0
+    minimum: float = math.inf
+    _buckets: dict[int, int] = field(default_factory=dict, repr=False)
+
+    def add(self, value_ms: float) -> None:
+        """Add one value (ms); negative values count as 0. Runs once per phase per step: keep it lean."""
+        if value_ms <= _FLOOR_MS:
+            value_ms = max(0.0, float(value_ms))
+            key = -1
+        else:
+            key = int(_log(value_ms * _INV_FLOOR_MS) * _INV_LOG_RATIO)  # > 0, so int() is floor()
+        self.count += 1
+        self.total += value_ms
+        if value_ms > self.maximum:
+            self.maximum = value_ms
+        if value_ms < self.minimum:
+            self.minimum = value_ms
+        buckets = self._buckets
+        buckets[key] = buckets.get(key, 0) + 1
+
+    def add_many(self, values_ms: list[float]) -> None:
+        """Add a batch of values (ms): the same result as ``add`` on each, in one tight loop."""
+        buckets = self._buckets
+        total, maximum, minimum = self.total, self.maximum, self.minimum
+        for value in values_ms:
+            if value <= _FLOOR_MS:
+                value = max(0.0, float(value))
+                key = -1
+            else:
+                key = int(_log(value * _INV_FLOOR_MS) * _INV_LOG_RATIO)
+            total += value
+            if value > maximum:
+                maximum = value
+            if value < minimum:
+                minimum = value
+            buckets[key] = buckets.get(key, 0) + 1
+        self.count += len(values_ms)
+        self.total, self.maximum, self.minimum = total, maximum, minimum
+
+    def merge(self, other: StreamingStats) -> None:
+        self.count += other.count
+        self.total += other.total
+        self.maximum = max(self.maximum, other.maximum)
+        self.minimum = min(self.minimum, other.minimum)
+        for key, n in other._buckets.items():
+            self._buckets[key] = self._buckets.get(key, 0) + n
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile (0..1), nearest-rank, within 1% of the exact value."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile q must be in [0, 1], got {q}")
+        if not self.count:
+            return 0.0
+        rank = max(1, math.ceil(q * self.count))
+        seen = 0
+        for key in sorted(self._buckets):
+            seen += self._buckets[key]
+            if seen >= rank:
+                if key < 0:
+                    return min(self.minimum, _FLOOR_MS)
+                # geometric middle of the bucket, clamped to what was observed
+                middle = _FLOOR_MS * _RATIO ** (key + 0.5)
+                return min(max(middle, self.minimum), self.maximum)
+        return self.maximum
+
+    def summary(self, suffix: str = "") -> dict[str, float]:
+        """``{count, mean, p50, p95, max}``, with ``suffix`` appended to the value keys (e.g. ``_ms``)."""
+        return {
+            "count": self.count,
+            f"mean{suffix}": round(self.mean, 6),
+            f"p50{suffix}": round(self.quantile(0.5), 6),
+            f"p95{suffix}": round(self.quantile(0.95), 6),
+            f"max{suffix}": round(self.maximum, 6),
+        }
 
 
 @dataclass(slots=True)
@@ -137,66 +219,3 @@ class PhaseStatistics:
         if step_total <= 0:
             return 0.0
         return sum(self.phases[name].total for name in PHASES) / step_total
-
-
-class PendingSteps:
-    """Steps whose marks may still be in flight on the device; resolved in order, without blocking."""
-
-    def __init__(self, clock: HostClock, limit: int = 512) -> None:
-        self.clock = clock
-        self.limit = limit
-        self.dropped = 0
-        self._queue: deque[StepRecord] = deque()
-
-    def push(self, record: StepRecord) -> None:
-        self._queue.append(record)
-        if len(self._queue) > self.limit:
-            self.discard(self._queue.popleft())
-            self.dropped += 1
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def drain(self, stats: PhaseStatistics, block: bool = False) -> None:
-        """Move every ready step into ``stats``; with ``block`` (flush time only), wait for all."""
-        while self._queue:
-            record = self._queue[0]
-            assert record.end is not None
-            if block:
-                self.clock.wait(record.end)
-            elif not self.clock.ready(record.end):
-                return
-            self._queue.popleft()
-            stats.add(self._resolve(record))
-            self.discard(record)
-
-    def _resolve(self, record: StepRecord) -> StepTiming:
-        clock = self.clock
-        assert record.end is not None
-        elapsed, host_ms = clock.elapsed_ms, clock.host_ms
-        step_ms = elapsed(record.start, record.end)
-        phase_ms: dict[str, float] = {}
-        covered = aside_ms = 0.0
-        for name, start, end in record.intervals:
-            if name in ASIDES:
-                aside_ms += max(0.0, elapsed(start, end))
-                continue
-            ms = host_ms(start, end) if name in HOST_TIMED_PHASES else elapsed(start, end)
-            if ms > 0.0:
-                phase_ms[name] = phase_ms.get(name, 0.0) + ms
-                covered += ms
-        step_ms = max(0.0, step_ms - aside_ms)
-        phase_ms[OTHER] = max(0.0, step_ms - covered)
-        return StepTiming(record.step, step_ms, phase_ms, record.micro_batches, record.global_step, record.own,
-                          aside_ms)
-
-    def discard(self, record: StepRecord) -> None:
-        """Return a step's CUDA events to the pool (host marks hold nothing)."""
-        if not self.clock.device_timed:
-            return
-        self.clock.release(record.start)
-        for _, start, end in record.intervals:
-            self.clock.release(start)
-            self.clock.release(end)
-        if record.end is not None:
-            self.clock.release(record.end)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from perfhooks.phases import ASIDES, CHECKPOINT, EVALUATION
+from perfhooks.events import ASIDES, CHECKPOINT, EVALUATION
 
 
 class RunAccount:

@@ -14,6 +14,8 @@ import json
 import time
 from typing import Any
 
+from perfhooks.report.schema import json_safe
+
 PREFIX = "perfhooks"
 _RUNS = itertools.count()
 
@@ -37,7 +39,6 @@ def _key(index: int, rank: int) -> str:
 
 
 def publish(store: Any, index: int, rank: int, summary: dict[str, Any]) -> None:
-    from perfhooks.report import json_safe
 
     store.set(_key(index, rank), json.dumps(json_safe(summary)))
 

@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from perfhooks.analysis.model import TraceError
+from perfhooks.analysis.analyze import analyze_paths
+from perfhooks.analysis.trace import TraceError
 
 PHASE_NAMES = ("data_wait", "forward", "backward", "optimizer", "other")
 TOP = 10
@@ -28,7 +29,6 @@ TOP = 10
 
 def load_side(path: str | Path) -> dict[str, Any]:
     """``{"label", "report", "metrics"}`` for one side; ``metrics`` is the trace analysis (or None)."""
-    from perfhooks.analysis.analyze import analyze_paths
 
     path = Path(path)
     if not path.exists():

@@ -33,10 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from perfhooks.census import live_tensor_census
 from perfhooks.faults import FaultLog, Once
-from perfhooks.files import atomic_write_bytes, atomic_write_json
-from perfhooks.oom import find_oom, oom_recommendations, requested_bytes
+from perfhooks.memory.live_tensors import live_tensor_census
+from perfhooks.memory.oom import find_oom, oom_recommendations, requested_bytes
+from perfhooks.report.files import atomic_write_bytes, atomic_write_json
+from perfhooks.rules.verdicts import make
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: Usage must fall this far (fraction of capacity) below the threshold before the next capture.
@@ -258,7 +259,6 @@ class MemoryMonitor:
         return section
 
     def diagnoses(self, memory_fraction: float) -> list[dict[str, Any]]:
-        from perfhooks.analysis.diagnoses import make
 
         out = []
         used = self.peak["used_bytes"]

@@ -29,26 +29,30 @@ from typing import Any
 import torch
 import torch.autograd.profiler as autograd_profiler
 
-from perfhooks import exit_guard, ranks
-from perfhooks.account import RunAccount
-from perfhooks.annotate import NvtxRanges, ProfilerLabels
-from perfhooks.clock import CudaClock, HostClock
+from perfhooks.capture.labels import ProfilerLabels
+from perfhooks.capture.nvtx import NvtxRanges
+from perfhooks.capture.schedule import Action, OnDemandWindow
+from perfhooks.capture.trigger import OnDemandTrigger
+from perfhooks.capture.window_job import analyze_window
+from perfhooks.capture.windows import CaptureWindows, WindowSettings
 from perfhooks.config import PerfConfig
-from perfhooks.device import describe_device
+from perfhooks.device.clock import CudaClock, HostClock
+from perfhooks.device.describe import describe_device
+from perfhooks.events import ASIDES, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog, Once, guarded
-from perfhooks.finish import Deadline, finish_run
-from perfhooks.hooks import HookHandles, add_module_ranges
-from perfhooks.memory import MemoryMonitor
-from perfhooks.oom import is_cuda_error
-from perfhooks.phases import ASIDES, DATA_WAIT, PHASES
-from perfhooks.report import build_report, new_run_id, write_report
-from perfhooks.schedule import Action, OnDemandWindow
+from perfhooks.memory.monitor import MemoryMonitor
+from perfhooks.report.build import build_report
+from perfhooks.report.schema import new_run_id
+from perfhooks.report.statistics import PhaseStatistics
+from perfhooks.report.worker import BackgroundWriter
+from perfhooks.report.write import write_report
+from perfhooks.rules.live import diagnose_live
+from perfhooks.rules.verdicts import rank
+from perfhooks.runtime import lifecycle, ranks
+from perfhooks.runtime.run_account import RunAccount
+from perfhooks.runtime.steps import PendingSteps, StepRecord
+from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.sinks.wandb import RunSource, WandbSink
-from perfhooks.timeline import PendingSteps, PhaseStatistics, StepRecord
-from perfhooks.trigger import OnDemandTrigger
-from perfhooks.window_analysis import analyze_window
-from perfhooks.windows import CaptureWindows, WindowSettings
-from perfhooks.writer import BackgroundWriter
 
 _PHASE_NAMES = frozenset(PHASES)
 
@@ -135,16 +139,21 @@ class Engine:
         self._captures_seen = 0
         self._compiles_at_start = compiled_graphs()
         self._closed = False
-        exit_guard.begin(self)
+        lifecycle.begin(self)
+
+    #: True: this run is profiled (a :class:`NullEngine` is not).
+    active = True
 
     @classmethod
-    def start(cls, config: PerfConfig, output_dir: str | Path, framework: str, **kwargs: Any) -> Engine | None:
-        """Build an engine for an integration; on a fault, warn once and return ``None`` (training goes on)."""
+    def start(cls, config: PerfConfig, output_dir: str | Path, framework: str, **kwargs: Any) -> Engine | NullEngine:
+        """Build an engine for an integration; on a fault, warn once and return a :class:`NullEngine` (training
+        goes on, unprofiled)."""
         try:
             return cls(config, output_dir, framework, **kwargs)
         except Exception as error:
-            FaultLog().report("engine_start", error)
-            return None
+            null = NullEngine()
+            null.faults.report("engine_start", error)
+            return null
 
     def defer_windows_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user is configured (e.g. Lightning's PyTorchProfiler): open no window."""
@@ -342,65 +351,16 @@ class Engine:
         return self._closed
 
     def note_error(self, error: BaseException) -> None:
-        """An error passed through a wrapper of perfhooks' (the caller may yet catch it): remember it for the
-        report and, when it is an OOM, write the dump now, while memory is as the error left it."""
-        try:
-            if self._closed or error is self._error_seen:
-                return
-            self._error_seen = error
-            phase = self._phase[0] if self._phase else None
-            self.error = self._error_entry(error, phase)
-            if is_cuda_error(error):
-                self.cuda_broken = True
-            elif self.memory is not None:
-                self.memory.on_exception(error, self.step, phase)
-        except Exception as fault:
-            self.faults.report("exception", fault)
+        """An error passed through a wrapper of perfhooks' (the caller may yet catch it): see ``lifecycle``."""
+        lifecycle.note_error(self, error)
 
     def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
-        """The user's error is on its way out: save the partial window and the report as ``failed``.
-
-        After the run closed (an error in a later ``on_train_end``/``on_fit_end``), the report on disk is
-        rewritten as ``failed``. Never raises; the error propagates unchanged.
-        """
-        try:
-            if self._closed:
-                self._fail_after_close(error)
-                return
-            self.note_error(error)
-            self.status = "failed"
-            if quiet:
-                self.console = False
-            self.close(deadline_s)
-        except Exception as fault:
-            self.faults.report("exception", fault)
+        """The user's error is on its way out: the run closes as ``failed`` (``lifecycle.fail``). Never raises."""
+        lifecycle.fail(self, error, deadline_s, quiet)
 
     def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None:
-        """The run ended without its end event (a caught exception, a retry, the process exiting): close it,
-        as ``failed`` when it saw an error or its framework always ends runs explicitly."""
-        if self._closed:
-            return
-        if self.error is not None or self.ends_explicitly:
-            self.status = "failed"
-            if self.error is None:
-                self.error = {"type": "unknown", "message": "the run stopped without ending: an exception that the "
-                              "caller caught, or a loop left early", "step": self.step,
-                              "phase": self._phase[0] if self._phase else None}
-        if quiet:
-            self.console = False
-        self.close(deadline_s)
-
-    def _fail_after_close(self, error: BaseException) -> None:
-        report = self.final_report
-        if report is None or report.get("status") == "failed":
-            return
-        self.status = report["status"] = "failed"
-        self.error = report["error"] = self._error_entry(error, "after training")
-        write_report(self.output_dir, report)
-
-    def _error_entry(self, error: BaseException, phase: str | None) -> dict[str, Any]:
-        """The report's ``error``: the user's exception, where it struck."""
-        return {"type": type(error).__name__, "message": str(error)[:500], "step": self.step, "phase": phase}
+        """The run ended without its end event: close it (``lifecycle.abandon``)."""
+        lifecycle.abandon(self, deadline_s, quiet)
 
     # ----------------------------------------------------------------- model hooks
     @guarded("watch_model")
@@ -434,24 +394,16 @@ class Engine:
                             run_id=self.run_id, started_at=self.started_at)
 
     def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
-        """End of training (once): the report, the table, and every resource released (see ``perfhooks.finish``).
+        """End of training (once): the report, the table, every resource released (``lifecycle.close``).
 
         ``deadline_s`` bounds the waits (writer, W&B, other ranks) in total.
         """
-        if self._closed:
-            return None
-        self._closed = True
-        if self.status == "running":
-            self.status = "completed"
-        report = None
-        try:
-            report = finish_run(self, Deadline(deadline_s))
-        except Exception as error:
-            self.faults.report("close", error)
-        finally:
-            self._release()
-        self.final_report = report
-        return report
+        return lifecycle.close(self, deadline_s)
+
+    @property
+    def open_phase(self) -> str | None:
+        """The phase open now, if any."""
+        return self._phase[0] if self._phase else None
 
     def end_open_step(self) -> None:
         """At close: end an aside cut short, count a last step that stepped, drop one cut short."""
@@ -469,19 +421,6 @@ class Engine:
         record, self._record = self._record, None
         self.windows.end_step_label()
         self.pending.discard(record)  # type: ignore[arg-type]
-
-    def _release(self) -> None:
-        """Let go of everything that refers to the user's objects and of process-wide state."""
-        try:
-            self.hooks.remove()
-            if self.memory is not None:
-                self.memory.release()
-            self.wandb = None
-            self._error_seen = None
-        except Exception as error:
-            self.faults.report("release", error)
-        finally:
-            exit_guard.end(self)
 
     # ----------------------------------------------------------------- internals
     def _close_phase(self) -> Any:
@@ -522,7 +461,6 @@ class Engine:
 
     def live_diagnoses(self) -> list[dict[str, Any]]:
         """Diagnoses from phase timings alone (training thread)."""
-        from perfhooks.analysis.diagnoses import diagnose_live
 
         try:
             live = diagnose_live(self.stats, self.config.thresholds, compiled=self.compiled_in_run(),
@@ -536,7 +474,6 @@ class Engine:
 
     def diagnoses(self, live: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Live diagnoses merged with the latest analysed window's, ranked by estimated gain."""
-        from perfhooks.analysis.diagnoses import rank
 
         return rank((self.live_diagnoses() if live is None else live) + self.trace_diagnoses)
 
@@ -586,3 +523,79 @@ def compiled_graphs() -> int:
     except Exception:
         return 0
 
+
+
+class NullEngine:
+    """The engine of a run that is not profiled (perfhooks off, or an engine that failed to start), as Lightning's
+    ``PassThroughProfiler``: every event is a no-op, so adapters call the engine unconditionally and "off" costs
+    one attribute lookup and a call."""
+
+    #: False: nothing is profiled (an :class:`Engine` is ``active``).
+    active = False
+    #: A null run never opens, so there is nothing to close.
+    closed = True
+    open_phase: str | None = None
+    memory = None
+
+    def __init__(self) -> None:
+        self.faults = FaultLog()
+        self.once = Once()
+
+    def fetch(self) -> None:
+        pass
+
+    def fetched(self, batches: int) -> None:
+        pass
+
+    def stepped(self, global_step: int | None = None) -> None:
+        pass
+
+    def step_start(self) -> None:
+        pass
+
+    def phase_start(self, name: str) -> None:
+        pass
+
+    def phase_end(self, name: str) -> None:
+        pass
+
+    def step_end(self) -> None:
+        pass
+
+    def idle(self) -> None:
+        pass
+
+    def begin_aside(self, kind: str) -> None:
+        pass
+
+    def end_aside(self, kind: str) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def aside(self, kind: str) -> Iterator[None]:
+        yield
+
+    def note_error(self, error: BaseException) -> None:
+        pass
+
+    def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
+        pass
+
+    def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None:
+        pass
+
+    def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
+        return None
+
+    def watch_model(self, model: torch.nn.Module) -> None:
+        pass
+
+    def defer_windows_to(self, owner: str) -> None:
+        pass
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+#: What an integration holds: a live engine, or the null one.
+RunEngine = Engine | NullEngine

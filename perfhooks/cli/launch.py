@@ -33,8 +33,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from perfhooks.capture.schedule import Schedule
 from perfhooks.config import PerfConfig
-from perfhooks.schedule import Schedule
+from perfhooks.rules.thresholds import Thresholds
 
 #: Settings that are not command-line material (objects built in code).
 _NOT_OPTIONS = ("wandb_run", "thresholds", "schedule", "output_dir", "wandb")
@@ -119,7 +120,6 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
         if name == "schedule":
             settings[name] = parse_schedule(value)
         elif name == "thresholds":
-            from perfhooks.analysis.diagnoses import Thresholds
 
             try:
                 settings[name] = Thresholds(**json.loads(value))

@@ -13,8 +13,8 @@ from pathlib import Path
 
 def _analyze(args: argparse.Namespace) -> int:
     from perfhooks.analysis.analyze import analyze_paths
-    from perfhooks.analysis.diagnoses import Thresholds
-    from perfhooks.analysis.model import TraceError
+    from perfhooks.analysis.trace import TraceError
+    from perfhooks.rules.thresholds import Thresholds
 
     try:
         thresholds = Thresholds(**json.loads(args.thresholds)) if args.thresholds else None
@@ -27,7 +27,7 @@ def _analyze(args: argparse.Namespace) -> int:
         print(f"perfhooks: {error}", file=sys.stderr)
         return 2
     if args.format == "json":
-        from perfhooks.report import json_safe
+        from perfhooks.report.schema import json_safe
 
         replaced: list[str] = []
         report = json_safe(report, replaced=replaced)
@@ -49,7 +49,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 def _emit(text: str, output: str | None) -> int:
     """``text`` to the ``--output`` file (atomically) or to standard output."""
-    from perfhooks.files import atomic_write_bytes
+    from perfhooks.report.files import atomic_write_bytes
 
     if output:
         atomic_write_bytes(Path(output), (text + "\n").encode())
@@ -60,7 +60,7 @@ def _emit(text: str, output: str | None) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     """Regenerate ``report.html`` from the ``report*.json`` files in an output folder."""
-    from perfhooks.files import atomic_write_bytes
+    from perfhooks.report.files import atomic_write_bytes
     from perfhooks.sinks.html import render_html
 
     folder = Path(args.output_dir)
@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="perfhooks run [OPTIONS] SCRIPT [ARGS...] runs SCRIPT as `python SCRIPT ARGS` would. Every "
         "perfhooks.PerfConfig setting is an option (--max-traces 3, --no-console, --memory-threshold 0.8, ...) "
         "and an environment variable (PERFHOOKS_MAX_TRACES=3); options go before SCRIPT.")
-    from perfhooks.launch import add_setting_options
+    from perfhooks.cli.launch import add_setting_options
 
     add_setting_options(launch)
     launch.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m does")
@@ -124,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _diff(args: argparse.Namespace) -> int:
-    from perfhooks.analysis.model import TraceError
-    from perfhooks.diff import compare, format_html, format_text, load_side
-    from perfhooks.report import json_safe
+    from perfhooks.analysis.trace import TraceError
+    from perfhooks.report.diff import compare, format_html, format_text, load_side
+    from perfhooks.report.schema import json_safe
 
     try:
         result = compare(load_side(args.before), load_side(args.after))
@@ -164,7 +164,7 @@ def _wandb_workspace(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from perfhooks.launch import run, settings_from
+    from perfhooks.cli.launch import run, settings_from
 
     try:
         settings = settings_from(args)

@@ -26,7 +26,7 @@ TOP_WORK = 5
 
 
 def analysis_command(path: Path, thresholds: Any) -> list[str]:
-    return [sys.executable, "-m", "perfhooks.cli", "analyze", str(path), "--format", "json",
+    return [sys.executable, "-m", "perfhooks", "analyze", str(path), "--format", "json",
             "--thresholds", json.dumps(dataclasses.asdict(thresholds))]
 
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from perfhooks.annotate import profiler_recording
+from perfhooks.capture.labels import profiler_recording
+from perfhooks.capture.schedule import Action
 from perfhooks.faults import FaultLog, Once
-from perfhooks.files import atomic_gzip_file
-from perfhooks.schedule import Action
-from perfhooks.writer import BackgroundWriter
+from perfhooks.report.files import atomic_gzip_file
+from perfhooks.report.worker import BackgroundWriter
 
 ActionFn = Callable[[int], Action]
 

@@ -1,34 +1,37 @@
-"""Which process this is in a multi-process run, without initialising anything."""
+"""One run's report from several ranks: each rank's summary, the ``ranks`` section, and the cross-rank rules."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-
-def rank() -> int:
-    """Global rank: from ``torch.distributed`` when initialised, else ``RANK``, else 0."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0") or 0)
+from perfhooks.rules.ranks import diagnose_stragglers
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.rules.verdicts import rank
 
 
-def world_size() -> int:
-    import torch.distributed as dist
+def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None, source: str = "folder",
+                       expected: int | None = None) -> dict[str, Any]:
+    """One run's report from its per-rank reports (see :func:`merge_summaries`)."""
 
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+    by_rank = sorted(reports, key=lambda r: r["rank"])
+    return merge_summaries(by_rank[0], [rank_summary(r) for r in by_rank], thresholds, source,
+                           expected or max(r.get("world_size") or 1 for r in by_rank))
 
 
-def logs_to_trackers(rank: int) -> bool:
-    """Whether this rank logs to experiment trackers (W&B): rank 0 only, as the frameworks' loggers do.
+def merge_summaries(base: dict[str, Any], summaries: list[dict[str, Any]], thresholds: Any = None,
+                    source: str = "folder", expected: int | None = None,
+                    diagnoses: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The one merge: ``base`` (the lowest rank's report), plus the ``ranks`` section built from every rank's
+    summary (:func:`perfhooks.report.merge.ranks_section`) and the cross-rank ``straggler`` rule. ``diagnoses``:
+    the per-rank diagnoses to keep (default: the base's)."""
 
-    The one place where rank gating is decided; every rank writes its own local files.
-    """
-    return rank == 0
+    merged = dict(base)
+    merged["ranks"] = ranks_section(summaries, expected or len(summaries), source)
+    cross = diagnose_stragglers(summaries, thresholds or Thresholds())
+    merged["diagnoses"] = rank(list(base.get("diagnoses") or [] if diagnoses is None else diagnoses) + cross)
+    if any(s.get("status") == "failed" for s in summaries):
+        merged["status"] = "failed"
+    return merged
 
 
 # ----------------------------------------------------------------------------- one rank-merge schema

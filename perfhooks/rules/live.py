@@ -1,0 +1,76 @@
+"""Rules on the live phase statistics: data wait, optimizer share, step-time variance, warm-up."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from perfhooks.rules.run import diagnose_run
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.rules.verdicts import make, pct
+
+
+def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
+                  run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Rules that need no trace: they read the engine's per-phase statistics on every run.
+
+    Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
+    analysis, a memory capture) are left out of the phase and variance rules. ``compiled`` says
+    torch.compile compiled a graph during the run; ``run`` is the report's run account.
+    """
+    out = diagnose_run(run, t)
+    if stats.steps < min_steps:
+        return out
+    wait = stats.steady_share("data_wait")
+    if wait >= t.dataloader_share:
+        out.append(make(
+            "dataloader_bound", "critical" if wait >= t.dataloader_critical_share else "warning",
+            "The training loop waits for data",
+            f"fetching the next batch takes {pct(wait)} of step time (mean {stats.steady_mean('data_wait'):.2f} ms "
+            f"a step, timed around the loader's next()); threshold {pct(t.dataloader_share)}",
+            wait,
+            "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2); "
+            "move decoding/augmentation off the training process.",
+            data_wait_share=wait))
+    optimizer = stats.steady_share("optimizer")
+    if optimizer >= t.optimizer_share:
+        out.append(make(
+            "optimizer_heavy", "warning", "The optimizer step takes a large share of each step",
+            f"optimizer takes {pct(optimizer)} of step time; threshold {pct(t.optimizer_share)}",
+            optimizer * 0.5,
+            "Use a fused or foreach optimizer: torch.optim.AdamW(params, lr=..., fused=True) (CUDA), or "
+            "foreach=True.",
+            optimizer_share=optimizer))
+    recent = list(stats.recent)
+    own = sum(1 for timing in recent if timing.own)
+    # steady state only: the first steps are warm-up, and perfhooks' own steps are not the user's
+    steady = sorted(timing.step_ms for timing in recent[3:] if not timing.own)
+    p50 = steady[len(steady) // 2] if steady else 0.0
+    p95 = steady[min(len(steady) - 1, round(0.95 * (len(steady) - 1)))] if steady else 0.0
+    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
+        out.append(make(
+            "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
+            "Some steps take much longer than the rest",
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steps "
+            f"({own} steps that overlapped perfhooks' own work left out); threshold {t.step_p95_over_p50:g}×",
+            max(0.0, 1 - p50 / statistics.fmean(steady)),
+            "Look at what the slow steps do (periodic logging, .item() calls in callbacks, GC, data stalls); the "
+            "per-phase p95 in the report shows which phase spikes.",
+            p95_over_p50=p95 / p50))
+    if compiled and len(recent) >= min_steps:
+        first = [timing.step_ms for timing in recent[:3]]
+        steady_ms = statistics.median(timing.step_ms for timing in recent[3:])
+        excess = sum(max(0.0, ms - steady_ms) for ms in first)
+        total = sum(timing.step_ms for timing in recent)
+        slow = statistics.fmean(first) >= t.warmup_slowdown * steady_ms
+        if steady_ms > 0 and slow and excess / total >= t.warmup_share:
+            out.append(make(
+                "compile_warmup", "info", "torch.compile compiled during the first steps",
+                f"torch.compile compiled graphs in this run; the first 3 steps average {statistics.fmean(first):.1f} "
+                f"ms vs a steady {steady_ms:.1f} ms ({excess / total:.1%} of the run's step time); thresholds "
+                f"{t.warmup_slowdown:g}× and {pct(t.warmup_share)}",
+                excess / total,
+                "Expected once per process; if it recurs, look for recompilation "
+                "(torch._logging.set_logs(recompiles=True)) and mark dynamic shapes (torch._dynamo.mark_dynamic).",
+                first_steps_ms=statistics.fmean(first), steady_ms=steady_ms))
+    return out

@@ -1,0 +1,40 @@
+"""When each rule fires: one frozen dataclass, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When each rule fires. Shares and utilizations are fractions 0..1; occupancy is percent."""
+
+    dataloader_share: float = 0.10
+    dataloader_critical_share: float = 0.25
+    gpu_utilization: float = 0.60
+    short_kernel_share: float = 0.50
+    host_wait_share: float = 0.50
+    syncs_per_step: float = 1.0
+    sync_time_share: float = 0.01
+    misaligned_gemm_share: float = 0.01
+    fp32_eligible_share: float = 0.10
+    tensor_core_share: float = 0.10
+    unfused_attention_share: float = 0.02
+    occupancy_percent: float = 15.0
+    pageable_share: float = 0.50
+    memcpy_share: float = 0.01
+    optimizer_share: float = 0.15
+    communication_exposed_share: float = 0.05
+    straggler_spread: float = 0.10
+    step_p95_over_p50: float = 1.5
+    warmup_slowdown: float = 3.0
+    warmup_share: float = 0.05
+    memory_fraction: float = 0.90
+    evaluation_share: float = 0.25
+    checkpoint_share: float = 0.10
+
+    def __post_init__(self) -> None:
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+                raise ValueError(f"Thresholds.{item.name} must be a number >= 0, got {value!r}")

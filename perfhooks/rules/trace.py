@@ -1,0 +1,204 @@
+"""Rules on a profiler window's metrics (:func:`perfhooks.analysis.analyze.trace_metrics`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.rules.verdicts import make, pct
+
+#: Speed-up assumed for Tensor-Core-eligible FP32 work under bf16 autocast (conservative; up to ~8x on A100).
+BF16_SPEEDUP = 3.0
+
+#: ... and for TF32 work, which already runs on Tensor Cores.
+TF32_TO_BF16_SPEEDUP = 1.5
+
+#: GPUs with FP16 Tensor Cores but no BF16 (Volta, Turing): mixed precision there is FP16 with a GradScaler.
+_FP16_ONLY_GPU = re.compile(r"V100|Titan V|\bT4\b|RTX 20\d0|Quadro RTX|TITAN RTX|Tesla T", re.IGNORECASE)
+
+
+def _autocast_fix(metrics: dict[str, Any]) -> str:
+    names = [str(device.get("name") or "") for device in (metrics.get("devices") or {}).values()]
+    if names and all(_FP16_ONLY_GPU.search(name) for name in names):
+        return (f"The {names[0]} has FP16 Tensor Cores but no BF16: run the forward pass under FP16 autocast with "
+                "a GradScaler: with torch.autocast(\"cuda\", dtype=torch.float16): loss = model(batch); then "
+                "scaler.scale(loss).backward() (Lightning: Trainer(precision=\"16-mixed\"); HF: "
+                "TrainingArguments(fp16=True)).")
+    return ("Run the forward pass under autocast: with torch.autocast(\"cuda\", dtype=torch.bfloat16): "
+            "loss = model(batch) (Lightning: Trainer(precision=\"bf16-mixed\"); HF: TrainingArguments(bf16=True)).")
+
+
+def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+    """Rules that read one trace's metrics (see :func:`perfhooks.analysis.analyze.trace_metrics`)."""
+    out: list[dict[str, Any]] = []
+    step_us = metrics.get("step_us") or 0.0
+    breakdown = metrics.get("breakdown") or {}
+    if step_us <= 0:  # no steps, or steps of no duration: no rule has a premise
+        return out
+
+    def share(role: str) -> float:
+        return breakdown.get(role, 0.0) / step_us if step_us else 0.0
+
+    dataloader = share("dataloader")
+    if dataloader >= t.dataloader_share:
+        out.append(make(
+            "dataloader_bound", "critical" if dataloader >= t.dataloader_critical_share else "warning",
+            "Input pipeline holds the step back",
+            f"DataLoader takes {pct(dataloader)} of the step ({breakdown['dataloader'] / 1e3:.1f} ms of "
+            f"{step_us / 1e3:.1f} ms); threshold {pct(t.dataloader_share)}",
+            dataloader,
+            "Load batches in worker processes and keep them ahead of the GPU: "
+            "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2).",
+            dataloader_share=dataloader))
+    utilization = metrics.get("gpu_utilization")
+    # no kernel at all inside the steps is more likely device activity that was not recorded than an idle GPU
+    if utilization is not None and 0 < utilization < t.gpu_utilization:
+        out.append(make(
+            "low_gpu_utilization", "critical" if utilization < t.gpu_utilization / 2 else "warning",
+            "The GPU is idle for much of each step",
+            f"GPU utilization {pct(utilization)} (kernels running ÷ "
+            + ("step time" if metrics.get("step_rule", "profiler_steps") == "profiler_steps" else
+               "the time of the window, which has no step markers")
+            + f"); threshold {pct(t.gpu_utilization)}",
+            1 - utilization,
+            "Find what the GPU waits for in the idle breakdown and the diagnoses above; then raise the work per "
+            "step (a larger batch) so launch and host overheads are amortized.",
+            gpu_utilization=utilization))
+    launch = metrics.get("launch") or {}
+    idle = metrics.get("idle") or {}
+    temporal = metrics.get("temporal") or {}
+    launch_heavy = launch.get("short_kernel_share", 0.0) >= t.short_kernel_share
+    # GPU idle time spent waiting on the host, less what the DataLoader already explains, and no more than the
+    # time the host spent in launch calls: idle time behind other host work (Python, allocation) is not launch cost
+    launch_calls = launch.get("launch_call_share")
+    launch_gain = temporal.get("idle", 0.0) * idle.get("host_wait", 0.0) - dataloader
+    if launch_calls is not None:
+        launch_gain = min(launch_gain, launch_calls)
+    if (launch_heavy and idle.get("host_wait", 0.0) >= t.host_wait_share and launch_gain >= 0.05
+            and utilization is not None and utilization < 0.8):
+        out.append(make(
+            "launch_bound", "warning", "Kernel launches cannot keep the GPU fed",
+            f"{pct(launch['short_kernel_share'])} of kernels run < 10 µs ({launch['kernels_per_step']:.0f} per step), "
+            f"{pct(idle['host_wait'])} of GPU idle time waits on the host, and the host spends "
+            f"{pct(launch_calls or 0.0)} of the step in launch calls; thresholds {pct(t.short_kernel_share)} "
+            f"and {pct(t.host_wait_share)}",
+            launch_gain,
+            "Cut per-kernel launch cost: model = torch.compile(model, mode=\"reduce-overhead\") (CUDA graphs), "
+            "fuse small ops, or raise the batch size.",
+            short_kernel_share=launch["short_kernel_share"], host_wait_share=idle["host_wait"],
+            launch_call_share=launch_calls))
+    syncs = metrics.get("host_sync") or {}
+    sync_share = syncs.get("time_us_per_step", 0.0) / step_us
+    # a sync is a cost only if the host waited: many syncs that return at once hold nothing back
+    if syncs.get("per_step", 0.0) >= t.syncs_per_step and sync_share >= t.sync_time_share:
+        sites = ", ".join(s["site"] for s in syncs.get("call_sites", [])[:2])
+        kinds = ", ".join(f"{name} {count:.1f}" for name, count in syncs.get("by_kind_per_step", {}).items())
+        out.append(make(
+            "host_sync", "warning", "The host waits for the GPU inside the step",
+            f"{syncs['per_step']:.1f} synchronizations per step ({kinds}) hold the host "
+            f"{syncs['time_us_per_step'] / 1e3:.2f} ms, {pct(sync_share)} of the step; thresholds "
+            f"{t.syncs_per_step:g} and {pct(t.sync_time_share)}" + (f"; from {sites}" if sites else ""),
+            sync_share,
+            "Remove .item(), .cpu(), print(tensor) and torch.cuda.synchronize() from the step; log scalars every "
+            "N steps; copy inputs with pin_memory=True and .to(device, non_blocking=True). "
+            "torch.cuda.set_sync_debug_mode(\"warn\") points at each one.",
+            syncs_per_step=syncs["per_step"], sync_time_share=sync_share))
+    tensor = metrics.get("tensor_cores") or {}
+    precision = metrics.get("eligible_precision") or {}
+    steps = max(metrics.get("steps", 1), 1)
+    eligible_fp32 = max(tensor.get("fp32_simt_gemm_share", 0.0) * share("kernel"),
+                        precision.get("fp32", 0.0) / steps / step_us if step_us else 0.0)
+    tf32 = tensor.get("tf32_share", 0.0) * (breakdown.get("kernel", 0.0) / step_us if step_us else 0.0)
+    if tensor and tensor.get("tensor_core_share", 0.0) - tensor.get("tf32_share", 0.0) < t.tensor_core_share:
+        if eligible_fp32 >= t.fp32_eligible_share:
+            out.append(make(
+                "fp32_matmul", "warning", "Matmuls and convolutions run in FP32 without Tensor Cores",
+                f"{pct(tensor['tensor_core_share'])} of compute-kernel time is on Tensor Cores; FP32 GEMM/conv "
+                f"kernels take {pct(eligible_fp32)} of the step; thresholds {pct(t.tensor_core_share)} and "
+                f"{pct(t.fp32_eligible_share)}",
+                eligible_fp32 * (1 - 1 / BF16_SPEEDUP),
+                _autocast_fix(metrics),
+                tensor_core_share=tensor["tensor_core_share"], fp32_eligible_share=eligible_fp32))
+        elif tf32 >= t.fp32_eligible_share:
+            out.append(make(
+                "fp32_matmul", "info", "Matmuls run in TF32; bf16 would be faster still",
+                f"TF32 Tensor Core kernels take {pct(tf32)} of the step; threshold {pct(t.fp32_eligible_share)}",
+                tf32 * (1 - 1 / TF32_TO_BF16_SPEEDUP),
+                "Use bf16 autocast: with torch.autocast(\"cuda\", dtype=torch.bfloat16): loss = model(batch).",
+                tf32_share=tf32))
+    attention = metrics.get("attention") or {}
+    slow = attention.get("unfused", 0.0) + attention.get("math", 0.0)
+    fast = attention.get("flash", 0.0) + attention.get("memory_efficient", 0.0) + attention.get("cudnn", 0.0)
+    slow_share = slow / max(metrics.get("steps", 1), 1) / step_us if step_us else 0.0
+    if slow_share >= t.unfused_attention_share and slow > fast:
+        out.append(make(
+            "unfused_attention", "warning", "Attention runs unfused",
+            f"unfused/math attention takes {pct(slow_share)} of the step and no flash or memory-efficient kernel "
+            f"ran; threshold {pct(t.unfused_attention_share)}",
+            slow_share * 0.5,
+            "Call torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) with fp16/bf16 inputs "
+            "so PyTorch picks flash or memory-efficient kernels (HF: attn_implementation=\"sdpa\").",
+            unfused_share=slow_share))
+    occupancy = metrics.get("achieved_occupancy")
+    if occupancy is not None and occupancy < t.occupancy_percent and (utilization or 0) >= 0.5:
+        out.append(make(
+            "low_occupancy", "info", "Kernels keep few warps resident per SM",
+            f"estimated achieved occupancy {occupancy:.1f}%; threshold {t.occupancy_percent:g}%",
+            share("kernel") * (1 - occupancy / t.occupancy_percent) * 0.25,
+            "Larger batches or hidden sizes give kernels more blocks; check the top kernels' launch shapes.",
+            achieved_occupancy=occupancy))
+    memcpy = metrics.get("memcpy") or {}
+    if memcpy.get("pageable_share", 0.0) >= t.pageable_share and share("memcpy") >= t.memcpy_share:
+        out.append(make(
+            "memcpy_heavy", "warning" if share("memcpy") >= 0.05 else "info",
+            "Host-to-device copies from pageable memory",
+            f"{pct(memcpy['pageable_share'])} of host-device copy time is from pageable memory and copies take "
+            f"{pct(share('memcpy'))} of the step; thresholds {pct(t.pageable_share)} and {pct(t.memcpy_share)}",
+            share("memcpy"),
+            "Pin and overlap: DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True).",
+            pageable_share=memcpy["pageable_share"], memcpy_share=share("memcpy")))
+    compiled = metrics.get("compile") or {}
+    if compiled.get("compiling_in_window"):
+        out.append(make(
+            "compile_warmup", "info", "torch.compile was compiling inside the captured window",
+            "compiler events (dynamo/inductor) inside the window: the window's timings include compilation",
+            0.0,
+            "Capture after warm-up (a larger Schedule(skip_first=...)); if it recompiles every step, check "
+            "torch._dynamo.explain(model)(batch) for graph breaks and dynamic shapes.",
+            compiling_in_window=True))
+    communication = metrics.get("communication") or {}
+    if communication.get("exposed_share", 0.0) >= t.communication_exposed_share:
+        out.append(make(
+            "communication_heavy", "warning", "Communication is not hidden behind compute",
+            f"communication takes {pct(communication['share'])} of the step, {pct(communication['overlap'])} "
+            f"overlapped; {pct(communication['exposed_share'])} exposed; threshold "
+            f"{pct(t.communication_exposed_share)}",
+            communication["exposed_share"],
+            "Overlap gradient all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view=True), "
+            "accumulate gradients with no_sync(), or use a compression hook.",
+            communication_share=communication["share"], overlap=communication["overlap"]))
+    misaligned = metrics.get("misaligned_gemms") or []
+    misaligned_share = sum(m.get("device_us", 0.0) for m in misaligned) / steps / step_us
+    # Tensor Cores need a GPU (a CPU-only trace has none to align for), and the GEMMs must take real time
+    if misaligned and metrics.get("devices") and misaligned_share >= t.misaligned_gemm_share:
+        out.append(make(
+            "tensor_core_alignment", "info", "Half-precision GEMMs with dimensions not multiples of 8",
+            f"GEMMs whose inner or output dimension is not a multiple of 8 take {pct(misaligned_share)} of the "
+            f"step; threshold {pct(t.misaligned_gemm_share)}: "
+            + "; ".join(f"{m['op']} ×{m['count']}" for m in misaligned[:3]),
+            misaligned_share * 0.5,
+            "Pad hidden sizes, vocabulary and sequence lengths to multiples of 8 (64 is better), e.g. "
+            "model.resize_token_embeddings(n, pad_to_multiple_of=64).",
+            gemms=len(misaligned), misaligned_share=misaligned_share))
+    variance = metrics.get("step_us_p95_over_p50")
+    if variance is not None and variance >= t.step_p95_over_p50:
+        out.append(make(
+            "step_time_variance", "info", "Step times vary within the window",
+            f"p95/p50 of step time {variance:.2f} over {metrics.get('steps')} steps; threshold "
+            f"{t.step_p95_over_p50:g}",
+            # what the steps above the median cost: the mean step brought down to the median
+            max(0.0, 1 - (metrics.get("step_us_p50") or step_us) / step_us),
+            "Look for periodic work (logging, checkpointing, GC, data stalls) in the slow steps.",
+            p95_over_p50=variance))
+    return out

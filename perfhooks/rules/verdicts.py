@@ -1,0 +1,57 @@
+"""The shape of a diagnosis, and their ranking.
+
+Every diagnosis is a dict with ``id`` (stable, documented), ``severity`` (``critical``, ``warning``, ``info``),
+``title``, ``evidence`` (the numbers that fired and the thresholds they crossed), ``measured`` (those numbers),
+``estimated_gain`` (an Amdahl-style upper bound on the fraction 0..1 of step time saved if fixed),
+``recommendation`` (a concrete fix) and ``docs`` (a link).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DOCS = {
+    "dataloader_bound": "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading",
+    "low_gpu_utilization": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
+    "launch_bound": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
+    "host_sync": "https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html",
+    "fp32_matmul": "https://pytorch.org/docs/stable/amp.html",
+    "unfused_attention": "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
+    "low_occupancy": "https://docs.nvidia.com/cuda/cuda-c-best-practices-guide/index.html#occupancy",
+    "memcpy_heavy": "https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html",
+    "memory_near_limit": "https://pytorch.org/docs/stable/torch_cuda_memory.html",
+    "memory_fragmentation": "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf",
+    "activations_dominate": "https://pytorch.org/docs/stable/checkpoint.html",
+    "compile_warmup": "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    "optimizer_heavy": "https://pytorch.org/docs/stable/optim.html#algorithms",
+    "communication_heavy": "https://pytorch.org/docs/stable/notes/ddp.html",
+    "straggler": "https://pytorch.org/docs/stable/distributed.html",
+    "step_time_variance": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
+    "tensor_core_alignment": "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/",
+    "evaluation_heavy": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#val-check-interval",
+    "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
+}
+
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def make(id: str, severity: str, title: str, evidence: str, gain: float, recommendation: str,
+         **measured: Any) -> dict[str, Any]:
+    return {"id": id, "severity": severity, "title": title, "evidence": evidence,
+            "estimated_gain": round(max(0.0, min(1.0, gain)), 4), "recommendation": recommendation,
+            "docs": DOCS[id], "measured": measured}
+
+
+def rank(diagnoses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Largest estimated gain first; severity breaks ties; one entry per id (the larger gain)."""
+    best: dict[str, dict[str, Any]] = {}
+    for diagnosis in diagnoses:
+        kept = best.get(diagnosis["id"])
+        if kept is None or diagnosis["estimated_gain"] > kept["estimated_gain"]:
+            best[diagnosis["id"]] = diagnosis
+    return sorted(best.values(), key=lambda d: (-d["estimated_gain"], SEVERITY_ORDER[d["severity"]], d["id"]))
+
+
+def pct(value: float) -> str:
+    return f"{value:.1%}"
