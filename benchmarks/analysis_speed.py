@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer:
         print((hta_seconds if args.peer == "hta" else tb_plugin_seconds)(args.traces[0]))
         return 0
-    from perfhooks.device.describe import _cpu_model
+    from perfhooks.device.describe import cpu_model
 
     traces = args.traces or sorted((REPO / "tests" / "data" / "traces").rglob("*.json.gz"))
-    print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(HEADER)
     base = baseline_rss_bytes()
     for path in traces:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SUMMARY = re.compile(r"^=+ (.*) in ([0-9.]+)s")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed).*?) in ([0-9.]+)s")
 
 
 def main(argv: list[str] | None = None) -> int:

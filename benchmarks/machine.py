@@ -12,7 +12,7 @@ from typing import Any
 
 
 def machine_info() -> dict[str, Any]:
-    from perfhooks.device.describe import _cpu_model
+    from perfhooks.device.describe import cpu_model
 
     gpu = None
     try:
@@ -27,7 +27,7 @@ def machine_info() -> dict[str, Any]:
                     "HolisticTraceAnalysis", "torch-tb-profiler", "orjson", "msgspec", "numpy"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[package] = metadata.version(package)
-    return {"hostname": socket.gethostname(), "cpu": _cpu_model(), "cores": os.cpu_count(), "gpu": gpu,
+    return {"hostname": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu,
             "python": sys.version.split()[0], "platform": platform.platform(), "versions": versions}
 
 

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cuda", action="store_true", help="on the GPU, with an allocation history recording")
     args = parser.parse_args(argv)
-    from perfhooks.device.describe import _cpu_model
+    from perfhooks.device.describe import cpu_model
+    from perfhooks.device.room import DeviceRoom
     from perfhooks.faults import FaultLog, Once
     from perfhooks.memory.monitor import MemoryMonitor
     from tutorial_transformer import TransformerLayer
@@ -42,9 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     pending: list = []
     with tempfile.TemporaryDirectory() as folder:
         def monitor(submit):
-            m = MemoryMonitor(Path(folder), args.cuda, FaultLog(), Once(), threshold=0.9, capacity_bytes=2**40,
-                              poll_s=0, history=True if args.cuda else None, history_entries=100_000,
-                              max_captures=10 ** 6, submit=submit)
+            m = MemoryMonitor(Path(folder), DeviceRoom(device), FaultLog(), Once(), threshold=0.9,
+                              capacity_bytes=2**40, poll_s=0, history=True if args.cuda else None,
+                              history_entries=100_000, max_captures=10 ** 6, submit=submit)
             m.models.append(model)
             m.sample()
             return m
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             whole.append((time.perf_counter() - started) * 1e3)
         off_thread.stop()
     p, w = statistics.median(paused), statistics.median(whole)
-    print(f"machine: {_cpu_model()}, device {device}, torch {torch.__version__}")
+    print(f"machine: {cpu_model()}, device {device}, torch {torch.__version__}")
     print(f"capture pause on the training thread: {p:.1f} ms (median of {args.repeats}); the whole capture "
           f"inline: {w:.1f} ms; ratio {p / w:.2f}")
     return 0

@@ -3,7 +3,8 @@
 One optimizer step of a training loop, as the engine sees it::
 
     fetch                           # the loop asks its loader for the step's first batch
-      phase data_wait               # host time until the batch is in hand (incl. H2D copy)
+      phase data_wait               # until the batch is in hand (incl. H2D copy); on a GPU the exposed
+                                    # part: the time the device sat idle for want of input
       phase forward                 # model forward and loss
       phase backward                # loss.backward()
       ...                           # gradient accumulation repeats fetch/forward/backward
@@ -34,9 +35,6 @@ ASIDES: frozenset[str] = frozenset({EVALUATION, CHECKPOINT})
 
 #: The measured phases, in loop order.
 PHASES: tuple[str, ...] = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
-
-#: Phases whose time is read on the host clock even when CUDA events time the rest.
-HOST_TIMED_PHASES: frozenset[str] = frozenset({DATA_WAIT})
 
 #: ARGB colours of the NVTX ranges, one per phase (Nsight Systems shows them).
 PHASE_COLORS: dict[str, int] = {

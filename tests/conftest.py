@@ -55,6 +55,19 @@ def nvtx_recorder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return library
 
 
+@pytest.fixture(params=["simulated", pytest.param("real", marks=pytest.mark.cuda)])
+def gpu(request: pytest.FixtureRequest):
+    """A CUDA device to test on: the simulated one always, the real one where a GPU is present (``cuda``).
+    Both take ``run(ms)``, ``alloc(bytes)`` and ``free(handle)``; ``gpu.simulated`` tells them apart."""
+    from simulated_gpu import RealGpu, simulated_cuda
+
+    if request.param == "real":
+        yield RealGpu()
+        return
+    with simulated_cuda(memory_bytes=8 << 30) as simulated:
+        yield simulated
+
+
 @pytest.fixture
 def offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``WANDB_MODE=offline``; runs, cache, staging and settings under ``tmp_path/wandb``. Yields that folder."""

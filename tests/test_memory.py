@@ -183,12 +183,13 @@ def test_the_capture_is_written_on_the_writer_thread(tmp_path: Path) -> None:
     """Only the census walk runs where the capture is called; the JSON is written by the job it submits."""
     import threading
 
+    from perfhooks.device.room import DeviceRoom
     from perfhooks.faults import FaultLog, Once
     from perfhooks.memory.monitor import MemoryMonitor
 
     jobs: list = []
-    monitor = MemoryMonitor(tmp_path, False, FaultLog(), Once(), threshold=0.9, capacity_bytes=2**40, poll_s=0,
-                            history=None, history_entries=10, max_captures=2,
+    monitor = MemoryMonitor(tmp_path, DeviceRoom(None), FaultLog(), Once(), threshold=0.9, capacity_bytes=2**40,
+                            poll_s=0, history=None, history_entries=10, max_captures=2,
                             submit=lambda kind, job: jobs.append((kind, job)))
     monitor.sample()
     folder = monitor.capture(3, "forward", "near_limit")
@@ -261,44 +262,59 @@ def test_a_real_cpu_oom_through_lightning(tmp_path: Path) -> None:
     assert report["status"] == "failed" and report["error"]["phase"] == "forward"
 
 
-@pytest.mark.cuda
-def test_cuda_oom_observer_and_snapshot(tmp_path: Path) -> None:
-    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0, memory_history=True),
-                    tmp_path, "test", device="cuda")
-    engine.phase_start("forward")
-    torch.ones(1024, device="cuda")
-    engine.phase_start("backward")  # a sample: CUDA is initialised, the observer attaches
-    with pytest.raises(torch.OutOfMemoryError) as caught:
-        torch.empty(1 << 40, device="cuda")
-    engine.exception(caught.value)
-    pickle_path = tmp_path / "oom" / "observer_snapshot.pickle"
-    assert pickle_path.read_bytes()[:2] == b"\x80\x04"
-    assert (tmp_path / "oom" / "observer.json").exists() and (tmp_path / "oom" / "summary.json").exists()
-    import pickle
-
-    from torch.cuda import _memory_viz
-
-    assert "<html" in _memory_viz.trace_plot(pickle.loads(pickle_path.read_bytes())).lower()
-
-
 def _cuda_engine(tmp_path: Path, **settings) -> Engine:
     return Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0, **settings), tmp_path,
                   "test", device="cuda")
 
 
-@pytest.mark.cuda
-def test_cuda_healthy_run_records_no_history(tmp_path: Path) -> None:
+def _gpu_steps(engine: Engine, gpu, count: int, kernel_ms: float = 1.0) -> None:
+    """``count`` training steps whose work is a kernel of ``kernel_ms`` on the device."""
+    for _ in range(count):
+        engine.fetch()
+        engine.phase_start("forward")
+        gpu.run(kernel_ms)
+        engine.phase_start("backward")
+        engine.phase_start("optimizer")
+        engine.stepped()
+
+
+def _history_on() -> bool:
+    return bool(torch._C._cuda_isHistoryEnabled()) if hasattr(torch._C, "_cuda_isHistoryEnabled") else any(
+        torch.cuda.memory._snapshot().get("device_traces") or [])
+
+
+def test_cuda_oom_observer_and_snapshot(tmp_path: Path, gpu) -> None:
+    engine = _cuda_engine(tmp_path, memory_history=True)
+    _gpu_steps(engine, gpu, 1)
+    engine.phase_start("forward")
+    gpu.alloc(1024)
+    engine.phase_start("backward")  # a sample: CUDA is initialised, the observer attaches
+    with pytest.raises(torch.OutOfMemoryError) as caught:
+        gpu.alloc(1 << 45)
+    engine.exception(caught.value)
+    pickle_path = tmp_path / "oom" / "snapshot.pickle"
+    assert pickle_path.read_bytes()[:2] == b"\x80\x04"
+    observed = json.loads((tmp_path / "oom" / "observer.json").read_text())
+    assert observed["requested_bytes"] >= 1 << 45 and observed["limit"] == "device" and observed["count"] == 1
+    assert (tmp_path / "oom" / "summary.json").exists()
+    from torch.cuda import _memory_viz
+
+    from perfhooks.analysis.snapshot import load_snapshot
+
+    snapshot = load_snapshot(pickle_path)
+    assert any(entry["action"] == "oom" for trace in snapshot["device_traces"] for entry in trace)
+    assert "<html" in _memory_viz.trace_plot(snapshot).lower()
+
+
+def test_cuda_healthy_run_records_no_history(tmp_path: Path, gpu) -> None:
     engine = _cuda_engine(tmp_path)
-    model = mlp().cuda()
-    train_steps(engine, lambda x: model(x).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1),
-                [torch.randn(8, 32, device="cuda")] * 5)
+    _gpu_steps(engine, gpu, 5)
     memory = engine.close()["memory"]
     assert memory["history"]["mode"] == "on_approach" and memory["history"]["armed"] is None
-    assert not any(torch.cuda.memory._snapshot().get("device_traces") or [])
+    assert not _history_on()
 
 
-@pytest.mark.cuda
-def test_cuda_approach_arms_history_and_the_capture_has_stacks(tmp_path: Path) -> None:
+def test_cuda_approach_arms_history_and_the_capture_has_stacks(tmp_path: Path, gpu) -> None:
     import pickle
 
     from torch.cuda import _memory_viz
@@ -307,17 +323,14 @@ def test_cuda_approach_arms_history_and_the_capture_has_stacks(tmp_path: Path) -
     base = torch.cuda.memory_allocated()
     capacity = base + 400 * 2**20
     engine = _cuda_engine(tmp_path, memory_capacity_bytes=capacity, memory_threshold=0.9, memory_arm_fraction=0.5)
-    model = mlp().cuda()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    steps = lambda n: train_steps(engine, lambda x: model(x).square().mean(), optimizer,  # noqa: E731
-                                  [torch.randn(8, 32, device="cuda")] * n)
-    steps(2)
-    armer = torch.empty(250 * 2**20, dtype=torch.uint8, device="cuda")  # past 50%: armed
-    steps(2)
-    filler = torch.empty(130 * 2**20, dtype=torch.uint8, device="cuda")  # allocated with the history on
-    steps(2)
+    _gpu_steps(engine, gpu, 2)
+    armer = gpu.alloc(250 * 2**20)  # past 50%: armed
+    _gpu_steps(engine, gpu, 2)
+    filler = gpu.alloc(130 * 2**20)  # allocated with the history on
+    _gpu_steps(engine, gpu, 2)
     report = engine.close()
-    del armer, filler
+    gpu.free(armer)
+    gpu.free(filler)
     memory = report["memory"]
     assert memory["history"]["armed"]["signal"] == "allocated" and memory["history"]["owner"] == "perfhooks"
     [capture] = memory["captures"]
@@ -325,56 +338,53 @@ def test_cuda_approach_arms_history_and_the_capture_has_stacks(tmp_path: Path) -
     frames = [frame for trace in snapshot["device_traces"] for entry in trace for frame in entry.get("frames", [])]
     assert any("test_memory.py" in frame.get("filename", "") for frame in frames), "Python stacks recorded"
     assert "<html" in _memory_viz.trace_plot(snapshot).lower()
-    assert not any(torch.cuda.memory._snapshot().get("device_traces") or []), "perfhooks stopped its own history"
+    assert not _history_on(), "perfhooks stopped its own history"
 
 
-@pytest.mark.cuda
-def test_cuda_users_own_history_is_untouched(tmp_path: Path) -> None:
+def test_cuda_users_own_history_is_untouched(tmp_path: Path, gpu) -> None:
     torch.cuda.memory._record_memory_history(enabled="all", max_entries=1000)
     try:
-        keep = torch.ones(1024, device="cuda")
+        keep = gpu.alloc(4096)
         engine = _cuda_engine(tmp_path, memory_history=True)
-        model = mlp().cuda()
-        train_steps(engine, lambda x: model(x).square().mean(), torch.optim.SGD(model.parameters(), lr=0.1),
-                    [torch.randn(8, 32, device="cuda")] * 2)
+        _gpu_steps(engine, gpu, 2)
         assert engine.close()["memory"]["history"]["owner"] == "user"
-        del keep
-        assert any(torch.cuda.memory._snapshot().get("device_traces") or []), "the user's history still records"
+        gpu.free(keep)
+        assert _history_on(), "the user's history still records"
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
 
 
-@pytest.mark.cuda
-def test_cuda_real_oom_keeps_the_error_and_exit_status(tmp_path: Path) -> None:
+def test_cuda_real_oom_keeps_the_error_and_exit_status(tmp_path: Path, gpu) -> None:
+    """An OOM that ends the program: its traceback is the last thing printed, the exit status is 1, and the dump
+    has the summary and the snapshot (the simulated device is installed in the child process too)."""
     script = textwrap.dedent(f"""
-        import torch
-        from helpers import mlp, train_steps
+        import contextlib, torch
+        from simulated_gpu import RealGpu, simulated_cuda
         from perfhooks import Engine, PerfConfig
-        engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0,
-                                   memory_history=True), {str(tmp_path)!r}, "test", device="cuda")
-        model = mlp().cuda()
-        held = []
-        def loss_of(x):
-            held.append(torch.empty(1 << 40, dtype=torch.uint8, device="cuda"))  # past the capacity
-            return model(x).square().mean()
-        try:
-            batches = [torch.randn(8, 32, device="cuda")] * 2
-            train_steps(engine, loss_of, torch.optim.SGD(model.parameters(), lr=0.1), batches)
-        except BaseException as error:
-            engine.exception(error)
-            raise
+        with (simulated_cuda() if {gpu.simulated!r} else contextlib.nullcontext(RealGpu())) as gpu:
+            engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory_poll_s=0,
+                                       memory_history=True), {str(tmp_path)!r}, "test", device="cuda")
+            try:
+                for step in range(2):
+                    engine.fetch()
+                    engine.phase_start("forward")
+                    gpu.alloc(1 << 45)  # past the capacity
+            except BaseException as error:
+                engine.exception(error)
+                raise
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{REPO}"})
     assert done.returncode == 1 and "OutOfMemoryError" in done.stderr.strip().splitlines()[-1]
     summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
-    assert summary["requested_bytes"] == 1 << 40 and summary["error_type"] == "OutOfMemoryError"
-    assert (tmp_path / "oom" / "observer_snapshot.pickle").exists()
+    assert summary["requested_bytes"] >= 1 << 45 and summary["error_type"] == "OutOfMemoryError"
+    assert (tmp_path / "oom" / "snapshot.pickle").exists()
 
 
 def test_allocator_retries_arm_and_capture_once_with_their_signal(tmp_path: Path) -> None:
     """The allocator retrying is a sign of pressure well below the threshold: it arms the history and captures
     once, with ``signal: alloc_retries``. (CPU has no allocator counters: the CUDA figures are fed here.)"""
+    from perfhooks.device.room import DeviceRoom
     from perfhooks.faults import FaultLog, Once
     from perfhooks.memory.monitor import MemoryMonitor
 
@@ -385,8 +395,8 @@ def test_allocator_retries_arm_and_capture_once_with_their_signal(tmp_path: Path
             self.latest = self.figures.pop(0)
             return self.latest
 
-    monitor = Fed(tmp_path, False, FaultLog(), Once(), threshold=0.9, capacity_bytes=1000, poll_s=0, history=None,
-                  history_entries=10, max_captures=3)
+    monitor = Fed(tmp_path, DeviceRoom(None), FaultLog(), Once(), threshold=0.9, capacity_bytes=1000, poll_s=0,
+                  history=None, history_entries=10, max_captures=3)
     Fed.figures = [{"used_bytes": 300, "num_alloc_retries": 2}, {"used_bytes": 310, "num_alloc_retries": 2},
                    {"used_bytes": 320, "num_alloc_retries": 3}, {"used_bytes": 330, "num_alloc_retries": 5}]
     for step in range(4):

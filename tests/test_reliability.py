@@ -63,7 +63,7 @@ INJECTIONS = [
     ("analysis", "perfhooks.capture.window_job.analysis_command", {"window_analysis"}),
     ("memory", "perfhooks.memory.monitor.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
     ("report", "perfhooks.runtime.lifecycle.write_report", {"report_write"}),
-    ("diagnoses", "perfhooks.rules.live.diagnose_live", {"live_diagnoses"}),
+    ("diagnoses", "perfhooks.runtime.engine.diagnose_live", {"live_diagnoses"}),
     ("trigger", "perfhooks.capture.trigger.OnDemandTrigger.poll", {"trigger"}),
 ]
 

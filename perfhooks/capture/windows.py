@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from perfhooks.capture.labels import profiler_recording
 from perfhooks.capture.schedule import Action
+from perfhooks.device import cuda_extras
 from perfhooks.faults import FaultLog, Once
 from perfhooks.report.files import atomic_gzip_file
 from perfhooks.report.worker import BackgroundWriter
@@ -123,17 +122,24 @@ class CaptureWindows:
             label.__exit__(None, None, None)
 
     def close(self) -> None:
-        """Stop an open window; a partially recorded one is saved."""
+        """Stop an open window; a partially recorded one is saved. ``profiler.stop()`` synchronizes the device:
+        the lifecycle calls this only once the device has drained its queue within the deadline."""
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
             profiler.stop()
         self._nsys(start=False)
 
+    def abandon(self) -> None:
+        """The device did not drain by the deadline: let go of the open window without ``stop()`` (which would
+        block on the device). Its trace is lost; the Nsight range is left as it is (closing it is a device call)."""
+        self._profiler = None
+
     def _open(self, step: int, action: Action, trigger: str) -> None:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
-        if self.settings.cuda:
+        # CUPTI takes one subscriber: under nsys_capture Nsight Systems records the GPU, and the window the CPU.
+        if self.settings.cuda and not self.settings.nsys_capture:
             activities.append(ProfilerActivity.CUDA)
         profiler = profile(activities=activities, schedule=self._torch_action,
                            on_trace_ready=self._on_trace_ready, record_shapes=self.settings.record_shapes,
@@ -171,10 +177,7 @@ class CaptureWindows:
     def _nsys(self, start: bool) -> None:
         if not (self.settings.nsys_capture and self.settings.cuda) or start == self._nsys_running:
             return
-        if start:
-            torch.cuda.profiler.start()
-        else:
-            torch.cuda.profiler.stop()
+        cuda_extras.profiler_range(start)
         self._nsys_running = start
 
     def _on_trace_ready(self, profiler: Any) -> None:

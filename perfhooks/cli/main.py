@@ -21,6 +21,8 @@ def _analyze(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as error:
         print(f"perfhooks: --thresholds: {error}", file=sys.stderr)
         return 2
+    if args.paths and all(str(path).endswith(".pickle") for path in args.paths):
+        return _analyze_snapshots(args)
     try:
         report = analyze_paths(args.paths, workers=args.workers, thresholds=thresholds)
     except TraceError as error:
@@ -45,6 +47,22 @@ def _analyze(args: argparse.Namespace) -> int:
 
         text = format_analysis(report)
     return _emit(text, args.output)
+
+
+def _analyze_snapshots(args: argparse.Namespace) -> int:
+    """``perfhooks analyze snapshot.pickle``: a memory snapshot, read with a data-only unpickler and summarized."""
+    from perfhooks.analysis.snapshot import SnapshotError, format_snapshot, load_snapshot, summarize_snapshot
+
+    summaries = {}
+    for path in args.paths:
+        try:
+            summaries[str(path)] = summarize_snapshot(load_snapshot(path))
+        except SnapshotError as error:
+            print(f"perfhooks: {error}", file=sys.stderr)
+            return 2
+    if args.format == "json":
+        return _emit(json.dumps(summaries, indent=2), args.output)
+    return _emit("\n".join(f"{path}\n{format_snapshot(summary)}" for path, summary in summaries.items()), args.output)
 
 
 def _emit(text: str, output: str | None) -> int:

@@ -1,10 +1,13 @@
-"""Timestamps for phase and step boundaries, on the host or on the CUDA stream.
+"""Timestamps for phase and step boundaries, on the host or on the device's stream.
 
-On the host a mark is the integer ``time.perf_counter_ns()`` (marks are taken ~9 times a
-step, so they stay as cheap as that). On CUDA a mark is a :class:`Mark`: the host time plus
-an event recorded on the current stream. Intervals between two CUDA marks are read later,
-once both events have completed (``Event.query()`` never blocks), so timing a step never
-stalls the GPU. Only :meth:`CudaClock.wait` blocks, and the engine calls it at flush time.
+On the host a mark is the integer ``time.perf_counter_ns()`` (marks are taken ~9 times a step, so they stay as
+cheap as that). On an accelerator a mark is a :class:`Mark`: the host time plus an event recorded on the run's
+device's current stream (through :class:`~perfhooks.device.room.DeviceRoom`). Intervals between two device
+marks are read later, once both events have completed (``Event.query()`` never blocks), so timing a step never
+stalls the device. :meth:`DeviceClock.wait` polls against a deadline; nothing here ever blocks without one.
+
+After a CUDA error (:meth:`DeviceClock.stop_device`) marks are host-only and no device call is made: the
+context may be broken, and a call would raise again after the user's traceback.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from perfhooks.device.room import DeviceRoom
+
+#: Most device events kept for reuse.
+POOL_LIMIT = 4096
+
 
 @dataclass(slots=True)
 class Mark:
     host_ns: int
-    event: Any = None  # torch.cuda.Event on CUDA
+    event: Any = None  # a device event, None after the device stopped being used
 
 
 class HostClock:
@@ -43,41 +51,57 @@ class HostClock:
     def release(self, mark: Any) -> None:
         pass
 
-    def wait(self, mark: Any) -> None:
+    def wait(self, mark: Any, deadline: float) -> bool:
+        """Whether ``mark`` is complete by ``deadline`` (``time.monotonic()``); host marks always are."""
+        return True
+
+    def stop_device(self) -> None:
         pass
 
 
-class CudaClock(HostClock):
-    """Times intervals on the device timeline with CUDA events, recycled through a pool."""
+class DeviceClock(HostClock):
+    """Times intervals on the device timeline with events on the run's device, recycled through a pool."""
 
     device_timed = True
 
-    def __init__(self) -> None:
-        import torch
-
-        self._torch = torch
+    def __init__(self, room: DeviceRoom) -> None:
+        self.room = room
         self._pool: list[Any] = []
+        self._device_ok = True
         self.mark = self._record_mark
 
     def _record_mark(self) -> Mark:
-        event = self._pool.pop() if self._pool else self._torch.cuda.Event(enable_timing=True)
-        event.record()
+        if not self._device_ok:
+            return Mark(time.perf_counter_ns())
+        event = self._pool.pop() if self._pool else self.room.new_event()
+        self.room.record(event)
         return Mark(time.perf_counter_ns(), event)
 
     def ready(self, mark: Mark) -> bool:
-        return mark.event.query()
+        if mark.event is None:
+            return True
+        return bool(mark.event.query()) if self._device_ok else True
 
     def elapsed_ms(self, start: Mark, end: Mark) -> float:
+        if start.event is None or end.event is None or not self._device_ok:
+            return (end.host_ns - start.host_ns) / 1e6
         return start.event.elapsed_time(end.event)
 
     def host_ms(self, start: Mark, end: Mark) -> float:
         return (end.host_ns - start.host_ns) / 1e6
 
     def release(self, mark: Mark) -> None:
-        if mark.event is not None and len(self._pool) < 4096:
+        if mark.event is not None and self._device_ok and len(self._pool) < POOL_LIMIT:
             self._pool.append(mark.event)
-            mark.event = None
+        mark.event = None
 
-    def wait(self, mark: Mark) -> None:
-        """Block until ``mark`` has completed on the device (flush time only)."""
-        mark.event.synchronize()
+    def wait(self, mark: Mark, deadline: float) -> bool:
+        """Poll until ``mark`` completes on the device or ``deadline`` passes; whether it completed."""
+        if mark.event is None or not self._device_ok:
+            return mark.event is None
+        return self.room.wait(mark.event, deadline)
+
+    def stop_device(self) -> None:
+        """A CUDA error: no device call from here on (marks are host times, pending events are dropped)."""
+        self._device_ok = False
+        self._pool.clear()

@@ -1,12 +1,12 @@
-"""What the run trains on, described for the report."""
+"""The host's processor, for the report's ``device`` on a CPU run."""
 
 from __future__ import annotations
 
 import platform
-from typing import Any
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
             for line in cpuinfo:
@@ -15,16 +15,3 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def describe_device(device: Any) -> dict[str, Any]:
-    """``{"type": "cuda"|"cpu"|..., "name": ...}`` (plus ``index`` on CUDA), for a ``torch.device`` or a string."""
-    import torch
-
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda" and torch.cuda.is_available():
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        return {"type": "cuda", "name": torch.cuda.get_device_name(index), "index": index}
-    if device.type == "cpu":
-        return {"type": "cpu", "name": _cpu_model()}
-    return {"type": device.type, "name": str(device)}

@@ -4,10 +4,13 @@ Sampling costs no host sync: CUDA figures come from the caching allocator's coun
 from ``/proc/self/statm``. Both are read at phase boundaries at most every ``memory_poll_s``
 seconds, so the step and phase of the peak are known to that resolution.
 
-**The signal.** Near the limit means *allocated* bytes (CUDA; resident or virtual size on CPU) at
-``threshold`` of capacity, or the caching allocator retrying (``num_alloc_retries`` rising: it had
-to free its cache and call cudaMalloc again). Reserved memory is not the signal: the allocator keeps
-it near capacity in healthy runs by design; reserved/allocated stays the fragmentation signal.
+**The signal.** Near the limit means ``used_bytes`` at ``threshold`` of the limit, or the caching allocator
+retrying (``num_alloc_retries`` rising: it had to free its cache and call cudaMalloc again). On CUDA the limit
+is the per-process cap when ``set_per_process_memory_fraction`` set one, else the device's total (or
+``memory_capacity_bytes``), and ``used_bytes`` is what counts against it: reserved memory (fragmentation
+included) plus what lies outside PyTorch (the CUDA context, NCCL buffers, other processes: the driver's
+``total - free - reserved``) against the device; reserved memory against the cap; and the allocator's own peak
+when it rose since the last sample, so a peak inside a phase counts. On the CPU it is resident (or virtual) size.
 
 **Allocation history** (CUDA) is what gives a snapshot its stacks. ``history=None`` (the default)
 arms it on approach: it starts when allocated memory crosses ``arm_fraction`` of capacity or the
@@ -33,10 +36,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from perfhooks.device import cuda_extras
+from perfhooks.device.room import DeviceRoom
 from perfhooks.faults import FaultLog, Once
 from perfhooks.memory.live_tensors import live_tensor_census
 from perfhooks.memory.oom import find_oom, oom_recommendations, requested_bytes
 from perfhooks.report.files import atomic_write_bytes, atomic_write_json
+from perfhooks.rules.memory import diagnose_memory_growth
+from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import make
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -79,13 +86,11 @@ def cpu_usage() -> dict[str, int]:
 class MemoryMonitor:
     """Samples memory at phase boundaries, captures once per crossing of the threshold, dumps at OOM."""
 
-    def __init__(self, output_dir: Path, on_cuda: bool, faults: FaultLog, once: Once, *, threshold: float,
+    def __init__(self, output_dir: Path, room: DeviceRoom, faults: FaultLog, once: Once, *, threshold: float,
                  capacity_bytes: int | None, poll_s: float, history: bool | None, history_entries: int,
                  max_captures: int, arm_fraction: float = 0.75,
                  submit: Callable[[str, Callable[[], None]], None] | None = None) -> None:
-        import torch
-
-        self.torch = torch
+        self.room = room
         self.arm_fraction = arm_fraction
         self.history_entries = history_entries
         #: ``from_start``, ``on_approach`` or ``off``: the ``memory_history`` setting.
@@ -97,8 +102,9 @@ class MemoryMonitor:
         self._submit = submit
         self._start_retries: int | None = None
         self._retries_captured = False
+        self._last_peak = 0
         self.output_dir = output_dir
-        self.cuda = on_cuda and torch.cuda.is_available()
+        self.cuda = room.is_cuda
         self.faults = faults
         self.once = once
         self.threshold = threshold
@@ -110,17 +116,34 @@ class MemoryMonitor:
         self.peak = {"used_bytes": 0, "step": None, "phase": None}
         #: (step, used bytes) of recent samples, for the memory line of the report.
         self.series: deque[tuple[int, int]] = deque(maxlen=SERIES_SAMPLES)
+        #: (step, bytes in use) at the start of steps (rate-limited): the same point of each step, for the
+        #: ``memory_growth`` rule. Allocated bytes on CUDA, resident memory on the CPU.
+        self.step_samples: deque[tuple[int, int]] = deque(maxlen=SERIES_SAMPLES)
+        self._next_step_ns = 0
         self.census: dict[str, Any] | None = None
         self._capture_ready = True  # a near-limit capture may fire (re-armed 5 points below the threshold)
         self._next_ns = 0
         self._observer_attached = False
+        #: The OOM observer's calls in this run (what the allocator said at each OOM), the latest last.
+        self.observed: list[dict[str, Any]] = []
+        self.observed_count = 0
+        self._oom_snapshot_taken = False
         self.history = False
         if self.cuda:
-            self.limit_source = "device"
-            self.capacity = capacity_bytes or torch.cuda.mem_get_info()[1]
+            _free, total = room.memory_info()
+            allowed = room.allowed_bytes(total)
+            self.device_total = total
+            self._last_peak = room.memory().peak_allocated_bytes  # a peak from before this run is not this run's
+            if capacity_bytes:
+                self.capacity, self.limit_source = capacity_bytes, "configured"
+            elif allowed is not None:
+                self.capacity, self.limit_source = allowed, "fraction_cap"
+            else:
+                self.capacity, self.limit_source = total, "device"
             if self.history_mode == "from_start":
                 self._record_history()
         else:
+            self.device_total = 0
             self.capacity, self.limit_source = (capacity_bytes, "configured") if capacity_bytes else cpu_limit()
 
     # ------------------------------------------------------------------ sampling
@@ -151,6 +174,17 @@ class MemoryMonitor:
         elif not self._capture_ready and fraction < self.threshold - HYSTERESIS:
             self._capture_ready = True
 
+    def observe_step_start(self, step: int) -> None:
+        """At a step's start (rate-limited like phase samples): the bytes in use there, for ``memory_growth``."""
+        now = time.monotonic_ns()
+        if now < self._next_step_ns:
+            return
+        self._next_step_ns = now + self.poll_ns
+        if self.cuda:
+            self.step_samples.append((step, self.room.memory().allocated_bytes))
+        else:
+            self.step_samples.append((step, cpu_usage()["rss_bytes"]))
+
     def arm(self, step: int, signal: str) -> None:
         """Memory is approaching the limit: start the allocation history (CUDA) so a later capture has stacks."""
         self.armed = {"step": step, "signal": signal}
@@ -158,14 +192,37 @@ class MemoryMonitor:
             self._record_history()
 
     def sample(self) -> dict[str, Any]:
+        """The figures now. On CUDA ``used_bytes`` is what counts against the limit: reserved memory plus what
+        is outside PyTorch (the CUDA context, NCCL buffers, other processes) against the device, reserved memory
+        against a per-process cap, allocated memory against a configured capacity; and a peak the allocator saw
+        since the last sample counts too, so a peak inside a phase is not missed."""
         if self.cuda:
-            figures = _cuda_figures(self.torch)
-            figures["used_bytes"] = figures["allocated_bytes"]
+            figures = self._cuda_sample()
             self._attach_observer()
         else:
             figures = cpu_usage()
             figures["used_bytes"] = figures["vms_bytes" if self.limit_source == "rlimit_as" else "rss_bytes"]
         self.latest = figures
+        return figures
+
+    def _cuda_sample(self) -> dict[str, Any]:
+        memory = self.room.memory()
+        free, total = self.room.memory_info()
+        outside = max(0, total - free - memory.reserved_bytes)
+        figures: dict[str, Any] = {
+            "allocated_bytes": memory.allocated_bytes, "reserved_bytes": memory.reserved_bytes,
+            "active_bytes": memory.active_bytes, "peak_allocated_bytes": memory.peak_allocated_bytes,
+            "num_alloc_retries": memory.num_alloc_retries, "num_ooms": memory.num_ooms,
+            "device_free_bytes": free, "device_total_bytes": total, "outside_pytorch_bytes": outside}
+        new_peak = memory.peak_allocated_bytes if memory.peak_allocated_bytes > self._last_peak else 0
+        self._last_peak = max(self._last_peak, memory.peak_allocated_bytes)
+        if self.limit_source == "configured":
+            used = max(memory.allocated_bytes, new_peak)
+        elif self.limit_source == "fraction_cap":
+            used = max(memory.reserved_bytes, new_peak)
+        else:
+            used = max(memory.reserved_bytes, new_peak) + outside
+        figures["used_bytes"] = used
         return figures
 
     # ------------------------------------------------------------------ captures
@@ -211,7 +268,9 @@ class MemoryMonitor:
         return self.census
 
     def on_exception(self, error: BaseException, step: int, phase: str | None) -> None:
-        """If ``error`` is (or wraps) an OOM: write ``oom/`` (summary, census, snapshot). Never raises."""
+        """If ``error`` is (or wraps) an OOM: write ``oom/`` (summary, census, the allocator's own account from the
+        OOM observer, and on CUDA a snapshot: the first OOM of a run only). Outside the failing allocation, so an
+        OOM the caller catches and retries costs no snapshot inside it. Never raises."""
         try:
             oom = find_oom(error)
             if oom is None:
@@ -224,12 +283,18 @@ class MemoryMonitor:
                 atomic_write_json(folder / "census.json", census)
             except Exception as census_error:
                 self.faults.report("oom_census", census_error)
-            snapshot_files = self._write_snapshot(folder)
+            snapshot_files: list[str] = []
+            if not self._oom_snapshot_taken:
+                self._oom_snapshot_taken = True
+                snapshot_files = self._write_snapshot(folder)
+            if self.observed:
+                atomic_write_json(folder / "observer.json", {**self.observed[-1], "count": self.observed_count})
+                snapshot_files.append("observer.json")
             summary = {
                 "error_type": type(oom).__name__, "message": str(oom)[:1000], "step": step, "phase": phase,
-                "requested_bytes": requested_bytes(oom), "capacity_bytes": self.capacity, "memory": figures,
-                "peak": dict(self.peak), "census_totals": {k: v for k, v in (census or {}).items() if
-                                                           k.endswith("_bytes")},
+                "requested_bytes": requested_bytes(oom), "capacity_bytes": self.capacity, "limit": self.limit_source,
+                "memory": figures, "peak": dict(self.peak),
+                "census_totals": {k: v for k, v in (census or {}).items() if k.endswith("_bytes")},
                 "files": ["census.json", *snapshot_files] if census else snapshot_files,
                 "diagnosis": {"id": "oom", "severity": "critical", "title": f"Out of memory at step {step}"
                               + (f" in {phase}" if phase else ""),
@@ -244,7 +309,7 @@ class MemoryMonitor:
     def section(self) -> dict[str, Any]:
         latest = self.latest or (self.sample() if not self.cuda else {})
         section = {"device": "cuda" if self.cuda else "cpu", "capacity_bytes": self.capacity,
-                   "limit": self.limit_source, "signal": "allocated_bytes" if self.cuda else "used_bytes",
+                   "limit": self.limit_source, "signal": "used_bytes",
                    "peak_used_bytes": self.peak["used_bytes"],
                    "peak_step": self.peak["step"], "peak_phase": self.peak["phase"],
                    "threshold": self.threshold, "arm_fraction": self.arm_fraction,
@@ -258,9 +323,11 @@ class MemoryMonitor:
             section["census"] = {k: v for k, v in self.census.items() if k.endswith("_bytes")}
         return section
 
-    def diagnoses(self, memory_fraction: float) -> list[dict[str, Any]]:
-
-        out = []
+    def diagnoses(self, thresholds: Thresholds) -> list[dict[str, Any]]:
+        """Memory verdicts: near the limit, fragmentation, activations dominating, memory growing every step."""
+        memory_fraction = thresholds.memory_fraction
+        out = diagnose_memory_growth(list(self.step_samples), self.capacity,
+                                     "allocated" if self.cuda else "resident", thresholds)
         used = self.peak["used_bytes"]
         if self.capacity and used / self.capacity >= memory_fraction:
             out.append(make(
@@ -290,7 +357,7 @@ class MemoryMonitor:
     def stop(self) -> None:
         """End of training: stop the allocation history perfhooks started (a user's is left as it is)."""
         if self.history and self.history_owner == "perfhooks":
-            self.torch.cuda.memory._record_memory_history(enabled=None)
+            cuda_extras.stop_history()
         self.history = False
         self.history_owner = None
 
@@ -299,40 +366,36 @@ class MemoryMonitor:
         """Make sure an allocation history records: the user's if one already does, else perfhooks' own."""
         if self.history:
             return
-        if _history_recording(self.torch):
-            self.history, self.history_owner = True, "user"
-            return
-        recorder = getattr(self.torch.cuda.memory, "_record_memory_history", None)
-        if recorder is None:
+        if not cuda_extras.history_supported():
             self.once.warn("memory_history", "this torch has no memory history recorder; no snapshots")
             return
-        try:
-            recorder(enabled="all", stacks="python", max_entries=self.history_entries)
-        except TypeError:  # older signature
-            recorder(True, max_entries=self.history_entries)
+        if _history_recording():
+            self.history, self.history_owner = True, "user"
+            return
+        cuda_extras.start_history(self.history_entries)
         self.history, self.history_owner = True, "perfhooks"
 
     def _attach_observer(self) -> None:
         """The allocator's OOM observer, attached once per process (torch cannot detach one) once CUDA is
-        initialised and history is on (earlier attachment segfaults: pytorch #107330, #102796). It writes
-        for the current run's monitor, found through a weak reference: it holds no run and no model."""
+        initialised and history is on (earlier attachment segfaults: pytorch #107330, #102796). It notes the
+        allocator's figures for the current run's monitor, found through a weak reference: it holds no run and no
+        model."""
         global _observer_target
-        if self._observer_attached or not self.history or not self.torch.cuda.is_initialized():
+        if self._observer_attached or not self.history or not cuda_extras.is_initialized():
             return
         self._observer_attached = True
         _observer_target = weakref.ref(self)
-        _attach_process_observer(self.torch)
+        _attach_process_observer()
 
-    def observed_oom(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
-        """What the process's OOM observer does for this run: the snapshot and the failing allocation."""
-        try:
-            folder = self.output_dir / "oom"
-            self._write_snapshot(folder, name="observer_snapshot")
-            atomic_write_json(folder / "observer.json", {"device": device, "requested_bytes": alloc,
-                                                         "device_allocated_bytes": device_allocated,
-                                                         "device_free_bytes": device_free})
-        except Exception as error:
-            self.faults.report("oom_observer", error)
+    def observed_oom(self, device: int, requested: int, limit: int, free: int) -> None:
+        """What the allocator's OOM observer says, noted and nothing more: it runs inside the failing allocation
+        (on every OOM, the caught and retried ones too), so the snapshot waits for the error to reach perfhooks.
+        The third figure is the device's total, or the per-process cap when one is set (the call site passes
+        ``set_fraction ? allowed_memory_maximum : device_total``)."""
+        self.observed_count += 1
+        self.observed[:] = [{"device": device, "requested_bytes": requested, "device_limit_bytes": limit,
+                             "limit": self.limit_source if self.limit_source != "configured" else "device",
+                             "device_free_bytes": free}]
 
     def release(self) -> None:
         """The run ended: drop the models and stop being the OOM observer's target."""
@@ -343,7 +406,7 @@ class MemoryMonitor:
 
     def _take_snapshot(self) -> Any:
         """The allocator's snapshot object (with the history's stacks), or None without a history."""
-        return self.torch.cuda.memory._snapshot() if self.history else None
+        return cuda_extras.snapshot() if self.history else None
 
     def _write_snapshot(self, folder: Path, name: str = "snapshot") -> list[str]:
         """Take and write a snapshot now (at an OOM, where the process may not live to run the writer)."""
@@ -359,41 +422,22 @@ class MemoryMonitor:
         atomic_write_bytes(folder / f"{name}.pickle", data)
         files = [f"{name}.pickle"]
         try:
-            from torch.cuda import _memory_viz
-
-            atomic_write_bytes(folder / f"{name}.html", _memory_viz.trace_plot(snapshot).encode())
+            atomic_write_bytes(folder / f"{name}.html", cuda_extras.trace_plot(snapshot).encode())
             files.append(f"{name}.html")
         except Exception as error:
             self.faults.report("memory_viz", error)
         return files
 
 
-def _cuda_figures(torch: Any) -> dict[str, int]:
-    """The allocator's figures from its nested stats (the flat ``memory_stats()`` dict is built in Python,
-    about 100 entries per call)."""
-    raw = getattr(torch._C, "_cuda_memoryStats", None)
-    if raw is not None:
-        stats = raw(torch.cuda.current_device())
-
-        def get(key: str, part: str = "current") -> int:
-            return int(stats.get(key, {}).get("all", {}).get(part, 0))
-
-        return {"allocated_bytes": get("allocated_bytes"), "reserved_bytes": get("reserved_bytes"),
-                "active_bytes": get("active_bytes"), "peak_allocated_bytes": get("allocated_bytes", "peak"),
-                "num_alloc_retries": int(stats.get("num_alloc_retries", 0)), "num_ooms": int(stats.get("num_ooms", 0))}
-    stats = torch.cuda.memory_stats()
-    return {"allocated_bytes": stats.get("allocated_bytes.all.current", 0),
-            "reserved_bytes": stats.get("reserved_bytes.all.current", 0),
-            "active_bytes": stats.get("active_bytes.all.current", 0),
-            "peak_allocated_bytes": stats.get("allocated_bytes.all.peak", 0),
-            "num_alloc_retries": stats.get("num_alloc_retries", 0), "num_ooms": stats.get("num_ooms", 0)}
-
-
-def _history_recording(torch: Any) -> bool:
-    """Whether an allocation history already records (the user's): its snapshot has trace entries. Read once,
-    when perfhooks would start its own (torch has no public getter for this)."""
+def _history_recording() -> bool:
+    """Whether an allocation history already records (the user's), from the allocator's own flag. A torch without
+    the flag: read a snapshot's trace entries once (a history started with ``enabled="state"`` has none, so it
+    can be missed there)."""
+    enabled = cuda_extras.history_enabled()
+    if enabled is not None:
+        return enabled
     try:
-        return any(torch.cuda.memory._snapshot().get("device_traces") or [])
+        return any(cuda_extras.snapshot().get("device_traces") or [])
     except Exception:
         return False
 
@@ -403,17 +447,15 @@ _observer_target: weakref.ref[MemoryMonitor] | None = None
 _observer_attached = False
 
 
-def _attach_process_observer(torch: Any) -> None:
+def _attach_process_observer() -> None:
     global _observer_attached
     if _observer_attached:
         return
-    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     _observer_attached = True
-    if attach is not None:
-        attach(_on_out_of_memory)
+    cuda_extras.attach_oom_observer(_on_out_of_memory)
 
 
-def _on_out_of_memory(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+def _on_out_of_memory(device: int, requested: int, limit: int, free: int) -> None:
     monitor = _observer_target() if _observer_target is not None else None
     if monitor is not None:
-        monitor.observed_oom(device, alloc, device_allocated, device_free)
+        monitor.observed_oom(device, requested, limit, free)

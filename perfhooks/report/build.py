@@ -48,6 +48,7 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "step_ms": {"mean": step["mean"], "p50": step["p50"], "p95": step["p95"], "max": step["max"]},
         "phases": phases,
         "coverage": round(stats.coverage, 6),
+        "data_fetch_ms": {key: stats.fetch.summary("_ms")[f"{key}_ms"] for key in ("mean", "p50", "p95", "max")},
         "global_step": global_step if global_step is not None else stats.steps,
         "steady": {"steps": steady["count"], "perfhooks_steps": stats.own_steps,
                    "step_ms": {key: steady[f"{key}_ms"] for key in ("mean", "p50", "p95", "max")},

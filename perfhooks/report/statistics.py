@@ -123,6 +123,9 @@ class StepTiming:
     own: bool = False
     #: Evaluation/checkpoint time inside the step, taken out of ``step_ms`` (ms).
     aside_ms: float = 0.0
+    #: Host time of the step's fetches (ms). On an accelerator ``phase_ms["data_wait"]`` is the exposed part of
+    #: it (the device idle for want of input); on the CPU the two are equal.
+    fetch_ms: float = 0.0
 
 
 class PhaseStatistics:
@@ -136,6 +139,7 @@ class PhaseStatistics:
         self._step = StreamingStats()
         self._phases: dict[str, StreamingStats] = {name: StreamingStats() for name in (*PHASES, OTHER)}
         self._micro_batches = 0
+        self._fetch = StreamingStats()
         #: Steps that perfhooks' own work overlapped, and totals over the others (the steady steps).
         self.own_steps = 0
         self._steady_step = StreamingStats()
@@ -161,6 +165,7 @@ class PhaseStatistics:
         for name, stats in self._phases.items():
             stats.add_many([timing.phase_ms.get(name, 0.0) for timing in batch])
         self._micro_batches += sum(timing.micro_batches for timing in batch)
+        self._fetch.add_many([timing.fetch_ms for timing in batch])
         self.training_ms += sum(timing.step_ms for timing in batch)
         steady = [timing for timing in batch if not timing.own]
         self.own_steps += len(batch) - len(steady)
@@ -177,6 +182,12 @@ class PhaseStatistics:
     def phases(self) -> dict[str, StreamingStats]:
         self._fold()
         return self._phases
+
+    @property
+    def fetch(self) -> StreamingStats:
+        """Host time of each step's fetches (ms), hidden or not."""
+        self._fold()
+        return self._fetch
 
     @property
     def micro_batches(self) -> int:

@@ -32,6 +32,9 @@ class Thresholds:
     memory_fraction: float = 0.90
     evaluation_share: float = 0.25
     checkpoint_share: float = 0.10
+    memory_growth_r2: float = 0.9
+    memory_growth_share: float = 0.01
+    memory_growth_bytes: float = 64 * 2**20
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -22,6 +22,7 @@ DOCS = {
     "memory_near_limit": "https://pytorch.org/docs/stable/torch_cuda_memory.html",
     "memory_fragmentation": "https://pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf",
     "activations_dominate": "https://pytorch.org/docs/stable/checkpoint.html",
+    "memory_growth": "https://pytorch.org/docs/stable/torch_cuda_memory.html",
     "compile_warmup": "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
     "optimizer_heavy": "https://pytorch.org/docs/stable/optim.html#algorithms",
     "communication_heavy": "https://pytorch.org/docs/stable/notes/ddp.html",

@@ -36,8 +36,8 @@ from perfhooks.capture.trigger import OnDemandTrigger
 from perfhooks.capture.window_job import analyze_window
 from perfhooks.capture.windows import CaptureWindows, WindowSettings
 from perfhooks.config import PerfConfig
-from perfhooks.device.clock import CudaClock, HostClock
-from perfhooks.device.describe import describe_device
+from perfhooks.device.clock import DeviceClock, HostClock
+from perfhooks.device.room import DeviceRoom
 from perfhooks.events import ASIDES, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.memory.monitor import MemoryMonitor
@@ -80,9 +80,11 @@ class Engine:
         self.global_step = start_step
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
-        self.device = describe_device(device)
-        on_cuda = self.device["type"] == "cuda"
-        self.clock: HostClock = clock or (CudaClock() if on_cuda else HostClock())
+        #: All device access for this run, bound to its device index.
+        self.room = DeviceRoom(device)
+        self.device = self.room.describe()
+        on_cuda = self.room.is_cuda
+        self.clock: HostClock = clock or (DeviceClock(self.room) if self.room.timed else HostClock())
         self.account = RunAccount(time.perf_counter_ns if self.clock.device_timed else self.clock.mark)
         self.stats = PhaseStatistics()
         self.pending = PendingSteps(self.clock)
@@ -96,7 +98,7 @@ class Engine:
         self.windows = CaptureWindows(
             self.output_dir / "traces", self.rank, self.world_size, self.action, WindowSettings(
                 record_shapes=config.record_shapes, profile_memory=config.profile_memory,
-                with_stack=config.with_stack, cuda=on_cuda and torch.cuda.is_available(),
+                with_stack=config.with_stack, cuda=on_cuda,
                 nsys_capture=config.nsys_capture, max_traces=config.max_traces,
                 max_trace_bytes=config.max_trace_bytes),
             self.writer, self.faults, self.once, on_saved=self._save_report_async,
@@ -106,7 +108,7 @@ class Engine:
         if config.memory:
             try:
                 self.memory = MemoryMonitor(
-                    self.output_dir, on_cuda, self.faults, self.once, threshold=config.memory_threshold,
+                    self.output_dir, self.room, self.faults, self.once, threshold=config.memory_threshold,
                     capacity_bytes=config.memory_capacity_bytes, poll_s=config.memory_poll_s,
                     history=config.memory_history, history_entries=config.memory_history_entries,
                     max_captures=config.max_memory_captures, arm_fraction=config.memory_arm_fraction,
@@ -181,6 +183,11 @@ class Engine:
             self._windows_at = step
             self._drive_windows(step)
         self.account.started()
+        if self.memory is not None and not self.cuda_broken:
+            try:
+                self.memory.observe_step_start(step)
+            except Exception as error:
+                self.faults.report("memory_sample", error)
         record = StepRecord(step, self.clock.mark())
         writer = self.writer
         record.own = self.windows.is_open or writer.running
@@ -433,7 +440,7 @@ class Engine:
             self.nvtx.pop()
         end = self.clock.mark()
         self._record.intervals.append((name, start, end))  # type: ignore[union-attr]
-        if self.memory is not None:
+        if self.memory is not None and not self.cuda_broken:
             try:
                 self.memory.observe(self.step, name)
                 if len(self.memory.captures) != self._captures_seen:  # a capture paused this step
@@ -466,7 +473,7 @@ class Engine:
             live = diagnose_live(self.stats, self.config.thresholds, compiled=self.compiled_in_run(),
                                  run=self.account.section(self.stats.training_ms))
             if self.memory is not None:
-                live += self.memory.diagnoses(self.config.thresholds.memory_fraction)
+                live += self.memory.diagnoses(self.config.thresholds)
             return live
         except Exception as error:
             self.faults.report("live_diagnoses", error)

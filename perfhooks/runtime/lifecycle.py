@@ -7,8 +7,10 @@
 - **close** (:func:`close`, once per run; ``Engine.close``):
   1. the open step: an aside cut short ends; a step whose optimizer stepped is counted; one cut short is not.
      The run account stops;
-  2. the profiler window stops (its partial trace is saved) and pending device timings are read. Neither happens
-     after a CUDA error (the context may be broken);
+  2. the device gets until the deadline to finish what was queued (``query()`` polled, never a blocking sync);
+     then the profiler window stops (its partial trace is saved; ``profiler.stop()`` syncs, so not before) and
+     pending device timings are read. Steps the device did not finish are reported, not waited for. None of
+     this happens after a CUDA error (the context may be broken): no device call is made from then on;
   3. hooks, the on-demand trigger and the writer thread end (the writer within the deadline);
   4. the report is built; memory history stops; rank 0 may wait for the other ranks' summaries; W&B gets its last
      row, table and summary; ``report.json`` (and the merged report) are written; the table is printed;
@@ -54,6 +56,9 @@ WRITER_WAIT_S = 60.0
 
 #: Seconds W&B gets to take its last rows and files at a normal end.
 WANDB_WAIT_S = 30.0
+#: Seconds the device gets to finish the work queued before the close (pending step timings, the open window),
+#: polled: a hung kernel or a collective whose peer died costs this much, never more.
+DEVICE_WAIT_S = 30.0
 
 
 class Deadline:
@@ -75,8 +80,18 @@ def _finish(engine: Engine, deadline: Deadline) -> dict[str, Any] | None:
     guarded("close_step", engine.end_open_step)
     engine.account.close()
     if not engine.cuda_broken:
-        guarded("window_close", engine.windows.close)
-        guarded("flush_timings", lambda: engine.pending.drain(engine.stats, block=True))
+        device_deadline = time.monotonic() + deadline.left(DEVICE_WAIT_S)
+        if guarded("device_drain", lambda: engine.room.drained(device_deadline)):
+            guarded("window_close", engine.windows.close)  # profiler.stop() syncs: only once the device is done
+        else:
+            engine.once.warn("device_busy", f"the device did not finish its queued work within "
+                             f"{deadline.left(DEVICE_WAIT_S):.0f} s of the close (a hung kernel, or a collective "
+                             "waiting for a peer): the open capture window is not saved")
+            guarded("window_abandon", engine.windows.abandon)
+        guarded("flush_timings", lambda: engine.pending.drain(engine.stats, deadline=device_deadline))
+        if engine.pending.unfinished:
+            engine.once.warn("steps_unfinished", f"{engine.pending.unfinished} step(s) had not finished on the device "
+                             "by the close's deadline: not counted")
     engine.hooks.remove()
     if engine.trigger is not None:
         guarded("trigger_close", engine.trigger.close)
@@ -181,6 +196,7 @@ def note_error(engine: Engine, error: BaseException) -> None:
         engine.error = error_entry(engine, error, phase)
         if is_cuda_error(error):
             engine.cuda_broken = True
+            engine.clock.stop_device()
         elif engine.memory is not None:
             engine.memory.on_exception(error, engine.step, phase)
     except Exception as fault:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfhooks.device.clock import HostClock
-from perfhooks.events import ASIDES, HOST_TIMED_PHASES, OTHER
+from perfhooks.events import ASIDES, DATA_WAIT, OTHER
 from perfhooks.report.statistics import PhaseStatistics, StepTiming
 
 
@@ -18,7 +18,7 @@ class StepRecord:
     """The marks of one optimizer step, before they are turned into milliseconds."""
 
     step: int
-    start: Any  # a clock mark: an int on the host, a clock.Mark on CUDA
+    start: Any  # a clock mark: an int on the host, a clock.Mark on an accelerator
     end: Any = None
     #: ``(name, start, end)`` of each phase, and of each evaluation/checkpoint the step contained.
     intervals: list[tuple[str, Any, Any]] = field(default_factory=list)
@@ -38,6 +38,8 @@ class PendingSteps:
         self.clock = clock
         self.limit = limit
         self.dropped = 0
+        #: Steps still running on the device when the close's deadline passed: not counted.
+        self.unfinished = 0
         self._queue: deque[StepRecord] = deque()
 
     def push(self, record: StepRecord) -> None:
@@ -49,13 +51,19 @@ class PendingSteps:
     def __len__(self) -> int:
         return len(self._queue)
 
-    def drain(self, stats: PhaseStatistics, block: bool = False) -> None:
-        """Move every ready step into ``stats``; with ``block`` (flush time only), wait for all."""
+    def drain(self, stats: PhaseStatistics, deadline: float | None = None) -> None:
+        """Move every ready step into ``stats`` (never waits). With ``deadline`` (``time.monotonic()``; close
+        only), poll each step until its marks complete or the deadline passes: steps the device has not finished
+        by then are dropped and counted in :attr:`unfinished` (a hung kernel, a collective whose peer died)."""
         while self._queue:
             record = self._queue[0]
             assert record.end is not None
-            if block:
-                self.clock.wait(record.end)
+            if deadline is not None:
+                if not self.clock.wait(record.end, deadline):
+                    self.unfinished += len(self._queue)
+                    while self._queue:
+                        self.discard(self._queue.popleft())
+                    return
             elif not self.clock.ready(record.end):
                 return
             self._queue.popleft()
@@ -63,27 +71,32 @@ class PendingSteps:
             self.discard(record)
 
     def _resolve(self, record: StepRecord) -> StepTiming:
+        """Milliseconds from marks. Every phase is read on the device's timeline, ``data_wait`` included: there it
+        is the *exposed* wait, the time the device sat idle for want of input (a fetch hidden behind queued
+        kernels costs nothing). The host time of the fetches is kept apart as ``fetch_ms``."""
         clock = self.clock
         assert record.end is not None
         elapsed, host_ms = clock.elapsed_ms, clock.host_ms
         step_ms = elapsed(record.start, record.end)
         phase_ms: dict[str, float] = {}
-        covered = aside_ms = 0.0
+        covered = aside_ms = fetch_ms = 0.0
         for name, start, end in record.intervals:
             if name in ASIDES:
                 aside_ms += max(0.0, elapsed(start, end))
                 continue
-            ms = host_ms(start, end) if name in HOST_TIMED_PHASES else elapsed(start, end)
+            if name == DATA_WAIT:
+                fetch_ms += max(0.0, host_ms(start, end))
+            ms = elapsed(start, end)
             if ms > 0.0:
                 phase_ms[name] = phase_ms.get(name, 0.0) + ms
                 covered += ms
         step_ms = max(0.0, step_ms - aside_ms)
         phase_ms[OTHER] = max(0.0, step_ms - covered)
         return StepTiming(record.step, step_ms, phase_ms, record.micro_batches, record.global_step, record.own,
-                          aside_ms)
+                          aside_ms, fetch_ms)
 
     def discard(self, record: StepRecord) -> None:
-        """Return a step's CUDA events to the pool (host marks hold nothing)."""
+        """Return a step's device events to the pool (host marks hold nothing)."""
         if not self.clock.device_timed:
             return
         self.clock.release(record.start)

@@ -131,10 +131,10 @@ def test_the_users_exception_propagates_unchanged(tmp_path: Path) -> None:
 def test_a_failing_engine_start_warns_and_training_completes(tmp_path: Path, monkeypatch) -> None:
     from perfhooks.runtime import engine as engine_module
 
-    def broken_describe_device(device):
+    def broken_room(device):
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(engine_module, "describe_device", broken_describe_device)
+    monkeypatch.setattr(engine_module, "DeviceRoom", broken_room)
     model = lightning_mlp()
     with pytest.warns(PerfhooksWarning, match="engine_start failed .*injected fault"):
         callback = fit(tmp_path, steps=3, model=model)

@@ -1,0 +1,164 @@
+"""The one room through which perfhooks reaches the accelerator, bound to the engine's device index.
+
+Every call names the device: events are recorded on *that* device's current stream, memory figures and
+capacity are read for *that* index, never for ``current_device()`` (a run on ``cuda:1`` with the current
+device left at 0 is timed on device 1). The device-generic API is used where torch has one
+(``torch.Event``, ``torch.accelerator.*``), so XPU and other accelerators get timing and memory figures too;
+the CUDA-only extras (allocation history, snapshots, the OOM observer, the Nsight range, allocation tags) are in
+:mod:`perfhooks.device.cuda_extras`.
+
+Nothing here synchronizes the host with the device. The only wait, :meth:`DeviceRoom.wait`, polls
+``Event.query()`` until a deadline and gives up when the device does not get there (a hung kernel, a dead peer
+in a collective): it never blocks past the deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+#: Seconds between two ``query()`` polls while waiting on the device.
+POLL_S = 0.001
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """The allocator's counters for one device (bytes, counts). ``peak_allocated_bytes`` is the allocator's own
+    peak since the process started (or the user last reset it); perfhooks never resets it."""
+
+    allocated_bytes: int
+    reserved_bytes: int
+    active_bytes: int
+    peak_allocated_bytes: int
+    num_alloc_retries: int
+    num_ooms: int
+
+
+class DeviceRoom:
+    """All device access for one run, bound to one device (``torch.device``, string or None for the CPU)."""
+
+    def __init__(self, device: Any = None) -> None:
+        import torch
+
+        self._torch = torch
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        self.type: str = device.type
+        #: True when this run's device is an accelerator torch can reach (CUDA, XPU, ...).
+        self.accelerated = self.type not in ("cpu", "meta") and _backend_available(torch, self.type)
+        self.index: int | None = None
+        if self.accelerated:
+            self.index = device.index if device.index is not None else _current_index(torch, self.type)
+        self.device = torch.device(self.type, self.index) if self.index is not None else device
+        #: Phases can be timed with device events on this device.
+        self.timed = self.accelerated and (hasattr(torch, "Event") or self.type == "cuda")
+        self.is_cuda = self.accelerated and self.type == "cuda"
+
+    # ------------------------------------------------------------------ description
+    def describe(self) -> dict[str, Any]:
+        """``{"type", "name"}`` plus ``index`` on an accelerator, for the report."""
+        if not self.accelerated:
+            from perfhooks.device.describe import cpu_model
+
+            return {"type": "cpu", "name": cpu_model()} if self.type == "cpu" else {"type": self.type,
+                                                                                     "name": str(self.device)}
+        return {"type": self.type, "name": _device_name(self._torch, self.type, self.index), "index": self.index}
+
+    # ------------------------------------------------------------------ timing
+    def new_event(self) -> Any:
+        """A timing event for this device (created on the device at its first record, as torch does)."""
+        torch = self._torch
+        if hasattr(torch, "Event"):
+            return torch.Event(device=self.device, enable_timing=True)
+        return torch.cuda.Event(enable_timing=True)
+
+    def stream(self) -> Any:
+        """This device's current stream (the one the training loop's kernels go to)."""
+        torch = self._torch
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and hasattr(accelerator, "current_stream"):
+            return accelerator.current_stream(self.index)
+        return torch.cuda.current_stream(self.index)
+
+    def record(self, event: Any) -> None:
+        """Record ``event`` on this device's current stream: it completes when the stream gets there."""
+        event.record(self.stream())
+
+    def wait(self, event: Any, deadline: float) -> bool:
+        """Poll until ``event`` completes or ``time.monotonic()`` passes ``deadline``; whether it completed.
+        Never blocks past the deadline (``Event.synchronize`` could wait for ever on a hung device)."""
+        while not event.query():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S)
+        return True
+
+    def drained(self, deadline: float) -> bool:
+        """Whether the work queued so far on this device's stream finishes before ``deadline`` (polled)."""
+        if not self.timed:
+            return True
+        event = self.new_event()
+        self.record(event)
+        return self.wait(event, deadline)
+
+    # ------------------------------------------------------------------ memory
+    def memory(self) -> MemoryFigures:
+        """The allocator's figures for this device (no sync: counters kept by the caching allocator)."""
+        torch = self._torch
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and hasattr(accelerator, "memory_stats"):
+            stats = accelerator.memory_stats(self.index)
+        else:
+            stats = torch.cuda.memory_stats(self.index)
+
+        def get(key: str) -> int:
+            return int(stats.get(key, 0) or 0)
+
+        return MemoryFigures(
+            allocated_bytes=get("allocated_bytes.all.current"), reserved_bytes=get("reserved_bytes.all.current"),
+            active_bytes=get("active_bytes.all.current"), peak_allocated_bytes=get("allocated_bytes.all.peak"),
+            num_alloc_retries=get("num_alloc_retries"), num_ooms=get("num_ooms"))
+
+    def memory_info(self) -> tuple[int, int]:
+        """``(free, total)`` bytes of this device, from the driver: what every process and the context hold."""
+        torch = self._torch
+        accelerator = getattr(torch, "accelerator", None)
+        if accelerator is not None and hasattr(accelerator, "get_memory_info"):
+            free, total = accelerator.get_memory_info(self.index)
+        else:
+            free, total = torch.cuda.mem_get_info(self.index)
+        return int(free), int(total)
+
+    def allowed_bytes(self, total: int) -> int | None:
+        """The per-process cap (``set_per_process_memory_fraction``) in bytes when one is below the device's
+        total, else None. CUDA only; None elsewhere."""
+        if not self.is_cuda:
+            return None
+        getter = getattr(self._torch.cuda, "get_per_process_memory_fraction", None)
+        if getter is None:
+            return None
+        fraction = float(getter(self.index))
+        return int(fraction * total) if 0.0 < fraction < 1.0 else None
+
+
+def _backend_available(torch: Any, kind: str) -> bool:
+    module = getattr(torch, kind, None)
+    available = getattr(module, "is_available", None)
+    try:
+        return bool(available()) if callable(available) else False
+    except Exception:
+        return False
+
+
+def _current_index(torch: Any, kind: str) -> int:
+    """The current device of backend ``kind``, read once when the run starts (the index the run is bound to)."""
+    module = getattr(torch, kind)
+    return int(module.current_device())
+
+
+def _device_name(torch: Any, kind: str, index: int | None) -> str:
+    getter = getattr(getattr(torch, kind, None), "get_device_name", None)
+    try:
+        return str(getter(index)) if callable(getter) else f"{kind}:{index}"
+    except Exception:
+        return f"{kind}:{index}"
