@@ -337,6 +337,9 @@ def test_cuda_approach_arms_history_and_the_capture_has_stacks(tmp_path: Path, g
     snapshot = pickle.loads((Path(capture["path"]) / "snapshot.pickle").read_bytes())
     frames = [frame for trace in snapshot["device_traces"] for entry in trace for frame in entry.get("frames", [])]
     assert any("test_memory.py" in frame.get("filename", "") for frame in frames), "Python stacks recorded"
+    allocs = [entry for trace in snapshot["device_traces"] for entry in trace if entry["action"] == "alloc"]
+    tags = {entry.get("user_metadata") for entry in allocs}
+    assert tags & {"data_wait", "forward", "backward", "optimizer"}, "allocations carry the phase they were made in"
     assert "<html" in _memory_viz.trace_plot(snapshot).lower()
     assert not _history_on(), "perfhooks stopped its own history"
 

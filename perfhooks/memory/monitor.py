@@ -356,6 +356,8 @@ class MemoryMonitor:
 
     def stop(self) -> None:
         """End of training: stop the allocation history perfhooks started (a user's is left as it is)."""
+        if self.history and cuda_extras.tags_supported():
+            cuda_extras.tag_allocations("")  # perfhooks' phase tags end with the run
         if self.history and self.history_owner == "perfhooks":
             cuda_extras.stop_history()
         self.history = False

@@ -36,6 +36,7 @@ from perfhooks.capture.trigger import OnDemandTrigger
 from perfhooks.capture.window_job import analyze_window
 from perfhooks.capture.windows import CaptureWindows, WindowSettings
 from perfhooks.config import PerfConfig
+from perfhooks.device import cuda_extras
 from perfhooks.device.clock import DeviceClock, HostClock
 from perfhooks.device.room import DeviceRoom
 from perfhooks.events import ASIDES, DATA_WAIT, PHASES
@@ -115,6 +116,8 @@ class Engine:
                     submit=self.writer.submit)
             except Exception as error:
                 self.faults.report("memory_start", error)
+        #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
+        self._tag_allocations = self.memory is not None and self.memory.cuda and cuda_extras.tags_supported()
         self.wandb: WandbSink | None = None
         if config.wandb is not False and ranks.logs_to_trackers(self.rank):
             self.wandb = WandbSink(source=wandb_source or RunSource(), explicit_run=config.wandb_run,
@@ -253,6 +256,8 @@ class Engine:
                 self.nvtx.push(name)
             if autograd_profiler._is_profiler_enabled:
                 self.labels.enter(name)
+            if self._tag_allocations and self.memory.history:  # type: ignore[union-attr]
+                cuda_extras.tag_allocations(name)  # the snapshot shows each allocation's phase
             self._phase = (name, mark)
         except Exception as error:
             self.faults.report("phase_start", error)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ SUMMARY_TOP = 3
 WINDOW_FIGURES = ("gpu_utilization", "sm_efficiency", "achieved_occupancy")
 #: Window results kept while the run is not found yet (the latest).
 MAX_PENDING_WINDOWS = 8
+#: Seconds the W&B thread waits for the user's next row before a ``perf/*`` row joins the one it already joined.
+JOIN_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class WandbSink:
         self.step_key: str | None = None
         self.commit = True
         self.rows = 0
+        #: The user's row (wandb's ``run.step``) the last ``perf/*`` row joined, with ``commit=False``.
+        self._joined_step: int | None = None
         self.failed: str | None = None
         self._open_if_missing = open_if_missing
         self._thread = BackgroundWriter(faults, capacity=queue, name="perfhooks-wandb")
@@ -129,7 +134,7 @@ class WandbSink:
         if fresh:
             self._last_step = fresh[-1].step
         row = interval_metrics(fresh, memory)
-        self._submit("wandb_log", lambda: self._log_row(row, step))
+        self._submit("wandb_log", lambda: self._log_row(row, step, wait_for_user=True))
 
     def log_window(self, step: int, window: dict[str, Any], diagnoses: list[dict[str, Any]]) -> None:
         """After a window's analysis (any thread): its GPU figures, the diagnoses table and the trace artifact.
@@ -207,11 +212,20 @@ class WandbSink:
                 "status": "failed" if self.failed else ("logging" if run is not None else "no run")}
 
     # ------------------------------------------------------------------ wandb thread
-    def _log_row(self, row: dict[str, Any], step: int) -> None:
+    def _log_row(self, row: dict[str, Any], step: int, wait_for_user: bool = False) -> None:
+        """Log ``row`` at perfhooks' ``step``. Joining the user's row (``commit=False``), two ``perf/*`` rows must
+        not join the same one (the second would overwrite the first): with ``wait_for_user``, wait up to
+        :data:`JOIN_WAIT_S` on this thread for the user's next row before joining."""
         self._declare()
         data = {**row, PERF_STEP: step}
         if self.step_key != PERF_STEP:
             data[self.step_key] = step
+        if not self.commit:
+            if wait_for_user:
+                deadline = time.monotonic() + JOIN_WAIT_S
+                while self.run.step == self._joined_step and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            self._joined_step = self.run.step
         self.run.log(data, commit=self.commit)
         self.rows += 1
 
