@@ -325,7 +325,7 @@ def test_validation_inside_a_window_is_outside_every_profiler_step(tmp_path: Pat
     assert evaluation_ms >= 400  # four 100 ms batches
     longest_ms = max(end - start for start, end in steps) / 1e3
     assert longest_ms < evaluation_ms / 2, f"a ProfilerStep of {longest_ms:.0f} ms holds the evaluation"
-    assert report["step_ms"]["max"] < evaluation_ms / 2
+    assert report["steady"]["step_ms"]["max"] < evaluation_ms / 2  # the window's own steps are marked apart
 
 
 def gan_module():

@@ -117,7 +117,7 @@ def test_evaluation_and_saves_are_apart_from_steps_and_windows(tmp_path: Path, o
     save = trainer.model.save_pretrained
 
     def slow_save(*args, **kwargs):  # a slow filesystem
-        time.sleep(0.3)
+        time.sleep(0.5)
         return save(*args, **kwargs)
 
     trainer.model.save_pretrained = slow_save
@@ -131,10 +131,11 @@ def test_evaluation_and_saves_are_apart_from_steps_and_windows(tmp_path: Path, o
     steady_wait = [ms for ms, own in zip(series["data_wait"], series["perfhooks"], strict=True) if not own]
     run = report["run"]
     assert run["evaluations"] == 2 and run["checkpoints"] == 2
-    assert run["checkpointing_s"] >= 0.6
-    one_save_ms = 1e3 * run["checkpointing_s"] / run["checkpoints"]  # >= 300 ms: 10x a fetch or a step here
+    assert run["checkpointing_s"] >= 1.0
+    one_save_ms = 1e3 * run["checkpointing_s"] / run["checkpoints"]  # >= 500 ms: 10x a fetch or a step here
     assert max(steady_wait) < one_save_ms / 2, "evaluation or a save counted as data wait"
-    assert report["step_ms"]["max"] < one_save_ms / 2, "a save inside a step"
+    # the steps no perfhooks work overlapped (a window's steps and its export's are marked, and can be slow)
+    assert report["steady"]["step_ms"]["max"] < one_save_ms / 2, "a save inside a step"
     parts = run["training_s"] + run["evaluation_s"] + run["checkpointing_s"] + run["other_s"]
     assert parts == pytest.approx(run["wall_s"], rel=0.01)
     ids = [d["id"] for d in report["diagnoses"]]
