@@ -5,8 +5,9 @@
 
 Causal self-attention goes through ``scaled_dot_product_attention`` (flash kernels on CUDA under bf16);
 on CUDA the model is ``torch.compile``d and the forward runs under bf16 autocast. On CPU it stays eager in
-FP32 (compiling there takes longer than this example's whole run). Under Nsight Systems, with perfhooks'
-windows bracketing the capture:
+FP32 unless ``--compile BACKEND`` asks (``aot_eager`` compiles in seconds; ``inductor`` takes longer than this
+example's whole run). The report's ``run.compiling_s`` then says what compilation cost. Under Nsight Systems,
+with perfhooks' windows bracketing the capture:
 
     nsys profile -t cuda,nvtx --capture-range=cudaProfilerApi --capture-range-end=stop \\
         python examples/nanogpt_example.py --nsys
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-embd", type=int, default=128)
     parser.add_argument("--output-dir", default="perfhooks_out/nanogpt")
     parser.add_argument("--nsys", action="store_true", help="bracket the windows for nsys --capture-range")
+    parser.add_argument("--compile", metavar="BACKEND", default=None,
+                        help="torch.compile the model with this backend (default: inductor on CUDA, eager on CPU)")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -112,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     loader = DataLoader(RandomText(args.steps * args.batch_size, args.block_size, args.vocab_size),
                         batch_size=args.batch_size, shuffle=True, pin_memory=cuda)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    if cuda:
-        model = torch.compile(model)
+    backend = args.compile or ("inductor" if cuda else None)
+    if backend:
+        model = torch.compile(model, backend=backend)
     schedule = perfhooks.Schedule(skip_first=min(10, args.steps // 2), warmup=2, active=3)
     with attach(accelerator, output_dir=args.output_dir, schedule=schedule, nsys_capture=args.nsys and cuda):
         model.train()

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from perfhooks.config import PerfConfig
-from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.faults import FaultLog
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
@@ -208,6 +208,12 @@ class PerfSession:
             engine.idle()
             engine.begin_aside(EVALUATION)
 
+    def _after_next(self) -> None:
+        """A training batch is in hand (a prepared loader has placed it on the device): the forward starts. The
+        model's forward hook says the same in eager mode; a compiled model's hooks can't."""
+        if self.engine.open_phase == DATA_WAIT:
+            self.engine.phase_start(FORWARD)
+
     def _exhausted(self) -> None:
         engine = self.engine
         if engine.account.innermost == EVALUATION:
@@ -297,6 +303,8 @@ class PerfSession:
                     if not session._closed:
                         session.engine.note_error(error)
                     raise
+                if not session._closed:
+                    session._after_next()
                 yield batch
 
         _set_class(loader, type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__}))

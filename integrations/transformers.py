@@ -165,7 +165,20 @@ class PerfTrainerCallback(TrainerCallback):
             return fetched
 
         self._patches.set(trainer, "get_batch_samples", noting_errors(engine, fetch))
-        self._patches.set(trainer, "training_step", noting_errors(engine, trainer.training_step))
+        training_step, compute_loss = trainer.training_step, trainer.compute_loss
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            engine.phase_start(FORWARD)  # the batch is in hand: a compiled model's hooks can't say so
+            return training_step(*args, **kwargs)
+
+        def loss(*args: Any, **kwargs: Any) -> Any:
+            result = compute_loss(*args, **kwargs)
+            if engine.open_phase == FORWARD:  # training (evaluation's losses come with no phase open)
+                engine.phase_start(BACKWARD)
+            return result
+
+        self._patches.set(trainer, "training_step", noting_errors(engine, step))
+        self._patches.set(trainer, "compute_loss", loss)
         for name, kind in (("evaluate", EVALUATION), ("_save_checkpoint", CHECKPOINT)):
             original = getattr(trainer, name, None)
             if callable(original):

@@ -28,10 +28,12 @@ OTHER = "other"
 
 EVALUATION = "evaluation"
 CHECKPOINT = "checkpoint"
+#: torch.compile compiling (dynamo's compile callbacks): taken out of the phase it fell in.
+COMPILING = "compiling"
 
 #: Work inside a training run that is not a training step: timed apart (the run account), taken out of any
 #: step it interrupts, and labelled in traces so that no ``ProfilerStep`` contains it.
-ASIDES: frozenset[str] = frozenset({EVALUATION, CHECKPOINT})
+ASIDES: frozenset[str] = frozenset({EVALUATION, CHECKPOINT, COMPILING})
 
 #: The measured phases, in loop order.
 PHASES: tuple[str, ...] = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
@@ -44,4 +46,5 @@ PHASE_COLORS: dict[str, int] = {
     OPTIMIZER: 0xFF27AE60,  # green
     EVALUATION: 0xFF16A085,  # teal
     CHECKPOINT: 0xFFC0392B,  # red
+    COMPILING: 0xFF7F8C8D,  # grey
 }

@@ -104,7 +104,7 @@ def test_a_wait_then_an_epoch_end_is_no_step(tmp_path: Path) -> None:
 
 def test_unknown_asides_and_unmatched_ends() -> None:
     account = RunAccount(clock=iter(range(0, 10**9, 10**6)).__next__)
-    with pytest.raises(ValueError, match="unknown aside 'lunch'; asides are checkpoint, evaluation"):
+    with pytest.raises(ValueError, match="unknown aside 'lunch'; asides are checkpoint, compiling, evaluation"):
         account.begin("lunch")
     assert account.end("evaluation") is False
     assert account.section(0.0) is None  # no step yet

@@ -12,10 +12,13 @@ SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
 #: Names that only compilation produces: dynamo's timed phases (``record_function("... (dynamo_timed)")``) and the
 #: frames of tracing, graph lowering and kernel compilation. Frames that run on every call of an already
 #: compiled model (``eval_frame.py _fn``, ``TorchDynamo Cache Lookup``, inductor's runtime launchers) are not.
-COMPILE_MARKERS = ("(dynamo_timed)", "torch/_dynamo/convert_frame.py", "torch/_dynamo/symbolic_convert.py",
-                   "torch/_dynamo/output_graph.py", "torch/_inductor/compile_fx.py", "torch/_inductor/graph.py",
-                   "torch/_inductor/codecache.py", "torch/_inductor/async_compile.py",
-                   "_compile.compile_inner", "compile_fx_inner", "OutputGraph.call_user_compiler")
+COMPILE_MARKERS = ("(dynamo_timed)", "_compile.compile_inner", "compile_fx_inner", "OutputGraph.call_user_compiler")
+#: Files whose frames are compilation, except for the functions in them that run on every call of compiled code
+#: (inductor's ``compile_fx.py`` defines the ``run``/``wrapper`` closures a compiled graph calls each time).
+COMPILE_FILES = ("torch/_dynamo/convert_frame.py", "torch/_dynamo/symbolic_convert.py", "torch/_dynamo/output_graph.py",
+                 "torch/_inductor/compile_fx.py", "torch/_inductor/graph.py", "torch/_inductor/codecache.py",
+                 "torch/_inductor/async_compile.py")
+RUNTIME_FUNCTIONS = frozenset({"run", "wrapper", "__call__", "call", "_fn", "inner", "forward", "g", "<lambda>"})
 COMPILED_REGION_MARKERS = ("Torch-Compiled Region", "CompiledFunction", "CompiledFxGraph")
 
 
@@ -167,10 +170,21 @@ def _user_frame(stack: str) -> str:
     return frames[0] if frames else "?"
 
 
+def is_compilation(name: str) -> bool:
+    """A trace name that only compilation produces: a dynamo-timed phase, a compiler entry point, or a Python
+    frame (``path(line): function``) of a compiler file whose function is not one that compiled code runs."""
+    if any(marker in name for marker in COMPILE_MARKERS):
+        return True
+    if not any(file in name for file in COMPILE_FILES):
+        return False
+    function = name.rsplit("): ", 1)[-1].strip() if "): " in name else ""
+    return function not in RUNTIME_FUNCTIONS
+
+
 def compilation(trace: Trace) -> dict[str, bool]:
     """Whether a ``torch.compile``d region ran and whether compilation itself fell in the window."""
     names = {e.name or "" for e in trace.python + trace.annotations + trace.cpu_ops}
     return {
         "compiled_region": any(marker in name for name in names for marker in COMPILED_REGION_MARKERS),
-        "compiling_in_window": any(marker in name for name in names for marker in COMPILE_MARKERS),
+        "compiling_in_window": any(is_compilation(name) for name in names),
     }

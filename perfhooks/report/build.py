@@ -24,7 +24,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  run: dict[str, Any] | None = None,
                  global_step: int | None = None,
                  run_id: str | None = None,
-                 started_at: float | None = None) -> dict[str, Any]:
+                 started_at: float | None = None,
+                 compile: dict[str, Any] | None = None) -> dict[str, Any]:
     step = stats.step.summary()
     steady = stats.steady_step.summary("_ms")
     phases = {}
@@ -51,6 +52,7 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "data_fetch_ms": {key: stats.fetch.summary("_ms")[f"{key}_ms"] for key in ("mean", "p50", "p95", "max")},
         "global_step": global_step if global_step is not None else stats.steps,
         "steady": {"steps": steady["count"], "perfhooks_steps": stats.own_steps,
+                   "compiled_steps": stats.compiled_steps,
                    "step_ms": {key: steady[f"{key}_ms"] for key in ("mean", "p50", "p95", "max")},
                    "shares": {name: round(stats.steady_share(name), 6) for name in (*PHASES, OTHER)}},
         "windows": windows,
@@ -62,6 +64,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         report["run"] = run
     if memory is not None:
         report["memory"] = memory
+    if compile is not None:
+        report["compile"] = compile
     if error is not None:
         report["error"] = error
     return report

@@ -1,7 +1,10 @@
-"""The ``report.json`` contract: schema version 2, its required keys, validation and strict JSON.
+"""The ``report.json`` contract: schema version 3, its required keys, validation and strict JSON.
 
 Keys are only ever added within a version; a key that changes meaning or goes away bumps ``schema_version``
-(README, "The report"; 2 made ``ranks`` one schema for runs and ``perfhooks analyze``).
+(README, "The report"). 2 made ``ranks`` one schema for runs and ``perfhooks analyze``. 3: on a GPU,
+``phases.data_wait`` is the exposed wait (device-timed) and ``data_fetch_ms`` the host fetch; the CUDA memory
+signal ``used_bytes`` counts reserved and outside-PyTorch memory against the limit (``memory.limit``); and
+``run.compiling_s``, ``run.compilations``, ``steady.compiled_steps`` and the ``compile`` section are new.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any
 
 from perfhooks.events import OTHER, PHASES
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 REPORT_FILE = "report.json"
 

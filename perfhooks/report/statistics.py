@@ -126,6 +126,8 @@ class StepTiming:
     #: Host time of the step's fetches (ms). On an accelerator ``phase_ms["data_wait"]`` is the exposed part of
     #: it (the device idle for want of input); on the CPU the two are equal.
     fetch_ms: float = 0.0
+    #: torch.compile compiled during the step: not a steady step.
+    compiled: bool = False
 
 
 class PhaseStatistics:
@@ -142,6 +144,8 @@ class PhaseStatistics:
         self._fetch = StreamingStats()
         #: Steps that perfhooks' own work overlapped, and totals over the others (the steady steps).
         self.own_steps = 0
+        #: Steps in which torch.compile compiled (and no perfhooks work overlapped): not steady either.
+        self.compiled_steps = 0
         self._steady_step = StreamingStats()
         self._steady_phase_total: dict[str, float] = dict.fromkeys((*PHASES, OTHER), 0.0)
         #: Every step's time, own ones included (ms): the run account's training time.
@@ -167,8 +171,9 @@ class PhaseStatistics:
         self._micro_batches += sum(timing.micro_batches for timing in batch)
         self._fetch.add_many([timing.fetch_ms for timing in batch])
         self.training_ms += sum(timing.step_ms for timing in batch)
-        steady = [timing for timing in batch if not timing.own]
-        self.own_steps += len(batch) - len(steady)
+        steady = [timing for timing in batch if not timing.own and not timing.compiled]
+        self.own_steps += sum(timing.own for timing in batch)
+        self.compiled_steps += sum(timing.compiled and not timing.own for timing in batch)
         self._steady_step.add_many([timing.step_ms for timing in steady])
         for name in self._steady_phase_total:
             self._steady_phase_total[name] += sum(timing.phase_ms.get(name, 0.0) for timing in steady)

@@ -35,6 +35,8 @@ class Thresholds:
     memory_growth_r2: float = 0.9
     memory_growth_share: float = 0.01
     memory_growth_bytes: float = 64 * 2**20
+    recompiles_count: int = 1
+    graph_breaks_count: int = 1
 
     def __post_init__(self) -> None:
         for item in fields(self):

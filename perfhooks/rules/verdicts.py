@@ -24,6 +24,8 @@ DOCS = {
     "activations_dominate": "https://pytorch.org/docs/stable/checkpoint.html",
     "memory_growth": "https://pytorch.org/docs/stable/torch_cuda_memory.html",
     "compile_warmup": "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html",
+    "recompiles": "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html#recompilation",
+    "graph_breaks": "https://pytorch.org/docs/stable/torch.compiler_troubleshooting.html#graph-breaks",
     "optimizer_heavy": "https://pytorch.org/docs/stable/optim.html#algorithms",
     "communication_heavy": "https://pytorch.org/docs/stable/notes/ddp.html",
     "straggler": "https://pytorch.org/docs/stable/distributed.html",

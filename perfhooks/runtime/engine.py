@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ from perfhooks.config import PerfConfig
 from perfhooks.device import cuda_extras
 from perfhooks.device.clock import DeviceClock, HostClock
 from perfhooks.device.room import DeviceRoom
-from perfhooks.events import ASIDES, DATA_WAIT, PHASES
+from perfhooks.events import ASIDES, COMPILING, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.memory.monitor import MemoryMonitor
 from perfhooks.report.build import build_report
@@ -47,9 +48,11 @@ from perfhooks.report.schema import new_run_id
 from perfhooks.report.statistics import PhaseStatistics
 from perfhooks.report.worker import BackgroundWriter
 from perfhooks.report.write import write_report
+from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.verdicts import rank
 from perfhooks.runtime import lifecycle, ranks
+from perfhooks.runtime.compile_watch import CompileWatch
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.steps import PendingSteps, StepRecord
 from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
@@ -143,6 +146,12 @@ class Engine:
         self._writer_seen = 0
         self._captures_seen = 0
         self._compiles_at_start = compiled_graphs()
+        self._thread = threading.get_ident()
+        #: The phase a compilation interrupted (resumed when it ends), and the steps that compiled.
+        self._compile_resume: str | None = None
+        self.compile_steps: list[int] = []
+        self.compile_watch = CompileWatch(self._compile_started, self._compile_ended)
+        self.compile_watch.maybe_install()
         self._closed = False
         lifecycle.begin(self)
 
@@ -186,6 +195,8 @@ class Engine:
             self._windows_at = step
             self._drive_windows(step)
         self.account.started()
+        if not self.compile_watch.installed:
+            self.compile_watch.maybe_install()
         if self.memory is not None and not self.cuda_broken:
             try:
                 self.memory.observe_step_start(step)
@@ -374,6 +385,41 @@ class Engine:
         """The run ended without its end event: close it (``lifecycle.abandon``)."""
         lifecycle.abandon(self, deadline_s, quiet)
 
+    # ----------------------------------------------------------------- torch.compile
+    def _compile_started(self, _args: Any) -> None:
+        """Dynamo starts compiling (a frame, or a backward compiled lazily): the open phase pauses, and the time
+        goes to the run account's ``compiling``. Only on the training thread (the engine is not thread-safe)."""
+        try:
+            if self._closed or threading.get_ident() != self._thread:
+                return
+            self._compile_resume = self.open_phase
+            self.begin_aside(COMPILING)
+        except Exception as error:
+            self.faults.report("compile", error)
+
+    def _compile_ended(self, _args: Any) -> None:
+        try:
+            if self._closed or threading.get_ident() != self._thread or self.account.innermost != COMPILING:
+                return
+            self.end_aside(COMPILING)
+            if self._record is not None:
+                self._record.compiled = True
+                if not self.compile_steps or self.compile_steps[-1] != self.step:
+                    self.compile_steps.append(self.step)
+            resume, self._compile_resume = self._compile_resume, None
+            if resume is not None and self._record is not None and self.account.depth == 0:
+                self.phase_start(resume)
+        except Exception as error:
+            self.faults.report("compile", error)
+
+    def compile_section(self) -> dict[str, Any] | None:
+        """The report's ``compile`` section: dynamo's counts for this run and the steps that compiled."""
+        summary = self.compile_watch.summary()
+        if summary is None:
+            return None
+        summary["compiled_steps"] = list(self.compile_steps[:50])
+        return summary
+
     # ----------------------------------------------------------------- model hooks
     @guarded("watch_model")
     def watch_model(self, model: torch.nn.Module) -> None:
@@ -403,7 +449,8 @@ class Engine:
                             faults=self.faults.as_list(), error=self.error,
                             memory=self.guarded_call("memory_report", self.memory.section) if self.memory else None,
                             run=self.account.section(self.stats.training_ms), global_step=self.global_step,
-                            run_id=self.run_id, started_at=self.started_at)
+                            run_id=self.run_id, started_at=self.started_at,
+                            compile=self.guarded_call("compile_report", self.compile_section))
 
     def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         """End of training (once): the report, the table, every resource released (``lifecycle.close``).
@@ -475,8 +522,9 @@ class Engine:
         """Diagnoses from phase timings alone (training thread)."""
 
         try:
-            live = diagnose_live(self.stats, self.config.thresholds, compiled=self.compiled_in_run(),
-                                 run=self.account.section(self.stats.training_ms))
+            run = self.account.section(self.stats.training_ms)
+            live = diagnose_live(self.stats, self.config.thresholds, compiled=self.compiled_in_run(), run=run)
+            live += diagnose_compile(self.compile_section(), run, self.config.thresholds)
             if self.memory is not None:
                 live += self.memory.diagnoses(self.config.thresholds)
             return live

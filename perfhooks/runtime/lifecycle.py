@@ -251,6 +251,7 @@ def _release(engine: Engine) -> None:
     """Step 5: let go of everything that refers to the user's objects and of process-wide state."""
     try:
         engine.hooks.remove()
+        engine.compile_watch.remove()
         if engine.memory is not None:
             engine.memory.release()
         engine.wandb = None

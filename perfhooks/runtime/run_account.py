@@ -1,4 +1,4 @@
-"""Where a run's wall time went: training steps, evaluation, checkpointing and the rest.
+"""Where a run's wall time went: training steps, evaluation, checkpointing, torch.compile compiling and the rest.
 
 Host time only (``time.perf_counter_ns``): evaluation and checkpoint writes are bracketed by the
 integrations (``Engine.aside``); the steps' time comes from the phase statistics. Asides may nest
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from perfhooks.events import ASIDES, CHECKPOINT, EVALUATION
+from perfhooks.events import ASIDES, CHECKPOINT, COMPILING, EVALUATION
 
 
 class RunAccount:
@@ -72,8 +72,9 @@ class RunAccount:
         wall_s = max(0.0, (end - self.first_ns) / 1e9)
         evaluation_s = self.total_ns[EVALUATION] / 1e9
         checkpointing_s = self.total_ns[CHECKPOINT] / 1e9
+        compiling_s = self.total_ns[COMPILING] / 1e9
         training_s = training_ms / 1e3
-        other_s = max(0.0, wall_s - training_s - evaluation_s - checkpointing_s)
+        other_s = max(0.0, wall_s - training_s - evaluation_s - checkpointing_s - compiling_s)
 
         def share(seconds: float) -> float:
             return round(seconds / wall_s, 6) if wall_s > 0 else 0.0
@@ -83,9 +84,12 @@ class RunAccount:
             "training_s": round(training_s, 6),
             "evaluation_s": round(evaluation_s, 6),
             "checkpointing_s": round(checkpointing_s, 6),
+            "compiling_s": round(compiling_s, 6),
             "other_s": round(other_s, 6),
             "evaluations": self.counts[EVALUATION],
             "checkpoints": self.counts[CHECKPOINT],
+            "compilations": self.counts[COMPILING],
             "shares": {"training": share(training_s), "evaluation": share(evaluation_s),
-                       "checkpointing": share(checkpointing_s), "other": share(other_s)},
+                       "checkpointing": share(checkpointing_s), "compiling": share(compiling_s),
+                       "other": share(other_s)},
         }

@@ -29,6 +29,8 @@ class StepRecord:
     global_step: int | None = None
     #: perfhooks' own work (a capture window, trace export, window analysis, memory capture) overlapped it.
     own: bool = False
+    #: torch.compile compiled during this step (the compile time itself is taken out, as an aside).
+    compiled: bool = False
 
 
 class PendingSteps:
@@ -93,7 +95,7 @@ class PendingSteps:
         step_ms = max(0.0, step_ms - aside_ms)
         phase_ms[OTHER] = max(0.0, step_ms - covered)
         return StepTiming(record.step, step_ms, phase_ms, record.micro_batches, record.global_step, record.own,
-                          aside_ms, fetch_ms)
+                          aside_ms, fetch_ms, record.compiled)
 
     def discard(self, record: StepRecord) -> None:
         """Return a step's device events to the pool (host marks hold nothing)."""

@@ -12,6 +12,14 @@ import torch
 from perfhooks.capture.nvtx import NvtxRanges
 
 
+def _never() -> bool:
+    return False
+
+
+#: ``torch.compiler.is_compiling``: True while dynamo traces (a constant it folds), False when code runs eagerly.
+compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _never)
+
+
 class HookHandles:
     """Holds torch hook handles; ``remove()`` is idempotent."""
 
@@ -54,6 +62,11 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[[], None],
     Only forwards on the thread that registered the hooks, in training mode, with grad enabled
     and outside a backward pass count: evaluation and activation-checkpoint recomputation (which
     runs inside backward, possibly on autograd's threads) are ignored.
+
+    Register them on the outermost module the loop calls (a ``torch.compile`` wrapper runs its own hooks
+    eagerly). A hook that ends up inside a compiled region does nothing there: its first statement is
+    ``torch.compiler.is_compiling()``, which dynamo folds to True, so it adds no graph break and no error under
+    ``fullgraph=True`` (and then it does not fire: the caller must get its event elsewhere).
     """
     import threading
 
@@ -64,12 +77,16 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[[], None],
                 and torch._C._current_graph_task_id() == -1)
 
     def pre(module: torch.nn.Module, _args: Any) -> None:
+        if compiling():
+            return
         if training_forward(module):
             on_start()
 
     handles.add(model.register_forward_pre_hook(pre))
     if on_end is not None:
         def post(module: torch.nn.Module, _args: Any, _output: Any) -> None:
+            if compiling():
+                return
             if training_forward(module):
                 on_end()
 
@@ -84,9 +101,13 @@ def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookH
         label = name or type(model).__name__
 
         def pre(_module: Any, _args: Any, label: str = label) -> None:
+            if compiling():  # inside a compiled region no range can exist: nothing is traced
+                return
             ranges.push(label)
 
         def post(_module: Any, _args: Any, _output: Any) -> None:
+            if compiling():
+                return
             ranges.pop()
 
         handles.add(module.register_forward_pre_hook(pre))

