@@ -84,8 +84,9 @@ def headline_metrics(report: dict[str, Any], top: int = 3) -> dict[str, float]:
     """The report's headline figures as flat numbers, for a trainer's logs and tracker panels.
 
     Keys: ``perf/step_ms``, ``perf/step_p95_ms``, ``perf/coverage``, ``perf/phase/<name>_ms``,
-    ``perf/phase/<name>_share`` (0..1), and ``perf/diagnosis/<id>`` = estimated gain (0..1) for
-    the top diagnoses (numbers only, so every logging integration accepts them).
+    ``perf/phase/<name>_share`` (0..1), ``perf/compiling_s`` and ``perf/compilations`` when torch.compile
+    compiled, and ``perf/diagnosis/<id>`` = estimated gain (0..1) for the top diagnoses (numbers only, so every
+    logging integration accepts them).
     """
     metrics: dict[str, float] = {
         "perf/step_ms": report["step_ms"]["mean"],
@@ -95,6 +96,10 @@ def headline_metrics(report: dict[str, Any], top: int = 3) -> dict[str, float]:
     for name, phase in report["phases"].items():
         metrics[f"perf/phase/{name}_ms"] = phase["mean_ms"]
         metrics[f"perf/phase/{name}_share"] = phase["share"]
+    run = report.get("run") or {}
+    if run.get("compilations"):
+        metrics["perf/compiling_s"] = run["compiling_s"]
+        metrics["perf/compilations"] = float(run["compilations"])
     for diagnosis in report["diagnoses"][:top]:
         metrics[f"perf/diagnosis/{diagnosis['id']}"] = float(diagnosis.get("estimated_gain", 0.0))
     return metrics

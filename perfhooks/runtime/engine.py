@@ -428,6 +428,10 @@ class Engine:
             self.memory.models.append(model)
         if self.config.module_ranges:
             add_module_ranges(model, self.nvtx, self.hooks)
+            if any(hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
+                   for module in model.modules()):
+                self.once.warn("module_ranges_compiled", "module_ranges: no NVTX range exists inside a torch.compile "
+                               "region; the ranges of compiled modules' submodules are not recorded")
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 COLORS = {"kernel": "#2e86de", "memcpy": "#e67e22", "memset": "#f1c40f", "communication": "#8e44ad",
           "runtime": "#16a085", "dataloader": "#e8a317", "cpu_exec": "#7f8c8d", "other": "#bdc3c7",
           "data_wait": "#e8a317", "forward": "#2e86de", "backward": "#8e44ad", "optimizer": "#27ae60",
-          "training": "#2e86de", "evaluation": "#16a085", "checkpointing": "#c0392b"}
+          "training": "#2e86de", "evaluation": "#16a085", "checkpointing": "#c0392b", "compiling": "#7f8c8d"}
 #: The per-step series that are phase times (the others label the steps).
 PHASE_SERIES = ("data_wait", "forward", "backward", "optimizer", "other")
 STYLE = """
@@ -239,10 +239,13 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
             + (f' (<a href="{_e(diagnosis["docs"])}">docs</a>)' if diagnosis.get("docs") else "") + "</div>")
     run = report.get("run")
     if run:
+        compiled = (f", {run.get('compilations', 0)} torch.compile compilation(s) ({run.get('compiling_s', 0.0):.2f} s)"
+                    if run.get("compilations") else "")
         parts += [f"<h2>Where the run's time went</h2><p>{run['wall_s']:.2f} s from the first step to the end: "
-                  f"{run['evaluations']} evaluation(s), {run['checkpoints']} checkpoint write(s)</p>",
+                  f"{run['evaluations']} evaluation(s), {run['checkpoints']} checkpoint write(s){compiled}</p>",
                   _stacked_bar({"training": run["training_s"], "evaluation": run["evaluation_s"],
-                                "checkpointing": run["checkpointing_s"], "other": run["other_s"]})]
+                                "checkpointing": run["checkpointing_s"], "compiling": run.get("compiling_s", 0.0),
+                                "other": run["other_s"]})]
     parts += ["<h2>Step breakdown</h2>", _stacked_bar(breakdown)]
     if series:
         phases = {name: series[name] for name in PHASE_SERIES if name in series}

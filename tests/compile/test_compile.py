@@ -24,16 +24,18 @@ def dynamo_counts() -> tuple[dict[str, int], int]:
 
 
 @pytest.fixture(autouse=True)
-def _environment_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    """accelerate's TorchDynamoPlugin writes its settings into ACCELERATE_DYNAMO_* variables, which later
-    Accelerators read as defaults: each test gets the environment back as it found it."""
-    import os
+def _accelerate_state_kept(monkeypatch: pytest.MonkeyPatch):
+    """accelerate keeps one ``AcceleratorState`` per process, dynamo plugin included: the first Accelerator's
+    plugin would compile every later test's models. Each test here starts from a fresh state and leaves one, and
+    the ACCELERATE_DYNAMO_* variables as it found them."""
+    from accelerate.state import AcceleratorState
 
     for name in [name for name in os.environ if name.startswith("ACCELERATE_DYNAMO")]:
         monkeypatch.setenv(name, os.environ[name])
+    AcceleratorState._reset_state(True)
     yield
-    for name in [name for name in os.environ if name.startswith("ACCELERATE_DYNAMO")]:
-        monkeypatch.delenv(name, raising=False)
+    AcceleratorState._reset_state(True)
+    fresh_dynamo()
 
 
 def fresh_dynamo() -> None:
@@ -46,21 +48,23 @@ def fresh_dynamo() -> None:
 
 # ----------------------------------------------------------------------------- accelerate (a hand-written loop)
 def accelerate_run(tmp_path: Path | None, objects: bool, fullgraph: bool = True, batches=None,
-                   dynamic: bool = False) -> tuple[list[float], tuple, dict | None]:
+                   dynamic: bool = False, backend: str = "eager") -> tuple[list[float], tuple, dict | None]:
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
     from accelerate.utils import TorchDynamoPlugin
 
     from perfhooks.integrations.accelerate import attach
 
     fresh_dynamo()
     torch.manual_seed(0)
+    AcceleratorState._reset_state(True)  # each run's own plugin (accelerate keeps the first one per process)
     for name in [name for name in os.environ if name.startswith("ACCELERATE_DYNAMO")]:
         del os.environ[name]  # each run's plugin from its own arguments only
     if dynamic:  # the user compiles it, dynamic (accelerate's plugin passed dynamic=True still specialized here)
         accelerator = Accelerator(cpu=True)
         model = torch.compile(mlp(), backend="eager", dynamic=True)
     else:
-        accelerator = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="eager", fullgraph=fullgraph))
+        accelerator = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend=backend, fullgraph=fullgraph))
         model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, loader = accelerator.prepare(model, optimizer, batches or random_loader(12))
@@ -93,6 +97,15 @@ def test_accelerate_fullgraph_trains_as_without_perfhooks(tmp_path: Path, object
     assert first_wait_ms < 0.1 * run["compiling_s"] * 1e3, "compile time is not data wait"
     assert report["phases"]["forward"]["mean_ms"] > 0, "the compiled forward is timed (it starts with the batch)"
     assert not {"recompiles", "graph_breaks"} & {d["id"] for d in report["diagnoses"]}
+
+
+@pytest.mark.slow
+def test_accelerate_fullgraph_with_inductor_trains_as_without_perfhooks(tmp_path: Path) -> None:
+    """Inductor once (a C compiler is here): the same graphs, no break, and losses equal to the last bit."""
+    bare_losses, bare_counts, _ = accelerate_run(None, objects=True, backend="inductor")
+    losses, counts, report = accelerate_run(tmp_path, objects=True, backend="inductor")
+    assert losses == bare_losses and counts == bare_counts == ({}, 1)
+    assert report["run"]["compiling_s"] > 0 and report["compile"]["compiled_steps"] == [0]
 
 
 def test_a_shape_that_changes_every_step_recompiles_and_a_dynamic_one_does_not(tmp_path: Path) -> None:
@@ -205,3 +218,37 @@ def test_transformers_torch_compile_adds_no_graph_break(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "perf" / "_perfhooks" / "report.json").read_text())
     assert report["run"]["compiling_s"] > 0
     assert report["phases"]["forward"]["mean_ms"] > 0 and report["phases"]["backward"]["mean_ms"] > 0
+
+
+def test_module_ranges_on_a_compiled_model_say_once_what_they_cannot_show(tmp_path: Path) -> None:
+    import warnings
+
+    from perfhooks import Engine, PerfConfig, PerfhooksWarning
+
+    class Net(torch.nn.Module):  # the user's own module (dynamo skips torch's own modules as entry frames)
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            return self.net(x)
+
+    fresh_dynamo()
+    model = Net()
+    model.compile(backend="eager", fullgraph=True)  # in place: the module's own call is compiled
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, module_ranges=True), tmp_path, "test")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.watch_model(model)
+        engine.watch_model(model)
+        for _ in range(3):
+            engine.fetch()
+            engine.phase_start("forward")
+            loss = model(torch.randn(4, 32)).square().mean()
+            engine.phase_start("backward")
+            loss.backward()
+            engine.stepped()
+    engine.close()
+    said = [str(w.message) for w in caught if issubclass(w.category, PerfhooksWarning)]
+    assert [m for m in said if "torch.compile region" in m] == [said[0]] and len(said) == 1
+    assert dynamo_counts() == ({}, 1), "the ranges' hooks added no graph break under fullgraph"
