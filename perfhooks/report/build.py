@@ -25,7 +25,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  global_step: int | None = None,
                  run_id: str | None = None,
                  started_at: float | None = None,
-                 compile: dict[str, Any] | None = None) -> dict[str, Any]:
+                 compile: dict[str, Any] | None = None,
+                 unfinished_steps: int = 0) -> dict[str, Any]:
     step = stats.step.summary()
     steady = stats.steady_step.summary("_ms")
     phases = {}
@@ -66,6 +67,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         report["memory"] = memory
     if compile is not None:
         report["compile"] = compile
+    if unfinished_steps:
+        report["unfinished_steps"] = unfinished_steps
     if error is not None:
         report["error"] = error
     return report

@@ -454,7 +454,8 @@ class Engine:
                             memory=self.guarded_call("memory_report", self.memory.section) if self.memory else None,
                             run=self.account.section(self.stats.training_ms), global_step=self.global_step,
                             run_id=self.run_id, started_at=self.started_at,
-                            compile=self.guarded_call("compile_report", self.compile_section))
+                            compile=self.guarded_call("compile_report", self.compile_section),
+                            unfinished_steps=self.pending.unfinished)
 
     def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         """End of training (once): the report, the table, every resource released (``lifecycle.close``).
