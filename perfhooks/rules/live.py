@@ -26,8 +26,9 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
         out.append(make(
             "dataloader_bound", "critical" if wait >= t.dataloader_critical_share else "warning",
             "The training loop waits for data",
-            f"fetching the next batch takes {pct(wait)} of step time (mean {stats.steady_mean('data_wait'):.2f} ms "
-            f"a step, timed around the loader's next()); threshold {pct(t.dataloader_share)}",
+            f"waiting for the next batch holds {pct(wait)} of step time (mean {stats.steady_mean('data_wait'):.2f} ms "
+            f"a step; the fetches took {stats.fetch.mean:.2f} ms a step on the host, of which a GPU sees only "
+            f"what no queued work hides); threshold {pct(t.dataloader_share)}",
             wait,
             "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2); "
             "move decoding/augmentation off the training process.",
