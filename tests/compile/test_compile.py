@@ -94,7 +94,7 @@ def test_accelerate_fullgraph_trains_as_without_perfhooks(tmp_path: Path, object
     assert run["compilations"] >= 1 and run["compiling_s"] > 0
     assert report["compile"]["compiled_steps"] == [0] and report["steady"]["compiled_steps"] == 1
     first_wait_ms = report["series"]["data_wait"][0]
-    assert first_wait_ms < 0.1 * run["compiling_s"] * 1e3, "compile time is not data wait"
+    assert run["compiling_s"] * 1e3 > 10 * first_wait_ms, "compile time is not data wait (measured in this run)"
     assert report["phases"]["forward"]["mean_ms"] > 0, "the compiled forward is timed (it starts with the batch)"
     assert not {"recompiles", "graph_breaks"} & {d["id"] for d in report["diagnoses"]}
 

@@ -122,6 +122,8 @@ def test_accelerate_tracker_rows_never_move_the_users_step(offline_wandb: Path, 
             optimizer.step()
             optimizer.zero_grad()
             accelerator.log({"loss": loss.item()}, step=step)  # the user's explicit steps
+    user_run = accelerator.get_tracker("wandb", unwrap=True)
+    assert "log" not in vars(user_run), "the run's log is put back as it was (wrapped only while perfhooks logs)"
     accelerator.end_training()
     records = wandb_records(offline_wandb)
     rows = history(records)
