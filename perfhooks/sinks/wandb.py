@@ -82,10 +82,6 @@ class WandbSink:
         self.rows = 0
         #: The user's row (wandb's ``run.step``) the last ``perf/*`` row joined, with ``commit=False``.
         self._joined_step: int | None = None
-        #: Serializes the user's ``run.log`` with this sink's when rows join the user's (see ``_serialize_logs``).
-        self._log_lock = threading.RLock()
-        self._log_saved: tuple[bool, Any] | None = None
-        self._real_log: Any = None
         self.failed: str | None = None
         self._open_if_missing = open_if_missing
         self._thread = BackgroundWriter(faults, capacity=queue, name="perfhooks-wandb")
@@ -207,7 +203,6 @@ class WandbSink:
         if not self._thread.flush(timeout_s):
             self.once.warn("wandb_slow", f"W&B logging did not finish within {timeout_s:.0f} s; the rest is dropped")
         self._thread.close(1.0)
-        self._restore_log()
 
     def section(self) -> dict[str, Any]:
         """The ``wandb`` entry of ``report.json``."""
@@ -230,11 +225,8 @@ class WandbSink:
                 deadline = time.monotonic() + JOIN_WAIT_S
                 while self.run.step == self._joined_step and time.monotonic() < deadline:
                     time.sleep(0.005)
-            with self._log_lock:
-                self._joined_step = self.run.step
-                self._real_log(data, commit=False)
-        else:
-            self.run.log(data, commit=self.commit)
+            self._joined_step = self.run.step
+        self.run.log(data, commit=self.commit)
         self.rows += 1
 
     def _declare(self) -> None:
@@ -271,33 +263,6 @@ class WandbSink:
         if self.step_key is None:
             self.step_key = PERF_STEP
             self.commit = self.owned  # join the user's row: never advance their step
-            if not self.commit:
-                self._serialize_logs(run)
-
-    def _serialize_logs(self, run: Any) -> None:
-        """The user's ``run.log`` and this thread's, one at a time: wandb's pending row is not safe to change from
-        two threads at once (a ``commit=False`` row merged while the user's next ``step=`` flushes it was lost).
-        The run's ``log`` is wrapped on the instance until :meth:`close`, which puts back exactly what was there."""
-        own = "log" in vars(run)
-        self._log_saved = (own, vars(run).get("log"))
-        self._real_log = run.log
-        lock = self._log_lock
-
-        def log(*args: Any, **kwargs: Any) -> Any:
-            with lock:
-                return self._real_log(*args, **kwargs)
-
-        run.log = log
-
-    def _restore_log(self) -> None:
-        saved, self._log_saved = self._log_saved, None
-        if saved is None or self.run is None:
-            return
-        own, original = saved
-        if own:
-            self.run.log = original
-        else:
-            vars(self.run).pop("log", None)
 
     def _open_run(self) -> Any:
         try:
