@@ -159,3 +159,12 @@ def load_trace(path: Path) -> dict[str, Any]:
 
 def annotation_names(trace: dict[str, Any]) -> list[str]:
     return [event["name"] for event in trace["traceEvents"] if event.get("cat") == "user_annotation"]
+
+
+def longest_step_after_the_first_ms(report: dict) -> float:
+    """The longest step but the run's first (ms), from the report's per-step series: the first step pays one-time
+    costs (first calls, thread pools, allocator growth), which a loaded machine can stretch past any evaluation."""
+    series = report["series"]
+    names = ("data_wait", "forward", "backward", "optimizer", "other")
+    totals = [sum(values) for values in zip(*(series[name] for name in names), strict=True)]
+    return max(totals[1:])

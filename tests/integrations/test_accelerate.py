@@ -11,7 +11,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from helpers import mlp, random_loader
+from helpers import longest_step_after_the_first_ms, mlp, random_loader
 from perfhooks import PerfhooksWarning, Schedule
 from perfhooks.integrations.accelerate import attach
 
@@ -197,7 +197,7 @@ def test_evaluation_loop_is_evaluation_and_save_state_is_checkpointing(tmp_path:
     # The evaluation counted as data wait or inside a step would make it last as long: compared within this run
     evaluation_ms = 1e3 * run["evaluation_s"]
     assert report["phases"]["data_wait"]["max_ms"] < evaluation_ms / 2
-    assert report["step_ms"]["max"] < evaluation_ms / 2
+    assert longest_step_after_the_first_ms(report) < evaluation_ms / 2
 
 
 def test_a_fault_while_wiring_is_a_warning_and_the_loop_runs(tmp_path: Path) -> None:
