@@ -163,7 +163,12 @@ class _AfterExec(importlib.abc.Loader):
 
 
 class PostImportHooks(importlib.abc.MetaPathFinder):
-    """Call a function with a module right after it is first imported (or now, if it already is)."""
+    """Call a function with a module right after it is first imported (or now, if it already is).
+
+    A hook stays until its module runs: ``importlib.util.find_spec(name)`` (transformers asks whether
+    accelerate is installed that way) finds a spec and imports nothing, so the import after it must still
+    find the hook.
+    """
 
     def __init__(self) -> None:
         self._hooks: dict[str, Callable[[types.ModuleType], None]] = {}
@@ -176,8 +181,7 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
             self._hooks[name] = hook
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        hook = self._hooks.get(name)
-        if hook is None or name in self._finding:
+        if name not in self._hooks or name in self._finding:
             return None
         self._finding.add(name)
         try:
@@ -186,9 +190,13 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
             self._finding.discard(name)
         if spec is None or spec.loader is None:
             return None
-        del self._hooks[name]
-        spec.loader = _AfterExec(spec.loader, hook)
+        spec.loader = _AfterExec(spec.loader, lambda module: self._ran(name, module))
         return spec
+
+    def _ran(self, name: str, module: types.ModuleType) -> None:
+        hook = self._hooks.pop(name, None)
+        if hook is not None:
+            hook(module)
 
     def install(self) -> None:
         sys.meta_path.insert(0, self)
@@ -209,6 +217,7 @@ class Launcher:
         #: Objects perfhooks was added to (trainers, accelerator sessions), for the final notice.
         self.attached: list[Any] = []
         self.closers: list[Callable[[BaseException | None], None]] = []
+        self.finished = False
 
     def install(self) -> None:
         for module, (distribution, integration, tested) in FRAMEWORKS.items():
@@ -230,6 +239,7 @@ class Launcher:
 
     def finish(self, error: BaseException | None = None) -> None:
         """Close what is still open (accelerate sessions), undo the patches, remove the hooks."""
+        self.finished = True
         self.hooks.remove()
         for close in self.closers:
             try:
@@ -283,11 +293,13 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
         raise
     except BaseException as raised:  # as the interpreter reports an uncaught exception: excepthook, status 1
         error = raised
+        launcher.finish(raised)  # perfhooks' lines first: the script's traceback is what it prints last
         trimmed = _script_frames(raised.__traceback__, target)
         sys.excepthook(type(raised), raised.with_traceback(trimmed), trimmed)
         return 1
     finally:
-        launcher.finish(None if isinstance(error, SystemExit) and error.code in (0, None) else error)
+        if not launcher.finished:
+            launcher.finish(None if isinstance(error, SystemExit) and error.code in (0, None) else error)
         sys.argv = saved_argv
         if script_dir is not None and script_dir in sys.path:
             sys.path.remove(script_dir)
@@ -295,9 +307,9 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
 
 def _script_frames(tb: types.TracebackType | None, target: str) -> types.TracebackType | None:
     """The traceback from the script's first frame on (as ``python SCRIPT`` shows it): the frames of this
-    launcher and of runpy above it are dropped."""
+    launcher and of runpy above it are dropped; none is left for an error in compiling the script."""
     launcher = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         if filename not in launcher and os.path.abspath(filename) not in launcher:
             break

@@ -19,16 +19,29 @@ class InstancePatches:
     """
 
     def __init__(self) -> None:
-        self._patched: list[tuple[Any, str]] = []
+        self._patched: list[tuple[Any, str, Any, Any]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
+        """Put ``value`` in ``owner.__dict__[name]``, remembering what the instance held there (a user's own
+        patch or ``Mock`` included) or that it held nothing."""
+        before = owner.__dict__.get(name, _ABSENT)
         owner.__dict__[name] = value
-        self._patched.append((owner, name))
+        self._patched.append((owner, name, before, value))
 
     def restore(self) -> None:
+        """Put back what each instance held before, newest patch first. An attribute the user replaced during
+        the run is the user's and stays."""
         patched, self._patched = self._patched, []
-        for owner, name in reversed(patched):
-            owner.__dict__.pop(name, None)
+        for owner, name, before, ours in reversed(patched):
+            if owner.__dict__.get(name, _ABSENT) is not ours:
+                continue
+            if before is _ABSENT:
+                del owner.__dict__[name]
+            else:
+                owner.__dict__[name] = before
+
+
+_ABSENT = object()
 
 
 def wrap_construction(cls: type, before: Callable[[dict[str, Any]], dict[str, Any]] | None = None,

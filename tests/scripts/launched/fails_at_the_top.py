@@ -1,0 +1,1 @@
+raise RuntimeError("failed at the top")
