@@ -15,8 +15,8 @@ model forward post-hook                  ``phase_start("backward")``
 ``trainer.evaluate`` (wrapped)           ``aside("evaluation")``
 ``trainer._save_checkpoint`` (wrapped)   ``aside("checkpoint")``
 ``on_epoch_end``                         ``idle()``
-``on_log`` (a training step's logs)      the ``perf/*`` figures of the steps since the last log
-``on_train_end``                         ``close()``: report and table
+``on_train_end``                         hooks and wrapped methods put back
+``trainer.train`` returns or raises      ``close()`` / ``exception(error)``: report and table
 =======================================  =========================================
 
 The Trainer fetches all of a step's micro-batches at once, in ``get_batch_samples``, after the
@@ -25,6 +25,18 @@ previous step's logging, evaluation and saving; that call is the data wait. Logg
 account. The three methods are wrapped on the Trainer instance for the run (found on the call
 stack at ``on_train_begin``: callbacks get no handle on it) and restored at its end; a Trainer
 subclass's own overrides are what gets wrapped.
+
+A run ends when ``train()`` ends, whichever way: ``trainer.train`` is wrapped on the instance at
+``on_init_end`` (or when the launcher adds the callback), for the Trainer's life; the wrapper
+calls the Trainer's own ``train`` and returns or raises what it does. An error the user catches
+leaves no hook, wrapped method or thread behind, and the report is written then, into a folder
+that still exists. A callback added with ``trainer.add_callback`` after construction ends its run
+at ``on_train_end`` instead (an error caught around that ``train()`` closes it at the next run or
+at exit).
+
+Nothing is added to the Trainer's ``logs``: its printed lines and every ``report_to`` tracker get
+what they get without perfhooks, and the figures reach W&B once, through perfhooks' own sink.
+``add_to_trainer_logs=True`` adds the ``perf/*`` means to each training log for the other trackers.
 
 The Trainer calls the model and then ``accelerator.backward`` with nothing observable in
 between, so the backward phase runs from the end of the model's forward: a loss computed
@@ -36,8 +48,10 @@ guard notes an uncaught error and writes the report at exit.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -63,26 +77,70 @@ class PerfTrainerCallback(TrainerCallback):
     Args:
         output_dir: where ``report.json`` and ``traces/`` go; default ``<args.output_dir>/_perfhooks``
             (``push_to_hub`` skips folders whose name starts with ``_``, so no trace is uploaded).
+        add_to_trainer_logs: add the ``perf/*`` means to the Trainer's training logs, for its ``report_to``
+            trackers and printed lines (default False: the Trainer's logs are its own).
         **settings: any :class:`perfhooks.PerfConfig` field (``schedule``, ``max_traces``, ...).
     """
 
-    def __init__(self, output_dir: str | os.PathLike[str] | None = None, **settings: Any) -> None:
+    def __init__(self, output_dir: str | os.PathLike[str] | None = None, add_to_trainer_logs: bool = False,
+                 **settings: Any) -> None:
+        if not isinstance(add_to_trainer_logs, bool):
+            raise TypeError(f"PerfTrainerCallback: add_to_trainer_logs must be True or False, "
+                            f"got {add_to_trainer_logs!r}")
         self.config = PerfConfig.from_kwargs("PerfTrainerCallback", {"output_dir": output_dir, **settings})
+        self.add_to_trainer_logs = add_to_trainer_logs
         self.engine: RunEngine = NullEngine()
         self._hooks = HookHandles()
         self._patches = InstancePatches()
         self._logged_through = -1  # the last step whose figures went into a training log
+        self._followed: weakref.ref[Any] | None = None  # the Trainer whose train() this callback wraps
+        self._ends_at_train_exit = False
 
     # --------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
         """A copy (pickle, deepcopy) carries the settings only, never a run."""
-        return {"config": self.config}
+        return {"config": self.config, "add_to_trainer_logs": self.add_to_trainer_logs}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
         self.config = state["config"]
+        self.add_to_trainer_logs = state.get("add_to_trainer_logs", False)
 
     # --------------------------------------------------------------- lifecycle
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
+        trainer = _calling_trainer(self)
+        if trainer is not None:
+            self.follow_train(trainer)
+
+    def follow_train(self, trainer: Any) -> None:
+        """End this callback's runs on ``trainer`` when its ``train()`` returns or raises (once per Trainer)."""
+        if self._followed is not None and self._followed() is trainer:
+            return
+        train = trainer.train
+
+        @functools.wraps(train)
+        def train_then_end(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return train(*args, **kwargs)
+            except BaseException as error:
+                self._end_run(error)
+                raise
+            finally:
+                self._end_run(None)
+
+        trainer.__dict__["train"] = train_then_end
+        self._followed = weakref.ref(trainer)
+
+    def _end_run(self, error: BaseException | None) -> None:
+        self._detach()
+        if self.engine.closed:
+            return
+        if error is None:
+            self.engine.close()
+        else:
+            self.engine.exception(error)
+
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
         if not self.engine.closed:  # a retry (auto_find_batch_size) of a failed train()
@@ -90,14 +148,16 @@ class PerfTrainerCallback(TrainerCallback):
             self.engine.abandon(quiet=True)
         output_dir = self.config.output_dir or Path(args.output_dir or ".") / DEFAULT_FOLDER
         self._logged_through = -1
+        trainer = _calling_trainer(self)
+        self._ends_at_train_exit = trainer is not None and self._followed is not None and self._followed() is trainer
         self.engine = Engine.start(self.config, output_dir, framework="transformers", device=args.device,
                                    start_step=state.global_step, wandb_source=_wandb_source(args),
                                    ends_explicitly=True)
         if not self.engine.active:
             return
-        trainer = _calling_trainer(self)
         if trainer is not None:
-            self._run_before_reporting_callbacks(trainer)
+            if self.add_to_trainer_logs:
+                self._run_before_reporting_callbacks(trainer)
             self._wrap_trainer(trainer, self.engine)
         else:
             self.engine.once.warn("hf_trainer", "the Trainer running this callback was not found on the call stack; "
@@ -108,8 +168,11 @@ class PerfTrainerCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        """Training is over: the run closes when ``train()`` returns (after every callback, the progress bar
+        closed), or here for a callback added after the Trainer was built."""
         self._detach()
-        self.engine.close()
+        if not self._ends_at_train_exit:
+            self.engine.close()
 
     # --------------------------------------------------------------- training steps
     def _forward_start(self) -> None:
@@ -142,11 +205,10 @@ class PerfTrainerCallback(TrainerCallback):
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        """A training step's logs (they have ``loss``) get the ``perf/*`` means over the steps since the last
-        one, for every ``report_to`` integration after this callback. That dict is the Trainer's own, never
-        returned to the user: ``train()``'s metrics and ``evaluate()``'s dict stay as they are."""
+        """With ``add_to_trainer_logs``: a training step's logs (they have ``loss``) get the ``perf/*`` means over
+        the steps since the last one, for every ``report_to`` integration after this callback."""
         engine = self.engine
-        if engine.closed or logs is None or "loss" not in logs:
+        if not self.add_to_trainer_logs or engine.closed or logs is None or "loss" not in logs:
             return
         fresh = [timing for timing in engine.stats.recent if timing.step > self._logged_through]
         if fresh:
@@ -241,6 +303,7 @@ def instrument_constructions(module: Any, launcher: Any) -> Any:
         if not any(isinstance(callback, PerfTrainerCallback) for callback in trainer.callback_handler.callbacks):
             callback = PerfTrainerCallback(**launcher.settings)
             trainer.add_callback(callback)
+            callback.follow_train(trainer)
             launcher.attached.append(callback)
 
     restore_init = wrap_construction(module.Trainer, after=add_callback)

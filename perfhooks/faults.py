@@ -17,6 +17,12 @@ class PerfhooksWarning(UserWarning):
     """Something in perfhooks failed or stepped aside; training goes on."""
 
 
+def emit(message: str) -> None:
+    """One :class:`PerfhooksWarning`, through the ``warnings`` filters, printed as one line: it is attributed to
+    ``perfhooks`` (line 0) rather than to a line of code, so Python prints no source line under it."""
+    warnings.warn_explicit(message, PerfhooksWarning, filename="perfhooks", lineno=0, module="perfhooks")
+
+
 class FaultLog:
     """Counts faults by kind; warns the first time each kind occurs."""
 
@@ -28,8 +34,7 @@ class FaultLog:
         entry = self._faults.get(kind)
         if entry is None:
             self._faults[kind] = {"kind": kind, "count": 1, "message": message}
-            warnings.warn(f"perfhooks: {kind} failed and was skipped ({message}); training goes on",
-                          PerfhooksWarning, stacklevel=3)
+            emit(f"perfhooks: {kind} failed and was skipped ({message}); training goes on")
         else:
             entry["count"] += 1
 
@@ -63,4 +68,4 @@ class Once:
     def warn(self, key: str, message: str) -> None:
         if key not in self._said:
             self._said.add(key)
-            warnings.warn(f"perfhooks: {message}", PerfhooksWarning, stacklevel=3)
+            emit(f"perfhooks: {message}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -100,3 +101,124 @@ def test_a_script_that_fails_before_training_ends_with_its_own_traceback(tmp_pat
     lines = own_lines(with_perfhooks.stderr)
     assert lines[0].startswith("perfhooks run: no Lightning Trainer")
     assert lines[1:] == own_lines(without.stderr)
+
+
+# ----------------------------------------------------------------------------- items 9-11: transformers
+def _hf_trainer(output_dir: Path, steps: int, callback: Any, **args: Any) -> Any:
+    """A real Trainer on a tiny GPT-2, with transformers' defaults for logging, tqdm and report_to."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import Trainer, TrainingArguments
+
+    from hf_trainer_example import SyntheticTokens, tiny_gpt2
+
+    settings: dict[str, Any] = dict(output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=2,
+                                    save_strategy="no", use_cpu=True, logging_steps=2)
+    settings.update(args)
+    return Trainer(model=tiny_gpt2(), args=TrainingArguments(**settings),
+                   train_dataset=SyntheticTokens(steps * 2), callbacks=[callback] if callback is not None else None)
+
+
+def _perfhooks_threads() -> list[str]:
+    import threading
+
+    return [thread.name for thread in threading.enumerate() if thread.name.startswith("perfhooks")]
+
+
+def test_a_caught_error_in_train_ends_the_run_there(tmp_path: Path) -> None:
+    """The user catches train()'s error: by then hooks, wrapped methods and threads are gone and the report says
+    failed; the retry is a run of its own."""
+    import tempfile
+
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    threads_before = _perfhooks_threads()
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        trainer = _hf_trainer(Path(folder), 6, PerfTrainerCallback(console=False, schedule=None), disable_tqdm=True)
+        model = trainer.model
+        calls = {"n": 0}
+
+        def fail_third(module: Any, args: Any) -> None:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise ValueError("user error")
+
+        hook = model.register_forward_pre_hook(fail_third)
+        with pytest.raises(ValueError, match="user error"):
+            trainer.train()
+        wrapped = {"get_batch_samples", "training_step", "compute_loss", "evaluate", "_save_checkpoint"}
+        assert not wrapped & set(vars(trainer))  # the run's wrapped methods are put back
+        assert list(model._forward_pre_hooks) == [hook.id] and not model._forward_hooks
+        assert _perfhooks_threads() == threads_before
+        report = read_report(Path(folder) / "_perfhooks")
+        assert (report["status"], report["error"]["type"]) == ("failed", "ValueError")
+        hook.remove()
+        trainer.train()  # the retry: a run of its own, completed
+        assert read_report(Path(folder) / "_perfhooks")["status"] == "completed"
+    from perfhooks.runtime import lifecycle
+
+    lifecycle._at_exit()
+    assert not Path(folder).exists()
+
+
+def test_a_folder_the_user_removed_is_not_made_again(tmp_path: Path) -> None:
+    import shutil
+
+    from helpers import plain_loop
+    from perfhooks import Engine, PerfConfig
+
+    removed = tmp_path / "user_folder"
+    removed.mkdir()
+    engine = Engine(PerfConfig(schedule=None, console=False), removed / "perfhooks", framework="plain")
+    plain_loop(engine, 3)
+    shutil.rmtree(removed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine.close()
+    assert not removed.exists()
+    lines = [str(w.message) for w in caught if "removed" in str(w.message)]
+    assert len(lines) == 1 and str(removed) in lines[0]
+
+
+def test_the_trainers_logs_and_printed_lines_are_its_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """By default nothing is added to the Trainer's logs: its printed lines and every report_to tracker get what
+    they get without perfhooks. ``add_to_trainer_logs=True`` sends the figures to them too."""
+    from transformers import TrainerCallback
+
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    class LogRecorder(TrainerCallback):
+        def __init__(self) -> None:
+            self.logs: list[dict] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            self.logs.append(dict(logs or {}))
+
+    recorded, printed = {}, {}
+    for option in (False, True):
+        recorder = LogRecorder()
+        trainer = _hf_trainer(tmp_path / str(option), 4, PerfTrainerCallback(console=False, schedule=None,
+                                                                             add_to_trainer_logs=option))
+        trainer.add_callback(recorder)
+        trainer.train()
+        recorded[option] = [logs for logs in recorder.logs if "loss" in logs]
+        printed[option] = capsys.readouterr().out
+    assert recorded[False] and not any(key.startswith("perf/") for logs in recorded[False] for key in logs)
+    assert "'loss'" in printed[False] and "perf/" not in printed[False]  # the Trainer's own log lines
+    assert all(logs["perf/step_ms"] > 0 for logs in recorded[True])
+
+
+def test_the_end_of_run_table_starts_on_a_fresh_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers' progress bar (tqdm, on stderr) is still open at on_train_end: the table starts on its own
+    line, whichever way the callback was added."""
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    for added_after in (False, True):
+        callback = PerfTrainerCallback(schedule=None)
+        trainer = _hf_trainer(tmp_path / str(added_after), 3, None if added_after else callback)
+        if added_after:
+            trainer.add_callback(callback)
+        trainer.train()
+        err = capsys.readouterr().err
+        table = err.index("perfhooks: 3 steps")
+        assert err[table - 1] == "\n", err[max(0, table - 80):table + 20]

@@ -75,6 +75,9 @@ class Engine:
         self.started_at = time.time()
         self.ends_explicitly = ends_explicitly
         self.output_dir = Path(output_dir)
+        #: The nearest folder on the way to ``output_dir`` that exists now: if the user removes it (a
+        #: ``TemporaryDirectory`` left), perfhooks writes nowhere rather than make it again.
+        self.output_anchor = _existing_ancestor(self.output_dir)
         self.framework = framework
         self.faults = FaultLog()
         self.once = Once()
@@ -157,6 +160,10 @@ class Engine:
 
     #: True: this run is profiled (a :class:`NullEngine` is not).
     active = True
+
+    def output_removed(self) -> bool:
+        """The folder the output goes in existed at the start and the user has removed it since."""
+        return self.output_anchor is not None and not self.output_anchor.exists()
 
     @classmethod
     def start(cls, config: PerfConfig, output_dir: str | Path, framework: str, **kwargs: Any) -> Engine | NullEngine:
@@ -664,3 +671,11 @@ class NullEngine:
 
 #: What an integration holds: a live engine, or the null one.
 RunEngine = Engine | NullEngine
+
+
+def _existing_ancestor(path: Path) -> Path | None:
+    """``path`` or its nearest existing parent (None when even the root is not there)."""
+    for candidate in (path, *path.absolute().parents):
+        if candidate.exists():
+            return candidate
+    return None

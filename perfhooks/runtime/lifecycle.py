@@ -42,7 +42,7 @@ from perfhooks.memory.oom import is_cuda_error
 from perfhooks.report import store as rank_store
 from perfhooks.report.merge import merge_rank_reports, merge_summaries, rank_summary
 from perfhooks.report.write import rank_reports, write_merged_report, write_report, write_run_report
-from perfhooks.sinks.console import format_table
+from perfhooks.sinks.console import format_table, fresh_line
 from perfhooks.sinks.html import render_html
 
 if TYPE_CHECKING:
@@ -105,6 +105,18 @@ def _finish(engine: Engine, deadline: Deadline) -> dict[str, Any] | None:
         run_report = guarded("rank_merge", lambda: gather_ranks(engine, report, deadline, store))
     if engine.wandb is not None:
         guarded("wandb_close", lambda: close_wandb(engine, report, deadline, run_report))
+    if engine.output_removed():  # never make again a folder the user removed
+        engine.once.warn("output_removed", f"{engine.output_anchor} was removed during the run; the report "
+                         f"({engine.output_dir / 'report.json'}) is not written")
+    else:
+        _write_reports(engine, report, store, run_report)
+    if engine.console and engine.rank == 0:
+        print(fresh_line() + format_table(report), file=sys.stderr)
+    return report
+
+
+def _write_reports(engine: Engine, report: dict[str, Any], store: Any, run_report: dict[str, Any] | None) -> None:
+    guarded = engine.guarded_call
     guarded("report_write", lambda: write_report(engine.output_dir, report))
     if store is not None:  # rank 0 merged the store's summaries
         if run_report is not None:
@@ -112,9 +124,6 @@ def _finish(engine: Engine, deadline: Deadline) -> dict[str, Any] | None:
     elif engine.world_size > 1:  # no process group: the last rank to finish merges the folder's reports
         guarded("report_merge", lambda: write_merged_report(engine.output_dir, engine.world_size,
                                                               engine.config.thresholds))
-    if engine.console and engine.rank == 0:
-        print(format_table(report), file=sys.stderr)
-    return report
 
 
 def gather_ranks(engine: Engine, report: dict[str, Any], deadline: Deadline, store: Any
@@ -244,7 +253,8 @@ def _fail_after_close(engine: Engine, error: BaseException) -> None:
         return
     engine.status = report["status"] = "failed"
     engine.error = report["error"] = error_entry(engine, error, "after training")
-    write_report(engine.output_dir, report)
+    if not engine.output_removed():
+        write_report(engine.output_dir, report)
 
 
 def _release(engine: Engine) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from perfhooks.events import OTHER, PHASES
@@ -43,3 +44,14 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"  perfhooks faults (skipped, training unaffected): "
                      f"{', '.join(f['kind'] for f in report['faults'])}")
     return "\n".join(lines)
+
+
+def fresh_line() -> str:
+    """``"\\n"`` while a tqdm progress bar is open on the terminal (the Trainer's, at ``on_train_end``), so the
+    table starts on a line of its own; ``""`` otherwise. tqdm is looked at only if the program imported it."""
+    tqdm_module = sys.modules.get("tqdm")
+    bars = getattr(getattr(tqdm_module, "tqdm", None), "_instances", None)
+    try:
+        return "\n" if any(not getattr(bar, "disable", True) for bar in list(bars or ())) else ""
+    except Exception:  # a tqdm that changed shape: no extra line
+        return ""

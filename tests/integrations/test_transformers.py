@@ -25,8 +25,9 @@ class LogRecorder(TrainerCallback):
 
 
 def test_headline_figures_reach_callbacks_listed_before_it(tmp_path: Path) -> None:
+    """With add_to_trainer_logs=True (the default keeps the Trainer's logs its own)."""
     recorder = LogRecorder()
-    perf = PerfTrainerCallback(schedule=None, console=False)
+    perf = PerfTrainerCallback(schedule=None, console=False, add_to_trainer_logs=True)
     trainer = build_trainer(str(tmp_path), steps=6, batch_size=2, callback=perf, logging_steps=2)
     trainer.callback_handler.add_callback(recorder)
     handler = trainer.callback_handler
