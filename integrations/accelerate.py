@@ -15,18 +15,24 @@ Where the events come from:
 =======================================  ==========================================
 the loop                                 engine
 =======================================  ==========================================
-``next()`` on a prepared dataloader      ``fetch()`` (a step that stepped ends here), when a watched
-                                         model is in training mode with grad enabled; otherwise the
-                                         loop is evaluating: ``aside("evaluation")`` until it ends
+``next()`` on a prepared dataloader      ``fetch()`` (a step that stepped ends here) on a training
+                                         loader; otherwise the loop is evaluating:
+                                         ``aside("evaluation")`` until the loader runs out
 model forward pre-hook (each model)      ``phase_start("forward")``; the forward phase includes the loss
 ``accelerator.backward`` (wrapped)       ``phase_start("backward")`` ... ``phase_end("backward")``
 ``optimizer.step()`` (wrapped, each)     ``phase_start("optimizer")`` ... ``phase_end("optimizer")``;
                                          when accelerate synchronized gradients: ``stepped()``
 ``accelerator.save_state`` (wrapped)     ``aside("checkpoint")``
+``accelerator.end_training`` (wrapped)   ``close()`` before the trackers end (W&B gets the run's end)
 ``accelerator.skip_first_batches``       the loader it returns is timed like the one it came from
 end of the training loader, ``close()``  ``idle()``; the last step ends
 ``accelerator.profile()`` (wrapped)      capture windows step aside for the user's profiler
 =======================================  ==========================================
+
+A loader is a training loader once a backward or an optimizer step ran while it was being
+iterated; until then (its first batch) it is one when a watched model is in training mode with
+grad enabled. Fine-tuning with the model in ``eval()`` mode (dropout or BatchNorm frozen) is
+training all the same: its first batch, taken for evaluation, is handed back at its backward.
 
 A step ends when accelerate says gradients were synchronized (``sync_gradients``) at an
 ``optimizer.step()`` call: ``accelerator.accumulate`` adds micro-batches, never steps; two
@@ -125,6 +131,9 @@ class PerfSession:
         self._swapped: list[tuple[Any, type]] = []
         self._optimizers: list[Any] = []
         self._closed = False
+        #: Loaders a backward or optimizer step ran under (``id``s: a loader may not be hashable).
+        self._training_loaders: set[int] = set()
+        self._iterating: Any = None  # the loader whose batch is in hand now
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
                                    wandb_source=RunSource(lambda: _wandb_tracker_run(accelerator)))
@@ -149,6 +158,7 @@ class PerfSession:
         self._wrap_method("save_state", self._timed_save_state)
         self._wrap_method("skip_first_batches", self._timed_skip)
         self._wrap_method("profile", self._deferring_profile)
+        self._wrap_method("end_training", self._closing_before_trackers)
 
     def _watch(self, models: list[Any], optimizers: list[Any], dataloaders: list[Any]) -> None:
         """Wire objects not watched yet (each once)."""
@@ -187,6 +197,8 @@ class PerfSession:
         self._patches = InstancePatches()
         self._swapped = []
         self._optimizers = []
+        self._training_loaders = set()
+        self._iterating = None
         self._closed = True
         self.engine: RunEngine = NullEngine()
 
@@ -194,13 +206,27 @@ class PerfSession:
     def _forward_start(self) -> None:
         self.engine.phase_start(FORWARD)
 
-    def _training(self) -> bool:
-        """A fetch for training: a watched model is in training mode and grad is on (else evaluation)."""
+    def _training(self, loader: Any) -> bool:
+        """A fetch for training: a backward or an optimizer step ran under this loader before, or (its first
+        batch) a watched model is in training mode and grad is on. Otherwise: evaluation."""
+        if id(loader) in self._training_loaders:
+            return True
         return torch.is_grad_enabled() and any(model.training for model in self.models)
 
-    def _before_next(self) -> None:
+    def _trains(self) -> None:
+        """A backward or an optimizer step: the loader in hand is a training loader. Its batch, taken for
+        evaluation (the model in ``eval()`` mode), was training: that evaluation is handed back."""
+        loader = self._iterating
+        if loader is None or id(loader) in self._training_loaders:
+            return
+        self._training_loaders.add(id(loader))
+        if self.engine.account.innermost == EVALUATION:
+            self.engine.retract_aside(EVALUATION)
+
+    def _before_next(self, loader: Any) -> None:
         engine = self.engine
-        if self._training():
+        self._iterating = loader
+        if self._training(loader):
             if engine.account.innermost == EVALUATION:
                 engine.end_aside(EVALUATION)
             engine.fetch()
@@ -216,6 +242,7 @@ class PerfSession:
 
     def _exhausted(self) -> None:
         engine = self.engine
+        self._iterating = None
         if engine.account.innermost == EVALUATION:
             engine.end_aside(EVALUATION)
         else:
@@ -233,6 +260,7 @@ class PerfSession:
         gradient_state = getattr(optimizer, "gradient_state", None) or self.accelerator.gradient_state
 
         def step(*args: Any, **kwargs: Any) -> Any:
+            self._trains()
             if not gradient_state.sync_gradients:  # an accumulation micro-batch: accelerate skips the step
                 return original(*args, **kwargs)
             engine.phase_start(OPTIMIZER)
@@ -248,6 +276,7 @@ class PerfSession:
         engine = self.engine
 
         def backward(loss: Any, **kwargs: Any) -> Any:
+            self._trains()
             engine.phase_start(BACKWARD)
             try:
                 return original(loss, **kwargs)
@@ -271,6 +300,13 @@ class PerfSession:
 
         return skip_first_batches
 
+    def _closing_before_trackers(self, original: Any) -> Any:
+        def end_training(*args: Any, **kwargs: Any) -> Any:
+            self.close()  # the report, the table and W&B's last rows while the trackers are still open
+            return original(*args, **kwargs)
+
+        return end_training
+
     def _deferring_profile(self, original: Any) -> Any:
         engine = self.engine
 
@@ -292,7 +328,7 @@ class PerfSession:
             iterator = base.__iter__(instance)
             while True:
                 if not session._closed:
-                    session._before_next()
+                    session._before_next(instance)
                 try:
                     batch = next(iterator)
                 except StopIteration:
@@ -327,7 +363,8 @@ class PerfSession:
             self._unwire()
         except Exception as error:
             FaultLog().report("detach", error)
-        self.accelerator, self.models, self._optimizers = None, [], []  # the session keeps none of the loop's objects
+        # the session keeps none of the loop's objects
+        self.accelerator, self.models, self._optimizers, self._iterating = None, [], [], None
         return self.engine.close()
 
     def __enter__(self) -> PerfSession:

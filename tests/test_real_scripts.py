@@ -222,3 +222,121 @@ def test_the_end_of_run_table_starts_on_a_fresh_line(tmp_path: Path, capsys: pyt
         err = capsys.readouterr().err
         table = err.index("perfhooks: 3 steps")
         assert err[table - 1] == "\n", err[max(0, table - 80):table + 20]
+
+
+# ----------------------------------------------------------------------------- items 3-5: accelerate
+def _accelerate_loop(accelerator: Any, steps: int, train_mode: bool = True) -> Any:
+    from helpers import mlp
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, random_loader(steps))
+    return model, optimizer, loader
+
+
+def test_training_with_the_model_in_eval_mode_is_training(tmp_path: Path) -> None:
+    """Fine-tuning with dropout/BatchNorm frozen (model.eval()): every iteration that steps an optimizer is a
+    training step, none is evaluation."""
+    from accelerate import Accelerator
+
+    from perfhooks.integrations.accelerate import attach
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = _accelerate_loop(accelerator, 12)
+    model.eval()
+    with attach(accelerator, output_dir=tmp_path, console=False, schedule=None):
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+    report = read_report(tmp_path)
+    assert report["run"]["evaluations"] == 0 and report["run"]["evaluation_s"] == 0
+    assert report["steps"] >= 11  # the first iteration is known to be training only at its backward
+    assert report["phases"]["forward"]["mean_ms"] > 0 and report["phases"]["data_wait"]["mean_ms"] > 0
+
+
+def test_an_evaluation_loop_in_eval_mode_is_still_evaluation(tmp_path: Path) -> None:
+    from accelerate import Accelerator
+
+    from perfhooks.integrations.accelerate import attach
+
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = _accelerate_loop(accelerator, 6)
+    evaluation = accelerator.prepare(random_loader(3))
+    with attach(accelerator, output_dir=tmp_path, console=False, schedule=None):
+        for x, y in loader:
+            model.train()
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            model.eval()
+            with torch.no_grad():
+                for ex, _ in evaluation:
+                    model(ex)
+    report = read_report(tmp_path)
+    assert report["steps"] == 6 and report["run"]["evaluations"] == 6
+
+
+ATTACHED_WITHOUT_WITH = """
+import sys
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from perfhooks.integrations.accelerate import attach
+
+accelerator = Accelerator(cpu=True, log_with=sys.argv[2] if len(sys.argv) > 2 else None, project_dir=sys.argv[1])
+if len(sys.argv) > 2:
+    accelerator.init_trackers("perfhooks-tests")
+model = nn.Linear(8, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(48, 8, generator=torch.Generator().manual_seed(0))
+model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(TensorDataset(x, x[:, :1]), batch_size=8))
+perf = attach(accelerator, schedule=None)
+for inputs, targets in loader:
+    loss = nn.functional.mse_loss(model(inputs), targets)
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    accelerator.log({"loss": loss.item()})
+if len(sys.argv) > 2:
+    accelerator.end_training()
+print("done")
+"""
+
+
+def _run_script(tmp_path: Path, source: str, *args: str, env: dict[str, str] | None = None) -> Any:
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, **(env or {})})
+
+
+def test_attach_without_with_prints_the_table_at_exit(tmp_path: Path) -> None:
+    done = _run_script(tmp_path, ATTACHED_WITHOUT_WITH, str(tmp_path))
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stderr[-2000:]
+    assert "perfhooks: 6 steps" in done.stderr
+    assert read_report(tmp_path / "perfhooks")["status"] == "completed"
+
+
+def test_end_training_closing_the_wandb_run_keeps_perfhooks_end_of_run_data(tmp_path: Path) -> None:
+    """accelerator.end_training() finishes the W&B run: perfhooks flushes before it, so the report, the table
+    and the summary reach W&B, and nothing is printed as a fault."""
+    pytest.importorskip("wandb")
+    from wandb_records import summary, wandb_records
+
+    root = tmp_path / "wandb"
+    root.mkdir()
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(root), "WANDB_CACHE_DIR": str(root / "c"),
+           "WANDB_DATA_DIR": str(root / "d"), "WANDB_CONFIG_DIR": str(root / "cfg")}
+    done = _run_script(tmp_path, ATTACHED_WITHOUT_WITH, str(tmp_path), "wandb", env=env)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stderr[-2000:]
+    assert "PerfhooksWarning" not in done.stderr, done.stderr
+    report = read_report(tmp_path / "perfhooks")
+    assert report["wandb"]["status"] != "failed", report["wandb"]
+    assert summary(wandb_records(root))["perf/steps"] == 6

@@ -367,6 +367,22 @@ class Engine:
         except Exception as error:
             self.faults.report("aside", error)
 
+    def retract_aside(self, kind: str) -> None:
+        """The aside ``kind`` (the innermost open one) was not one: it is neither counted nor timed, and what
+        follows belongs to the step that opens next."""
+        try:
+            if not self.account.retract(kind):
+                return
+            label = self._aside_labels.pop() if self._aside_labels else None
+            if label is not None:
+                label.__exit__(None, None, None)
+            if self._nvtx_on:
+                self.nvtx.pop()
+            if self.account.depth == 0:
+                self._aside_mark = None
+        except Exception as error:
+            self.faults.report("aside", error)
+
     @contextlib.contextmanager
     def aside(self, kind: str) -> Iterator[None]:
         """``with engine.aside("checkpoint"): ...``: the user's errors pass through untouched."""
@@ -641,6 +657,9 @@ class NullEngine:
         pass
 
     def end_aside(self, kind: str) -> None:
+        pass
+
+    def retract_aside(self, kind: str) -> None:
         pass
 
     @contextlib.contextmanager

@@ -23,7 +23,8 @@
   error or its framework always ends runs explicitly.
 - **exit**: on an uncaught exception the previous ``sys.excepthook`` prints the user's traceback *first*, then
   the current run fails within :data:`EXIT_DEADLINE_S`; at interpreter exit a run still open is abandoned within
-  the same deadline. The traceback, exit status and last stderr line are the program's own.
+  the same deadline (with its table when it saw no error and its framework does not end runs explicitly: an
+  accelerate session never closed). The traceback, exit status and last stderr line are the program's own.
 
 Every part is guarded: a fault is reported once and the rest goes on. A ``deadline_s`` bounds the waits.
 """
@@ -331,6 +332,8 @@ def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackTy
 
 
 def _at_exit() -> None:
+    """A run still open at interpreter exit: a loop that never closed its session (``attach`` without ``with``)
+    ends here with its table; one that saw an error, or whose framework always ends its runs, ends quietly."""
     engine = current()
     if engine is not None and not engine.closed:
-        abandon(engine, deadline_s=EXIT_DEADLINE_S, quiet=True)
+        abandon(engine, deadline_s=EXIT_DEADLINE_S, quiet=engine.error is not None or engine.ends_explicitly)

@@ -59,6 +59,16 @@ class RunAccount:
             self._stack[-1][1] = now
         return True
 
+    def retract(self, kind: str) -> bool:
+        """Take back the innermost aside if it is ``kind``: it was not one (it is neither counted nor timed)."""
+        if not self._stack or self._stack[-1][0] != kind:
+            return False
+        self._stack.pop()
+        self.counts[kind] -= 1
+        if self._stack:
+            self._stack[-1][1] = self._clock()
+        return True
+
     def close(self) -> None:
         while self._stack:
             self.end(self._stack[-1][0])
