@@ -3,7 +3,6 @@ would meet it (the frameworks' defaults on), and fixed."""
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from pathlib import Path
@@ -37,7 +36,14 @@ def test_restoring_puts_back_what_the_instance_held() -> None:
         def method(self) -> str:
             return "class"
 
-    owner, users = Owner(), (lambda: "user's")
+    owner = Owner()
+
+    def users() -> str:
+        return "user's"
+
+    def replaced() -> str:
+        return "replaced during the run"
+
     owner.method = users  # type: ignore[method-assign]
     patches = InstancePatches()
     patches.set(owner, "method", lambda: "perfhooks")
@@ -45,7 +51,6 @@ def test_restoring_puts_back_what_the_instance_held() -> None:
     patches.restore()
     assert owner.method is users and "other" not in owner.__dict__
     patches.set(owner, "method", lambda: "perfhooks")
-    replaced = (lambda: "replaced during the run")
     owner.method = replaced  # type: ignore[method-assign]
     patches.restore()
     assert owner.method is replaced

@@ -6,7 +6,6 @@
 
 import importlib.util
 import runpy
-import sys
 from pathlib import Path
 
 if __name__ == "__main__":
