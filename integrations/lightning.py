@@ -14,7 +14,9 @@ the fetcher's ``train_dataloader_next``    ``fetch()``: ``data_wait`` until the 
 torch optimizer step post-hook             ``phase_end("optimizer")`` (manual: back to ``forward``)
 ``on_train_batch_end``                     ``stepped(trainer.global_step)`` if it moved
 ``on_validation_start`` ... ``_end``       ``aside("evaluation")``
-``trainer.save_checkpoint`` (wrapped)      ``aside("checkpoint")`` (``ModelCheckpoint`` and user calls)
+``trainer.save_checkpoint`` (wrapped)      ``aside("checkpoint")`` (user calls)
+``ModelCheckpoint._save_checkpoint``       ``aside("checkpoint")``: the callback's whole save, with a
+(wrapped on each checkpoint callback)      subclass's override and the loggers' ``after_save_checkpoint``
 ``on_train_epoch_end``                     ``idle()``
 ``on_exception``                           ``exception(error)``; Lightning re-raises it
 ``on_train_end``                           ``close()``: report and table
@@ -90,8 +92,8 @@ class PerfCallback(Callback):
     # --------------------------------------------------------------- lifecycle
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         engine = Engine.start(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device,
-                              start_step=_steps_done(trainer), wandb_source=_wandb_source(trainer),
-                              ends_explicitly=True)
+                              start_step=_steps_done(trainer), global_step=trainer.global_step,
+                              wandb_source=_wandb_source(trainer), ends_explicitly=True)
         resume_state, self._resume_state = self._resume_state, None  # a checkpoint of an older perfhooks
         self.engine = engine
         if not engine.active:
@@ -112,7 +114,9 @@ class PerfCallback(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         """Lightning re-raises ``exception`` after its hooks; after ``on_train_end`` the report is rewritten
-        as failed (an error in a later ``on_train_end``/``on_fit_end`` hook is still the fit's failure)."""
+        as failed (an error in a later ``on_train_end``/``on_fit_end`` hook is still the fit's failure). A step
+        whose optimizer stepped before the error (in another callback's ``on_train_batch_end``) is counted."""
+        self._note_step(trainer)
         self.engine.exception(exception)
         self._finish()
 
@@ -148,12 +152,15 @@ class PerfCallback(Callback):
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        engine = self.engine
-        engine.phase_end(FORWARD)
-        engine.phase_end(OPTIMIZER)
+        self.engine.phase_end(FORWARD)
+        self.engine.phase_end(OPTIMIZER)
+        self._note_step(trainer)
+
+    def _note_step(self, trainer: Trainer) -> None:
+        """The open step stepped if the trainer's ``global_step`` moved since the last one."""
         if trainer.global_step != self._global_step:
             self._global_step = trainer.global_step
-            engine.stepped(trainer.global_step)
+            self.engine.stepped(trainer.global_step)
 
     # --------------------------------------------------------------- not training
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -211,8 +218,14 @@ class PerfCallback(Callback):
         self._patches.set(profiler, "start", start_action)
 
     def _wrap_checkpoint(self, trainer: Trainer, engine: Engine) -> None:
-        """``trainer.save_checkpoint`` (what ``ModelCheckpoint`` and users call) is timed as a checkpoint write."""
+        """``trainer.save_checkpoint`` (what users call) and each checkpoint callback's ``_save_checkpoint`` (the
+        whole save: a subclass's override, ``trainer.save_checkpoint`` and the loggers' ``after_save_checkpoint``,
+        where W&B uploads with ``log_model``) are timed as checkpoint writes; a save nested in a save is one."""
         self._patches.set(trainer, "save_checkpoint", timed_aside(engine, CHECKPOINT, trainer.save_checkpoint))
+        for callback in getattr(trainer, "checkpoint_callbacks", None) or []:
+            save = getattr(callback, "_save_checkpoint", None)
+            if callable(save):
+                self._patches.set(callback, "_save_checkpoint", timed_aside(engine, CHECKPOINT, save))
 
     def _unwrap(self) -> None:
         self._patches.restore()

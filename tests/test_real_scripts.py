@@ -345,3 +345,78 @@ def test_end_training_closing_the_wandb_run_keeps_perfhooks_end_of_run_data(tmp_
     report = read_report(tmp_path / "perfhooks")
     assert report["wandb"]["status"] != "failed", report["wandb"]
     assert summary(wandb_records(root))["perf/steps"] == 6
+
+
+# ----------------------------------------------------------------------------- items 7-8: Lightning's counts
+@pytest.mark.parametrize("raise_in", ["training_step", "own_callback_before", "own_callback_after"])
+def test_a_failed_fit_counts_every_step_the_optimizer_took(tmp_path: Path, raise_in: str) -> None:
+    """The step that stepped and then failed (in a callback's on_train_batch_end, before or after perfhooks'
+    own) is counted, and the report's global_step is the trainer's."""
+    import lightning as L
+
+    from perfhooks.integrations.lightning import PerfCallback
+
+    class Fails(L.Callback):
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 3:
+                raise RuntimeError("a callback failed")
+
+    perf = PerfCallback(output_dir=tmp_path / "perf", console=False, schedule=None)
+    failing = Fails()
+    callbacks = {"training_step": [perf], "own_callback_before": [failing, perf],
+                 "own_callback_after": [perf, failing]}[raise_in]
+    model = lightning_mlp(fail_at_step=3 if raise_in == "training_step" else None)
+    trainer = default_trainer(tmp_path, max_steps=8, callbacks=callbacks, enable_progress_bar=False)
+    with pytest.raises(RuntimeError):
+        trainer.fit(model, random_loader(8))
+    report = read_report(tmp_path / "perf")
+    assert report["status"] == "failed"
+    assert (report["steps"], report["global_step"]) == (trainer.global_step, trainer.global_step)
+
+
+def test_a_resumed_fit_that_takes_no_step_reports_the_trainers_global_step(tmp_path: Path) -> None:
+    """A checkpoint written at the epoch's last batch (in on_train_batch_end, where Lightning's loop state is one
+    step behind global_step) resumes into an epoch with no batch left: no step, and the trainer's global_step."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from perfhooks.integrations.lightning import PerfCallback
+
+    saver = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=4, save_top_k=-1)
+    first = default_trainer(tmp_path / "first", max_epochs=1, enable_progress_bar=False,
+                            callbacks=[saver, PerfCallback(output_dir=tmp_path / "p1", console=False, schedule=None)])
+    first.fit(lightning_mlp(), random_loader(4))
+    resumed = default_trainer(tmp_path / "second", max_epochs=1, enable_progress_bar=False,
+                              callbacks=[PerfCallback(output_dir=tmp_path / "p2", console=False, schedule=None)])
+    resumed.fit(lightning_mlp(), random_loader(4), ckpt_path=saver.best_model_path or saver.last_model_path)
+    report = read_report(tmp_path / "p2")
+    assert (report["steps"], report["global_step"]) == (0, resumed.global_step) == (0, 4)
+
+
+# ----------------------------------------------------------------------------- item 18: the whole save
+def test_a_checkpoint_is_timed_as_the_callbacks_whole_save(tmp_path: Path) -> None:
+    """Work ModelCheckpoint does around trainer.save_checkpoint (a subclass's _save_checkpoint override, the
+    logger's after_save_checkpoint) is checkpoint time, and each save counts once."""
+    import time
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+
+    from perfhooks.integrations.lightning import PerfCallback
+
+    class SlowCheckpoint(ModelCheckpoint):
+        def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
+            time.sleep(0.1)
+            super()._save_checkpoint(trainer, filepath)
+
+    class UploadingLogger(CSVLogger):
+        def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+            time.sleep(0.1)
+
+    saver = SlowCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    trainer = default_trainer(tmp_path, max_steps=8, enable_progress_bar=False, logger=UploadingLogger(tmp_path),
+                              callbacks=[saver, PerfCallback(output_dir=tmp_path / "perf", console=False,
+                                                             schedule=None)])
+    trainer.fit(lightning_mlp(), random_loader(8))
+    run = read_report(tmp_path / "perf")["run"]
+    assert run["checkpoints"] == 4
+    assert run["checkpointing_s"] >= 4 * 0.2  # both sleeps of each save, at least

@@ -67,8 +67,10 @@ class Engine:
     def __init__(self, config: PerfConfig, output_dir: str | Path, framework: str,
                  device: torch.device | str | None = None, start_step: int = 0,
                  clock: HostClock | None = None, wandb_source: RunSource | None = None,
-                 ends_explicitly: bool = False) -> None:
-        """``ends_explicitly``: the framework always sends the run's end (``close``) when it completes, so
+                 ends_explicitly: bool = False, global_step: int | None = None) -> None:
+        """``start_step``: perfhooks' steps before this run (a resume); ``global_step``: the framework's own counter
+        now, when it differs (two optimizers stepping per batch, a checkpoint's loop state one behind).
+        ``ends_explicitly``: the framework always sends the run's end (``close``) when it completes, so
         an engine still open when the next run starts or the process exits was a run that failed."""
         self.config = config
         self.run_id = new_run_id()
@@ -84,7 +86,7 @@ class Engine:
         self.step = start_step
         #: The framework's own step counter (Lightning ``global_step``, transformers ``state.global_step``,
         #: or the optimizer steps counted here); W&B rows and the report use it.
-        self.global_step = start_step
+        self.global_step = start_step if global_step is None else global_step
         self.rank = ranks.rank()
         self.world_size = ranks.world_size()
         #: All device access for this run, bound to its device index.
@@ -498,8 +500,8 @@ class Engine:
             self.end_aside(self.account.innermost)  # type: ignore[arg-type]
         if self._phase is not None:
             self._close_phase()
-        if self._record is not None and self._record.stepped and self.status == "completed":
-            self.step_end()  # the last step: its optimizer stepped, no next fetch will end it
+        if self._record is not None and self._record.stepped and not self.cuda_broken:
+            self.step_end()  # the last step: its optimizer stepped (an error after that too), no fetch will end it
         if self._record is not None:  # a step cut short (end of data or an error) is not counted
             self._drop_record()
 

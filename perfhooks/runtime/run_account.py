@@ -42,11 +42,13 @@ class RunAccount:
         if kind not in ASIDES:
             raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
         now = self._clock()
+        nested_in_same = bool(self._stack) and self._stack[-1][0] == kind  # a save inside a save: one save
         if self._stack:
             outer = self._stack[-1]
             self.total_ns[outer[0]] += now - outer[1]
         self._stack.append([kind, now])
-        self.counts[kind] += 1
+        if not nested_in_same:
+            self.counts[kind] += 1
 
     def end(self, kind: str) -> bool:
         """End the innermost aside if it is ``kind``; False (nothing changed) otherwise."""
@@ -64,7 +66,8 @@ class RunAccount:
         if not self._stack or self._stack[-1][0] != kind:
             return False
         self._stack.pop()
-        self.counts[kind] -= 1
+        if not (self._stack and self._stack[-1][0] == kind):
+            self.counts[kind] -= 1
         if self._stack:
             self._stack[-1][1] = self._clock()
         return True
