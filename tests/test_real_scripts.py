@@ -420,3 +420,48 @@ def test_a_checkpoint_is_timed_as_the_callbacks_whole_save(tmp_path: Path) -> No
     run = read_report(tmp_path / "perf")["run"]
     assert run["checkpoints"] == 4
     assert run["checkpointing_s"] >= 4 * 0.2  # both sleeps of each save, at least
+
+
+# ----------------------------------------------------------------------------- item 13: quantiles
+def _nearest_rank(values: list[float], q: float) -> float:
+    import math
+
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def test_phase_quantiles_are_the_exact_ones_of_a_real_run(tmp_path: Path) -> None:
+    """The report's p50/p95 per phase against nearest-rank quantiles of the run's own per-step values (the series
+    holds every step of this run): equal, and forward and backward never read one bucket's edge."""
+    from perfhooks.integrations.lightning import PerfCallback
+
+    trainer = default_trainer(tmp_path, max_steps=40, enable_progress_bar=False,
+                              callbacks=[PerfCallback(output_dir=tmp_path / "perf", console=False, schedule=None)])
+    trainer.fit(lightning_mlp(), random_loader(40))
+    report = read_report(tmp_path / "perf")
+    assert len(report["series"]["forward"]) == report["steps"] == 40
+    for name in ("data_wait", "forward", "backward", "optimizer", "other"):
+        values = report["series"][name]
+        for q, key in ((0.5, "p50_ms"), (0.95, "p95_ms")):
+            assert report["phases"][name][key] == pytest.approx(_nearest_rank(values, q), abs=1e-4), (name, key)
+
+
+def test_streaming_quantiles_past_the_exact_limit_stay_within_one_percent() -> None:
+    import random
+
+    from perfhooks.report.statistics import EXACT_VALUES, StreamingStats
+
+    generator = random.Random(0)
+    first, second = StreamingStats(), StreamingStats()
+    values_a = [generator.lognormvariate(3, 0.05) for _ in range(EXACT_VALUES + 500)]
+    values_b = [v * 1.003 for v in values_a]  # the same bucket for most values, never the same value
+    first.add_many(values_a)
+    for value in values_b:
+        second.add(value)
+    for q in (0.5, 0.95, 0.99):
+        for stats, values in ((first, values_a), (second, values_b)):
+            assert stats.quantile(q) == pytest.approx(_nearest_rank(values, q), rel=0.01)
+        assert first.quantile(q) != second.quantile(q)
+    small = StreamingStats()
+    small.add_many([3.0, 1.0, 2.0])
+    assert (small.quantile(0.5), small.quantile(0.95)) == (2.0, 3.0)

@@ -1,8 +1,11 @@
-"""Step statistics in bounded memory: streaming summaries (exact count, mean, max; quantiles within 1%), one
-resolved step (:class:`StepTiming`), and the per-phase statistics a report is built from.
+"""Step statistics in bounded memory: streaming summaries (exact count, mean, max; exact quantiles up to
+:data:`EXACT_VALUES` values, within 1% beyond), one resolved step (:class:`StepTiming`), and the per-phase
+statistics a report is built from.
 
-Streaming values land in logarithmic buckets (each 2% wide), so memory grows with the spread of the values,
-never with the number of steps, and two histograms merge by adding bucket counts.
+Values also land in logarithmic buckets (each 2% wide), so memory grows with the spread of the values, never
+with the number of steps, and two histograms merge by adding bucket counts. Past :data:`EXACT_VALUES`, a
+quantile is placed inside its bucket by its rank among the bucket's values (two phases whose values share a
+bucket do not read the same number).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ _INV_FLOOR_MS = 1.0 / _FLOOR_MS
 
 _log = math.log
 
+#: Values each summary keeps as they came, for exact quantiles (a run of this many steps or fewer).
+EXACT_VALUES = 4096
+
 
 @dataclass
 class StreamingStats:
@@ -34,6 +40,8 @@ class StreamingStats:
     maximum: float = 0.0
     minimum: float = math.inf
     _buckets: dict[int, int] = field(default_factory=dict, repr=False)
+    #: The values as they came, while there are at most ``EXACT_VALUES`` (None after).
+    _values: list[float] | None = field(default_factory=list, repr=False)
 
     def add(self, value_ms: float) -> None:
         """Add one value (ms); negative values count as 0. Runs once per phase per step: keep it lean."""
@@ -50,6 +58,20 @@ class StreamingStats:
             self.minimum = value_ms
         buckets = self._buckets
         buckets[key] = buckets.get(key, 0) + 1
+        values = self._values
+        if values is not None:
+            if len(values) < EXACT_VALUES:
+                values.append(value_ms)
+            else:
+                self._values = None
+
+    def _keep(self, values_ms: list[float]) -> None:
+        values = self._values
+        if values is not None:
+            if len(values) + len(values_ms) <= EXACT_VALUES:
+                values.extend(max(0.0, float(v)) for v in values_ms)
+            else:
+                self._values = None
 
     def add_many(self, values_ms: list[float]) -> None:
         """Add a batch of values (ms): the same result as ``add`` on each, in one tight loop."""
@@ -69,8 +91,13 @@ class StreamingStats:
             buckets[key] = buckets.get(key, 0) + 1
         self.count += len(values_ms)
         self.total, self.maximum, self.minimum = total, maximum, minimum
+        self._keep(values_ms)
 
     def merge(self, other: StreamingStats) -> None:
+        if other._values is None:
+            self._values = None
+        else:
+            self._keep(other._values)
         self.count += other.count
         self.total += other.total
         self.maximum = max(self.maximum, other.maximum)
@@ -83,21 +110,25 @@ class StreamingStats:
         return self.total / self.count if self.count else 0.0
 
     def quantile(self, q: float) -> float:
-        """The ``q`` quantile (0..1), nearest-rank, within 1% of the exact value."""
+        """The ``q`` quantile (0..1), nearest-rank: exact up to ``EXACT_VALUES`` values, within 1% beyond."""
         if not 0.0 <= q <= 1.0:
             raise ValueError(f"quantile q must be in [0, 1], got {q}")
         if not self.count:
             return 0.0
         rank = max(1, math.ceil(q * self.count))
+        if self._values is not None and len(self._values) == self.count:
+            return sorted(self._values)[rank - 1]
         seen = 0
         for key in sorted(self._buckets):
-            seen += self._buckets[key]
-            if seen >= rank:
+            in_bucket = self._buckets[key]
+            if seen + in_bucket >= rank:
                 if key < 0:
                     return min(self.minimum, _FLOOR_MS)
-                # geometric middle of the bucket, clamped to what was observed
-                middle = _FLOOR_MS * _RATIO ** (key + 0.5)
-                return min(max(middle, self.minimum), self.maximum)
+                # the rank's place among the bucket's values, spread over the bucket, clamped to what was observed
+                where = (rank - seen - 0.5) / in_bucket
+                value = _FLOOR_MS * _RATIO ** (key + where)
+                return min(max(value, self.minimum), self.maximum)
+            seen += in_bucket
         return self.maximum
 
     def summary(self, suffix: str = "") -> dict[str, float]:

@@ -276,6 +276,9 @@ def sized_module(save_sleep_s: float = 0.0, val_sleep_s: float = 0.0):
     return Sized()
 
 
+PHASE_SERIES = ("data_wait", "forward", "backward", "optimizer", "other")
+
+
 def test_checkpoint_saves_are_checkpointing_not_data_wait(tmp_path: Path) -> None:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -299,8 +302,13 @@ def test_checkpoint_saves_are_checkpointing_not_data_wait(tmp_path: Path) -> Non
     one_save_ms = 1e3 * run["checkpointing_s"] / run["checkpoints"]
     # A save counted in a step or as data wait would make it last at least one save (300 ms of sleep, 10x
     # the loader's fetch): compared within this run.
-    assert report["phases"]["data_wait"]["max_ms"] < one_save_ms / 2
-    assert longest_step_after_the_first_ms(report) < one_save_ms / 2, "a save inside a step"
+    # The saves follow steps 10 and 20 (indices 9 and 19): neither those steps nor the fetches after them hold
+    # one (a loaded machine's preemption or a GC pause can stretch any other fetch; those are not saves).
+    series = report["series"]
+    totals = [sum(values) for values in zip(*(series[name] for name in PHASE_SERIES), strict=True)]
+    for index in (9, 10, 19, 20):
+        assert series["data_wait"][index] < one_save_ms / 2, f"a save in the data wait of step {index}"
+        assert totals[index] < one_save_ms / 2, f"a save inside step {index}"
     parts = run["training_s"] + run["evaluation_s"] + run["checkpointing_s"] + run["other_s"]
     assert parts == pytest.approx(run["wall_s"], rel=0.01)
     assert run["wall_s"] <= wall_s
