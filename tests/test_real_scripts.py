@@ -465,3 +465,67 @@ def test_streaming_quantiles_past_the_exact_limit_stay_within_one_percent() -> N
     small = StreamingStats()
     small.add_many([3.0, 1.0, 2.0])
     assert (small.quantile(0.5), small.quantile(0.95)) == (2.0, 3.0)
+
+
+# ----------------------------------------------------------------------------- item 19: window vs live
+def test_a_window_verdict_the_runs_many_steps_contradict_is_dropped(tmp_path: Path) -> None:
+    """A 3-step window's dataloader_bound over a run whose 30 steady steps wait for data 0% of the time: the
+    larger evidence decides. With fewer live steps than the window's, the verdict says how few it saw."""
+    from helpers import mlp, train_steps
+    from perfhooks import Engine, PerfConfig
+    from perfhooks.rules.verdicts import make
+
+    window_verdict = make("dataloader_bound", "warning", "Input pipeline holds the step back",
+                          "DataLoader takes 30.0% of the step; threshold 10.0%", 0.3, "num_workers", step=5)
+    for steps, kept in ((30, False), (2, True)):
+        engine = Engine(PerfConfig(schedule=None, console=False), tmp_path / str(steps), framework="plain")
+        model = mlp()
+        batches = [torch.randn(64, 32) for _ in range(steps)]  # in memory: no wait for data
+        train_steps(engine, lambda batch, model=model: model(batch).square().mean(),
+                    torch.optim.SGD(model.parameters(), lr=0.1),
+                    batches)
+        assert "dataloader_bound" not in [d["id"] for d in engine.live_diagnoses()]
+        engine.trace_diagnoses, engine.trace_window_steps = [window_verdict], 3
+        found = [d for d in engine.diagnoses() if d["id"] == "dataloader_bound"]
+        engine.close()
+        assert bool(found) is kept
+        if kept:
+            assert "3-step window" in found[0]["evidence"]
+
+
+def test_a_healthy_fit_with_a_window_never_reads_dataloader_bound(tmp_path: Path) -> None:
+    """The healthy Lightning fit that carried dataloader_bound once in 6 repeats: 6 repeats, none does."""
+    from integrations.test_lightning import sized_module
+
+    import perfhooks
+    from helpers import sized_loader
+    from perfhooks.integrations.lightning import PerfCallback
+
+    verdicts = []
+    for repeat in range(6):
+        out = tmp_path / str(repeat)
+        callback = PerfCallback(output_dir=out / "perf", console=False,
+                                schedule=perfhooks.Schedule(skip_first=10, warmup=1, active=3))
+        trainer = default_trainer(out, max_steps=30, enable_progress_bar=False, callbacks=[callback])
+        trainer.fit(sized_module(), sized_loader(30))
+        report = read_report(out / "perf")
+        assert len(report["windows"]) == 1
+        verdicts.append([d["id"] for d in report["diagnoses"]])
+    assert not any("dataloader_bound" in ids for ids in verdicts), verdicts
+
+
+def test_one_stalled_fetch_is_not_a_dataloader_bound_run() -> None:
+    """30 steps of 10 ms with 0.1 ms of data wait, one of which waited 250 ms (a GC pause, a loaded machine):
+    silent. The same wait spread over every step is a pattern: it fires."""
+    from perfhooks.report.statistics import PhaseStatistics, StepTiming
+    from perfhooks.rules.live import diagnose_live
+
+    def run(waits: list[float]) -> list[str]:
+        stats = PhaseStatistics()
+        for step, wait in enumerate(waits):
+            stats.add(StepTiming(step=step, step_ms=10.0 + wait, micro_batches=1, fetch_ms=wait,
+                                 phase_ms={"data_wait": wait, "forward": 4.0, "backward": 5.0, "optimizer": 1.0}))
+        return [d["id"] for d in diagnose_live(stats)]
+
+    assert "dataloader_bound" not in run([0.1] * 17 + [250.0] + [0.1] * 12)
+    assert "dataloader_bound" in run([250.0 / 30 + 0.1] * 30)

@@ -22,7 +22,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if stats.steps < min_steps:
         return out
     wait = stats.steady_share("data_wait")
-    if wait >= t.dataloader_share:
+    if wait >= t.dataloader_share and _share_without_the_longest(stats.recent, "data_wait") >= t.dataloader_share:
         out.append(make(
             "dataloader_bound", "critical" if wait >= t.dataloader_critical_share else "warning",
             "The training loop waits for data",
@@ -75,3 +75,15 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
                 "(torch._logging.set_logs(recompiles=True)) and mark dynamic shapes (torch._dynamo.mark_dynamic).",
                 first_steps_ms=statistics.fmean(first), steady_ms=steady_ms))
     return out
+
+
+def _share_without_the_longest(recent: Any, phase: str) -> float:
+    """Fraction 0..1 of the recent steady steps' time in ``phase``, leaving out the step that spent the most in it:
+    one stall (a GC pause, the machine's other work) is not a pattern. 1.0 when there is nothing to judge by."""
+    steady = [timing for timing in recent if not timing.own and not timing.compiled]
+    if len(steady) < 2:
+        return 1.0
+    longest = max(steady, key=lambda timing: timing.phase_ms.get(phase, 0.0))
+    total = sum(timing.step_ms for timing in steady) - longest.step_ms
+    spent = sum(timing.phase_ms.get(phase, 0.0) for timing in steady) - longest.phase_ms.get(phase, 0.0)
+    return spent / total if total > 0 else 0.0

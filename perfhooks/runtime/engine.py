@@ -50,6 +50,7 @@ from perfhooks.report.worker import BackgroundWriter
 from perfhooks.report.write import write_report
 from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
+from perfhooks.rules.reconcile import reconcile
 from perfhooks.rules.verdicts import rank
 from perfhooks.runtime import lifecycle, ranks
 from perfhooks.runtime.compile_watch import CompileWatch
@@ -134,6 +135,7 @@ class Engine:
         self._next_wandb_step = start_step + config.wandb_log_every
         #: Diagnoses from the latest analysed window (trace rules); live rules are added at report time.
         self.trace_diagnoses: list[dict[str, Any]] = []
+        self.trace_window_steps: int | None = None
         self.status = "running"
         self.error: dict[str, Any] | None = None
         self._error_seen: BaseException | None = None
@@ -565,7 +567,8 @@ class Engine:
     def diagnoses(self, live: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Live diagnoses merged with the latest analysed window's, ranked by estimated gain."""
 
-        return rank((self.live_diagnoses() if live is None else live) + self.trace_diagnoses)
+        live = self.live_diagnoses() if live is None else live
+        return rank(reconcile(live, self.trace_diagnoses, self.stats.steady_step.count, self.trace_window_steps))
 
     def _on_window_written(self, path: Path, window: dict[str, Any]) -> None:
         """On the writer thread, after a window's trace is written: its metrics and diagnoses."""
@@ -575,6 +578,7 @@ class Engine:
             self.faults.report("window_analysis", error)
             return
         self.windows.update(window, metrics=metrics)
+        self.trace_window_steps = window["last_step"] - window["first_step"] + 1
         self.trace_diagnoses = diagnoses
 
     def _save_report_async(self) -> None:
