@@ -529,3 +529,41 @@ def test_one_stalled_fetch_is_not_a_dataloader_bound_run() -> None:
 
     assert "dataloader_bound" not in run([0.1] * 17 + [250.0] + [0.1] * 12)
     assert "dataloader_bound" in run([250.0 / 30 + 0.1] * 30)
+
+
+# ----------------------------------------------------------------------------- item 14: top operators
+def test_top_operators_never_count_a_parent_with_its_child(tmp_path: Path) -> None:
+    """A real CPU trace of attention on SDPA's math path (dropout on): aten::scaled_dot_product_attention and its
+    own child aten::_scaled_dot_product_attention_math are ranked by self time, so the rows' times add up to no
+    more than the steps' host time, and the parent's row is not its child's."""
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    from perfhooks.analysis.analyze import analyze_trace
+    from perfhooks.analysis.operators import top_operators
+    from perfhooks.analysis.trace import load_trace
+
+    q = torch.randn(4, 4, 64, 32)
+    path = tmp_path / "trace.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as profiler:
+        for _ in range(4):
+            with record_function("forward"):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1).sum()
+            profiler.step()
+    trace = load_trace(path)
+    rows = top_operators(trace, top=1000)
+    names = [row["name"] for row in rows]
+    assert {"aten::scaled_dot_product_attention", "aten::_scaled_dot_product_attention_math"} <= set(names)
+    parent = rows[names.index("aten::scaled_dot_product_attention")]
+    child = rows[names.index("aten::_scaled_dot_product_attention_math")]
+    # the parent's time excludes its child's; the inclusive host_us still says what it holds
+    assert parent["time_us"] <= parent["host_us"] - child["host_us"] + 0.01
+    assert child["time_us"] <= child["host_us"]
+    in_steps = analyze_trace(trace)["metrics"]
+    assert sum(row["share"] for row in _shares(in_steps)) <= 1.0 + 1e-6
+
+
+def _shares(metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    from perfhooks.capture.window_job import top_work
+
+    return top_work(metrics, top=1000)["top_operators"]

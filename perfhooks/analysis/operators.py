@@ -29,26 +29,51 @@ def device_time_by_op(trace: Trace) -> dict[Any, float]:
 
 
 def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
-    """Operators by the device time of the kernels they launched; on a trace with no device, by host time
-    (inclusive of the ops they call)."""
+    """Operators by the device time of the kernels they launched; on a trace with no device, by host *self* time
+    (their own time, the ops they call taken out), so a parent and its child never count the same time twice."""
     by_id = device_time_by_op(trace)
     on_host = not trace.has_gpu
+    own = host_self_times(trace.cpu_ops) if on_host else {}
     groups: dict[tuple[str, str], list[float]] = {}
-    for op in trace.cpu_ops:
+    for index, op in enumerate(trace.cpu_ops):
         device = by_id.get(op.external_id, 0.0)
         if not device and not on_host:
             continue
         shapes = op.input_dims
         key = (op.name or "?", str(shapes) if shapes else "")
-        entry = groups.setdefault(key, [0, 0.0, 0.0])
+        entry = groups.setdefault(key, [0, 0.0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += device
-        entry[2] += op.dur
-    ranked = sorted(groups.items(), key=lambda item: item[1][2 if on_host else 1], reverse=True)[:top]
-    # time_us: the time the operators are ranked by (device time, or host time on a trace with no device)
+        entry[2] += op.dur or 0.0
+        entry[3] += own.get(index, 0.0)
+    ranked = sorted(groups.items(), key=lambda item: item[1][3 if on_host else 1], reverse=True)[:top]
+    # time_us: the time the operators are ranked by (device time, or host self time on a trace with no device);
+    # host_us stays the inclusive host time
     return [{"name": name, "input_shapes": shapes, "count": count, "device_self_us": device, "host_us": host,
-             "time_us": host if on_host else device}
-            for (name, shapes), (count, device, host) in ranked]
+             "time_us": round(host_self, 3) if on_host else device}
+            for (name, shapes), (count, device, host, host_self) in ranked]
+
+
+def host_self_times(ops: list[Any]) -> dict[int, float]:
+    """Each op's host self time (µs), by its index in ``ops``: its duration less that of the ops nested directly
+    inside it on the same thread."""
+    by_thread: dict[Any, list[int]] = {}
+    for index, op in enumerate(ops):
+        if op.ts is not None and op.dur is not None:
+            by_thread.setdefault((op.pid, op.tid), []).append(index)
+    own: dict[int, float] = {}
+    for indices in by_thread.values():
+        indices.sort(key=lambda i: (ops[i].ts, -ops[i].dur))
+        stack: list[int] = []
+        for index in indices:
+            op = ops[index]
+            while stack and ops[stack[-1]].ts + ops[stack[-1]].dur <= op.ts:
+                stack.pop()
+            own[index] = float(op.dur)
+            if stack:
+                own[stack[-1]] -= min(float(op.dur), ops[stack[-1]].ts + ops[stack[-1]].dur - op.ts)
+            stack.append(index)
+    return {index: max(0.0, value) for index, value in own.items()}
 
 
 def eligible_precision(trace: Trace) -> dict[str, float]:
