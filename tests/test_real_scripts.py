@@ -567,3 +567,48 @@ def _shares(metrics: dict[str, Any]) -> list[dict[str, Any]]:
     from perfhooks.capture.window_job import top_work
 
     return top_work(metrics, top=1000)["top_operators"]
+
+
+# ----------------------------------------------------------------------------- item 12: unfused_attention
+def _attention_trace(tmp_path: Path, name: str, dropout_p: float, dtype: torch.dtype = torch.float32) -> Any:
+    """A real CPU trace of a few training steps whose attention is SDPA (and little else)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from perfhooks.analysis.trace import load_trace
+
+    q = torch.randn(8, 4, 128, 64, dtype=dtype, requires_grad=True)
+    path = tmp_path / f"{name}.json"
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=0, warmup=1, active=3),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as profiler:
+        for _ in range(4):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=dropout_p, is_causal=True).sum()
+            profiler.step()
+    return load_trace(path)
+
+
+def test_sdpa_on_its_math_path_names_the_condition_and_a_fix_that_applies(tmp_path: Path) -> None:
+    """GPT-2/BERT on CPU with attention dropout 0.1: SDPA's math path. The verdict names SDPA and dropout, is
+    information (nothing applies on CPU), and never tells the user to switch to the SDPA they already call."""
+    from perfhooks.analysis.analyze import analyze_trace
+
+    result = analyze_trace(_attention_trace(tmp_path, "dropout", 0.1))
+    assert result["metrics"]["sdpa_math"]["dropout_p"] == pytest.approx(0.1)
+    [verdict] = [d for d in result["diagnoses"] if d["id"] == "unfused_attention"]
+    assert verdict["severity"] == "info" and "dropout_p=0.1" in verdict["evidence"]
+    assert "scaled_dot_product_attention ran its math path" in verdict["evidence"]
+    assert "attn_implementation" not in verdict["recommendation"]
+    fused = analyze_trace(_attention_trace(tmp_path, "no_dropout", 0.0))  # the fused CPU kernel: no verdict
+    assert fused["metrics"]["attention"].get("flash", 0) > 0
+    assert "unfused_attention" not in [d["id"] for d in fused["diagnoses"]]
+
+
+def test_sdpa_math_on_a_gpu_with_fp32_inputs_recommends_bf16() -> None:
+    from perfhooks.rules.trace import diagnose_trace
+
+    metrics = {"steps": 1, "step_us": 1000.0, "breakdown": {}, "devices": {"0": {}},
+               "attention": {"math": 500.0}, "sdpa_math": {"calls": 12, "dropout_p": 0.1, "dtypes": ["float"],
+                                                           "head_dims": [64], "head_dims_differ": False,
+                                                           "masked": 0, "causal": 12}}
+    [verdict] = [d for d in diagnose_trace(metrics) if d["id"] == "unfused_attention"]
+    assert verdict["severity"] == "warning" and "fp16/bf16" in verdict["evidence"]
+    assert "torch.autocast" in verdict["recommendation"] and "dropout" not in verdict["evidence"]

@@ -19,6 +19,7 @@ from perfhooks.analysis.kernels import (
     attention_kernels,
     kernel_breakdown,
     launch_statistics,
+    sdpa_math_inputs,
     stream_breakdown,
     tensor_core_use,
 )
@@ -68,6 +69,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "tensor_cores": tensor_core_use(in_steps),
         "eligible_precision": eligible_precision(in_steps),
         "attention": attention_kernels(in_steps),
+        "sdpa_math": sdpa_math_inputs(in_steps),
         "compile": compilation(trace),
         "host_sync": host_synchronizations(trace, steps),
         "launch": launch_statistics(trace, steps, window),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import statistics
 from functools import lru_cache
@@ -138,6 +139,44 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
         found["unfused"] = found.get("unfused", 0.0) + sum(
             device_time.get(op.external_id, 0.0) if on_device else op.dur for op in softmax_ops + bmm_ops)
     return found
+
+
+#: The op SDPA's math path runs as; its arguments are SDPA's own: q, k, v, attn_mask, dropout_p, is_causal, ...
+SDPA_MATH_OP = "aten::_scaled_dot_product_attention_math"
+
+
+def sdpa_math_inputs(trace: Trace) -> dict[str, Any]:
+    """What the SDPA calls that ran the math path were given (from ``record_shapes``): ``calls``, the largest
+    ``dropout_p``, the query ``dtypes`` and ``head_dims``, whether q/k/v head dims differ, calls with an
+    ``attn_mask`` and ``is_causal`` ones. Empty when no such call was recorded."""
+    calls = masked = causal = 0
+    dropout = 0.0
+    dtypes: set[str] = set()
+    head_dims: set[int] = set()
+    differ = False
+    for op in trace.cpu_ops:
+        if op.name != SDPA_MATH_OP:
+            continue
+        calls += 1
+        dims = op.input_dims or []
+        types = op.a.input_type or []
+        concrete = op.a.concrete_inputs or []
+        last = [shape[-1] for shape in dims[:3] if isinstance(shape, list) and shape]
+        if last:
+            head_dims.add(int(last[0]))
+            differ = differ or len(set(last)) > 1
+        if types and types[0]:
+            dtypes.add(str(types[0]).replace("c10::", "").lower())
+        if len(dims) > 3 and isinstance(dims[3], list) and dims[3]:
+            masked += 1
+        with contextlib.suppress(TypeError, ValueError):
+            dropout = max(dropout, float(concrete[4])) if len(concrete) > 4 and concrete[4] else dropout
+        if len(concrete) > 5 and str(concrete[5]).lower() == "true":
+            causal += 1
+    if not calls:
+        return {}
+    return {"calls": calls, "dropout_p": dropout, "dtypes": sorted(dtypes), "head_dims": sorted(head_dims),
+            "head_dims_differ": differ, "masked": masked, "causal": causal}
 
 
 def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]] | None = None

@@ -67,12 +67,18 @@ class Args(msgspec.Struct, frozen=True):
     input_dims_new: msgspec.Raw = msgspec.field(default=_ABSENT, name="Input Dims")
     input_dims_old: msgspec.Raw = msgspec.field(default=_ABSENT, name="Input dims")
     input_type_raw: msgspec.Raw = msgspec.field(default=_ABSENT, name="Input type")
+    concrete_inputs_raw: msgspec.Raw = msgspec.field(default=_ABSENT, name="Concrete Inputs")
     bytes: int | float | None = None
     call_stack_raw: msgspec.Raw = msgspec.field(default=_ABSENT, name="Call stack")
 
     @property
     def input_type(self) -> list[Any] | None:
         return _decode_raw(self.input_type_raw)
+
+    @property
+    def concrete_inputs(self) -> list[Any] | None:
+        """Scalar arguments as the profiler wrote them (strings; ``""`` for a tensor), with ``record_shapes``."""
+        return _decode_raw(self.concrete_inputs_raw)
 
     @property
     def call_stack(self) -> str | None:

@@ -132,14 +132,7 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     fast = attention.get("flash", 0.0) + attention.get("memory_efficient", 0.0) + attention.get("cudnn", 0.0)
     slow_share = slow / max(metrics.get("steps", 1), 1) / step_us if step_us else 0.0
     if slow_share >= t.unfused_attention_share and slow > fast:
-        out.append(make(
-            "unfused_attention", "warning", "Attention runs unfused",
-            f"unfused/math attention takes {pct(slow_share)} of the step and no flash or memory-efficient kernel "
-            f"ran; threshold {pct(t.unfused_attention_share)}",
-            slow_share * 0.5,
-            "Call torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) with fp16/bf16 inputs "
-            "so PyTorch picks flash or memory-efficient kernels (HF: attn_implementation=\"sdpa\").",
-            unfused_share=slow_share))
+        out.append(_attention_verdict(metrics, attention, slow_share, t))
     occupancy = metrics.get("achieved_occupancy")
     if occupancy is not None and occupancy < t.occupancy_percent and (utilization or 0) >= 0.5:
         out.append(make(
@@ -202,3 +195,75 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "Look for periodic work (logging, checkpointing, GC, data stalls) in the slow steps.",
             p95_over_p50=variance))
     return out
+
+
+#: Query dtypes PyTorch's CPU flash-attention kernel takes (``use_flash_attention_cpp`` in sdp_utils_cpp).
+CPU_FLASH_DTYPES = frozenset({"float", "double", "bfloat16", "half"})
+#: The largest head dim the CUDA flash kernel takes.
+FLASH_MAX_HEAD_DIM = 256
+
+
+def _attention_verdict(metrics: dict[str, Any], attention: dict[str, float], slow_share: float,
+                       t: Thresholds) -> dict[str, Any]:
+    """``unfused_attention``: attention written out by hand, or SDPA on its math path, with the condition that
+    ruled the fused kernels out (from the call's own arguments) and a fix that applies on this device."""
+    threshold = f"threshold {pct(t.unfused_attention_share)}"
+    inputs = metrics.get("sdpa_math") or {}
+    if attention.get("math", 0.0) < attention.get("unfused", 0.0) or not inputs:
+        if attention.get("math", 0.0) >= attention.get("unfused", 0.0):  # SDPA's math path, arguments unrecorded
+            return make(
+                "unfused_attention", "info", "SDPA runs its math path",
+                f"scaled_dot_product_attention's math path takes {pct(slow_share)} of the step and no fused kernel "
+                f"ran; {threshold}",
+                slow_share * 0.5,
+                "Run one step under torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) (and "
+                "EFFICIENT_ATTENTION): PyTorch then warns why each fused kernel was ruled out (dtype, head dim, mask, "
+                "dropout on this device). record_shapes=True lets perfhooks read those arguments.",
+                unfused_share=slow_share)
+        return make(
+            "unfused_attention", "warning", "Attention is written out by hand",
+            f"batched matmuls and a softmax (attention written out) take {pct(slow_share)} of the step and no "
+            f"fused attention kernel ran; {threshold}",
+            slow_share * 0.5,
+            "Call torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) instead of softmax(q @ "
+            "k.transpose(-2, -1)) @ v (HF: attn_implementation=\"sdpa\"; nn.MultiheadAttention: need_weights=False).",
+            unfused_share=slow_share)
+    on_gpu = bool(metrics.get("devices"))
+    dtypes = set(inputs.get("dtypes") or [])
+    dropout = float(inputs.get("dropout_p") or 0.0)
+    reasons: list[str] = []
+    fixes: list[str] = []
+    if inputs.get("head_dims_differ"):
+        reasons.append("q, k and v have different head dims")
+        fixes.append("give q, k and v the same head dim")
+    if on_gpu:
+        if dtypes & {"float", "double"}:
+            reasons.append(f"{'/'.join(sorted(dtypes))} inputs (the flash kernel takes fp16/bf16)")
+            fixes.append("run attention in bf16: with torch.autocast(\"cuda\", dtype=torch.bfloat16): ...")
+        large = [d for d in inputs.get("head_dims") or [] if d > FLASH_MAX_HEAD_DIM]
+        if large:
+            reasons.append(f"head dim {max(large)} (the flash kernel takes up to {FLASH_MAX_HEAD_DIM})")
+    else:
+        if dropout > 0:
+            reasons.append(f"dropout_p={dropout:g} (PyTorch's fused CPU kernel takes no dropout)")
+        odd = sorted(dtypes - CPU_FLASH_DTYPES)
+        if odd:
+            reasons.append(f"{'/'.join(odd)} inputs (the fused CPU kernel takes float, double, bf16 or fp16)")
+            fixes.append("cast q, k and v to float32 or bf16")
+    seen = f"{inputs['calls']} call(s)" + (f", {inputs['masked']} with an attn_mask" if inputs.get("masked") else "")
+    evidence = (f"scaled_dot_product_attention ran its math path ({seen}), {pct(slow_share)} of the step, and no "
+                f"fused kernel ran; {threshold}")
+    if reasons:
+        evidence += "; ruled out by " + "; ".join(reasons)
+    if fixes:
+        return make("unfused_attention", "warning", "SDPA runs its math path, not a fused kernel", evidence,
+                    slow_share * 0.5, "; ".join(fixes).capitalize() + ".", unfused_share=slow_share)
+    if reasons and not on_gpu and dropout > 0:
+        return make("unfused_attention", "info", "SDPA runs its math path (attention dropout on CPU)", evidence,
+                    0.0, "Nothing to change for training on this device: the fused CPU kernel takes no dropout. "
+                    "Evaluation (dropout off) and GPUs (flash and memory-efficient kernels take dropout) use fused "
+                    "kernels.", unfused_share=slow_share)
+    return make("unfused_attention", "info", "SDPA runs its math path", evidence, slow_share * 0.5,
+                "Run one step under torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) (and "
+                "EFFICIENT_ATTENTION): PyTorch then warns why each fused kernel was ruled out.",
+                unfused_share=slow_share)
