@@ -50,8 +50,11 @@ def _assert_one_run_per_rank_and_a_straggler(out: Path, slow_rank: int = 1) -> d
 
 def test_torchrun_writes_per_rank_files_and_names_the_straggler(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    _torchrun(out, SLOW_RANK="1", SLOW_MS="30")
+    done = _torchrun(out, SLOW_RANK="1", SLOW_MS="30", CONSOLE="1")
     _assert_one_run_per_rank_and_a_straggler(out)
+    # rank 0's printed table carries the cross-rank verdict, as report.html does
+    assert "Rank 1 is slower than the others" in done.stderr, done.stderr[-3000:]
+    assert "Rank 1 is slower than the others" in (out / "report.html").read_text()
     # perfhooks analyze on the output folder: each rank's trace, per-rank step time, the straggler.
     done = subprocess.run([sys.executable, "-m", "perfhooks", "analyze", str(out), "--format", "json"],
                           capture_output=True, text=True, timeout=120, check=True)

@@ -8,6 +8,9 @@ from typing import Any
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import make, pct
 
+#: Verdicts only the ranks together can give: rank 0's printed table carries them beside its own.
+CROSS_RANK = frozenset({"straggler"})
+
 
 def _straggler_fix(slowest: int) -> str:
     return (f"Every rank waits for rank {slowest} at each collective: check its data shard and loader, host load "

@@ -43,6 +43,8 @@ from perfhooks.memory.oom import is_cuda_error
 from perfhooks.report import store as rank_store
 from perfhooks.report.merge import merge_rank_reports, merge_summaries, rank_summary
 from perfhooks.report.write import rank_reports, write_merged_report, write_report, write_run_report
+from perfhooks.rules.ranks import CROSS_RANK
+from perfhooks.rules.verdicts import rank as rank_verdicts
 from perfhooks.sinks.console import format_table, fresh_line
 from perfhooks.sinks.html import render_html
 
@@ -112,8 +114,15 @@ def _finish(engine: Engine, deadline: Deadline) -> dict[str, Any] | None:
     else:
         _write_reports(engine, report, store, run_report)
     if engine.console and engine.rank == 0:
-        print(fresh_line() + format_table(report), file=sys.stderr)
+        print(fresh_line() + format_table(with_cross_rank_verdicts(report, run_report)), file=sys.stderr)
     return report
+
+
+def with_cross_rank_verdicts(report: dict[str, Any], run_report: dict[str, Any] | None) -> dict[str, Any]:
+    """This rank's report with the verdicts only the ranks together give (a straggler), from the run's merged
+    report, for the printed table."""
+    cross = [d for d in (run_report or {}).get("diagnoses") or [] if d["id"] in CROSS_RANK]
+    return {**report, "diagnoses": rank_verdicts(cross + list(report["diagnoses"]))} if cross else report
 
 
 def _write_reports(engine: Engine, report: dict[str, Any], store: Any, run_report: dict[str, Any] | None) -> None:

@@ -48,7 +48,8 @@ def main(output_dir: str) -> int:
     if os.environ.get("PER_RANK_DIRS"):
         output_dir = str(Path(output_dir) / f"rank{rank}")
     engine = perfhooks.Engine(perfhooks.PerfConfig(schedule=perfhooks.Schedule(skip_first=3, warmup=1, active=2),
-                                                   console=False, analyze_windows=False), output_dir, "torchrun")
+                                                   console=bool(os.environ.get("CONSOLE")), analyze_windows=False),
+                              output_dir, "torchrun")
     started = time.monotonic()
     for _ in range(STEPS):
         engine.phase_start("data_wait")
