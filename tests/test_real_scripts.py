@@ -612,3 +612,30 @@ def test_sdpa_math_on_a_gpu_with_fp32_inputs_recommends_bf16() -> None:
     [verdict] = [d for d in diagnose_trace(metrics) if d["id"] == "unfused_attention"]
     assert verdict["severity"] == "warning" and "fp16/bf16" in verdict["evidence"]
     assert "torch.autocast" in verdict["recommendation"] and "dropout" not in verdict["evidence"]
+
+
+# ----------------------------------------------------------------------------- items 16-17: short and fast runs
+def test_a_short_runs_window_is_analysed_without_starting_a_python(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 steps of Lightning's BoringModel with the default schedule: the window's small trace is analysed in the
+    process (a few ms), not by a child interpreter (about 0.2 s to start, paid at the close of every short run
+    and in the steps a fast run overlaps). benchmarks/short_runs.py measures both."""
+    import subprocess
+
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from perfhooks.capture import window_job
+    from perfhooks.integrations.lightning import PerfCallback
+
+    def no_child(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a child process was started for a small window")
+
+    monkeypatch.setattr(window_job.subprocess, "run", no_child)
+    assert window_job.subprocess is subprocess
+    trainer = L.Trainer(max_steps=20, accelerator="cpu", devices=1, default_root_dir=str(tmp_path),
+                        enable_progress_bar=False, callbacks=[PerfCallback(console=False)])
+    trainer.fit(BoringModel())
+    report = read_report(Path(trainer.log_dir) / "perfhooks")
+    assert report["faults"] == [] and len(report["windows"]) == 1
+    assert report["windows"][0]["metrics"]["top_operators"]  # analysed

@@ -60,7 +60,7 @@ INJECTIONS = [
     ("annotation", "perfhooks.capture.labels.ProfilerLabels.enter", {"phase_start"}),
     ("window", "perfhooks.capture.windows.CaptureWindows.at_step", {"window"}),
     ("export", "torch.autograd.profiler.profile.export_chrome_trace", {"trace_export"}),
-    ("analysis", "perfhooks.capture.window_job.analysis_command", {"window_analysis"}),
+    ("analysis", "perfhooks.capture.window_job.analyze_in_process", {"window_analysis"}),
     ("memory", "perfhooks.memory.monitor.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
     ("report", "perfhooks.runtime.lifecycle.write_report", {"report_write"}),
     ("diagnoses", "perfhooks.runtime.engine.diagnose_live", {"live_diagnoses"}),

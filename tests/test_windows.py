@@ -134,13 +134,16 @@ def test_the_report_written_at_a_window_end_has_that_windows_analysis(tmp_path: 
     engine.close()
 
 
-def test_window_analyses_on_a_node_take_turns(tmp_path: Path) -> None:
+def test_window_analyses_on_a_node_take_turns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While one rank's analysis holds the node lock, another rank's waits for it: one analysis process per
     node at a time (each needs 2-3x its trace's JSON size in memory)."""
     import threading
 
+    from perfhooks.capture import window_job
     from perfhooks.capture.window_job import analyze_window, node_lock
     from perfhooks.rules.thresholds import Thresholds
+
+    monkeypatch.setattr(window_job, "IN_PROCESS_MAX_BYTES", 0)  # a large trace's path: a child process
 
     trace = Path(__file__).parent / "data" / "traces" / "hta" / "mi250_minitoy_train.json.gz"
     finished = threading.Event()
@@ -155,3 +158,25 @@ def test_window_analyses_on_a_node_take_turns(tmp_path: Path) -> None:
         assert not finished.wait(3.0), "the analysis ran while the node's lock was held"
     assert finished.wait(60.0), "the analysis ran once the lock was free"
     worker.join()
+
+
+def test_a_small_window_is_analysed_in_process_as_the_child_would() -> None:
+    """In the training process (a few ms) or in a niced child (a large trace): the same metrics and verdicts."""
+    import shutil
+
+    from perfhooks.capture import window_job
+    from perfhooks.rules.thresholds import Thresholds
+
+    trace = Path(__file__).parent / "data" / "traces" / "hta" / "mi250_minitoy_train.json.gz"
+    assert trace.stat().st_size <= window_job.IN_PROCESS_MAX_BYTES
+    here = window_job.analyze_window(trace, Thresholds(), first_step=1)
+    command = window_job.analysis_command(trace, Thresholds())
+    if shutil.which("nice"):  # the child runs at a lower CPU priority, beside training rather than in its way
+        assert Path(command[0]).name == "nice" and command[1:3] == ["-n", str(window_job.CHILD_NICENESS)]
+    original = window_job.IN_PROCESS_MAX_BYTES
+    window_job.IN_PROCESS_MAX_BYTES = 0
+    try:
+        child = window_job.analyze_window(trace, Thresholds(), first_step=1)
+    finally:
+        window_job.IN_PROCESS_MAX_BYTES = original
+    assert here == child

@@ -1,7 +1,10 @@
-"""A window's trace, analysed in a separate interpreter (``perfhooks analyze``, which imports no torch).
+"""A window's trace, analysed on the writer thread after its export.
 
-In the training process the analysis would hold the GIL for a second or so and slow the steps it
-overlaps; as a child process it runs beside them. Runs on the writer thread, after the export. The ranks
+A small trace (at most :data:`IN_PROCESS_MAX_BYTES` on disk, gzipped; a CPU run's window is 10-100 KB) is
+analysed in the training process: a few ms, where starting a Python child costs about 0.2 s, which a short run
+pays at its close and a fast one in the steps it overlaps. A larger one (a GPU window) would hold the GIL for
+a second or so and slow the steps it overlaps, so it goes to a separate interpreter (``perfhooks analyze``,
+which imports no torch) at a lower CPU priority (``nice``), beside training rather than in its way. The ranks
 of a node take turns (:func:`node_lock`): one analysis process per node at a time, so the memory a window's
 analysis needs (peak RSS 2-3x the trace's uncompressed JSON) is paid once per node, not once per rank.
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,9 +29,17 @@ WINDOW_METRICS = ("gpu_utilization", "sm_efficiency", "achieved_occupancy", "col
 TOP_WORK = 5
 
 
+#: Gzipped trace bytes up to which a window is analysed in the training process (about 10 MB of JSON, tens of ms).
+IN_PROCESS_MAX_BYTES = 1 << 20
+#: How much lower the analysis child's CPU priority is (``nice`` increment).
+CHILD_NICENESS = 10
+
+
 def analysis_command(path: Path, thresholds: Any) -> list[str]:
-    return [sys.executable, "-m", "perfhooks", "analyze", str(path), "--format", "json",
-            "--thresholds", json.dumps(dataclasses.asdict(thresholds))]
+    command = [sys.executable, "-m", "perfhooks", "analyze", str(path), "--format", "json",
+               "--thresholds", json.dumps(dataclasses.asdict(thresholds))]
+    nice = shutil.which("nice")
+    return [nice, "-n", str(CHILD_NICENESS), *command] if nice else command
 
 
 #: The node-local lock file: at most one window analysis runs at a time on a machine (every rank of the node
@@ -55,17 +67,28 @@ def node_lock() -> Iterator[None]:
 def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: float = 600.0
                    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """``(metrics for the window record, diagnoses tagged with the window's first step)``; raises on failure."""
-    with node_lock():
-        done = subprocess.run(analysis_command(path, thresholds), capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
-    if done.returncode != 0:
-        raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
-    result = json.loads(done.stdout)
+    if path.stat().st_size <= IN_PROCESS_MAX_BYTES:
+        result = analyze_in_process(path, thresholds)
+    else:
+        with node_lock():
+            done = subprocess.run(analysis_command(path, thresholds), capture_output=True, text=True,
+                                  timeout=timeout_s, check=False)
+        if done.returncode != 0:
+            raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
+        result = json.loads(done.stdout)
     metrics = result["metrics"]
     diagnoses = result["diagnoses"]
     for diagnosis in diagnoses:
         diagnosis["step"] = first_step
     return {**{key: metrics.get(key) for key in WINDOW_METRICS}, **top_work(metrics)}, diagnoses
+
+
+def analyze_in_process(path: Path, thresholds: Any) -> dict[str, Any]:
+    """What ``perfhooks analyze PATH --format json`` prints, as JSON reads it back, computed here."""
+    from perfhooks.analysis.analyze import analyze_trace
+    from perfhooks.analysis.trace import load_trace
+
+    return json.loads(json.dumps(analyze_trace(load_trace(path), thresholds)))
 
 
 def top_work(metrics: dict[str, Any], top: int = TOP_WORK) -> dict[str, list[dict[str, Any]]]:
