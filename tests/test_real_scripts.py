@@ -284,6 +284,7 @@ def test_an_evaluation_loop_in_eval_mode_is_still_evaluation(tmp_path: Path) -> 
 
 
 ATTACHED_WITHOUT_WITH = """
+import os
 import sys
 import torch
 from accelerate import Accelerator
@@ -299,7 +300,7 @@ model = nn.Linear(8, 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.randn(48, 8, generator=torch.Generator().manual_seed(0))
 model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(TensorDataset(x, x[:, :1]), batch_size=8))
-perf = attach(accelerator, schedule=None)
+perf = None if os.environ.get("LAUNCHED") else attach(accelerator, schedule=None)
 for inputs, targets in loader:
     loss = nn.functional.mse_loss(model(inputs), targets)
     accelerator.backward(loss)
@@ -312,14 +313,18 @@ print("done")
 """
 
 
-def _run_script(tmp_path: Path, source: str, *args: str, env: dict[str, str] | None = None) -> Any:
+def _run_script(tmp_path: Path, source: str, *args: str, env: dict[str, str] | None = None,
+                launched: bool = False) -> Any:
+    """``python script.py ARGS`` (or ``perfhooks run --schedule none script.py ARGS``)."""
     import subprocess
     import sys
 
     script = tmp_path / "script.py"
     script.write_text(source)
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, **(env or {})})
+    launcher = ["-m", "perfhooks", "run", "--schedule", "none"] if launched else []
+    return subprocess.run([sys.executable, *launcher, str(script), *args], capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, **(env or {}), **({"LAUNCHED": "1"} if launched else {})})
 
 
 def test_attach_without_with_prints_the_table_at_exit(tmp_path: Path) -> None:
@@ -329,7 +334,8 @@ def test_attach_without_with_prints_the_table_at_exit(tmp_path: Path) -> None:
     assert read_report(tmp_path / "perfhooks")["status"] == "completed"
 
 
-def test_end_training_closing_the_wandb_run_keeps_perfhooks_end_of_run_data(tmp_path: Path) -> None:
+@pytest.mark.parametrize("launched", [False, True], ids=["attach", "perfhooks_run"])
+def test_end_training_closing_the_wandb_run_keeps_perfhooks_end_of_run_data(tmp_path: Path, launched: bool) -> None:
     """accelerator.end_training() finishes the W&B run: perfhooks flushes before it, so the report, the table
     and the summary reach W&B, and nothing is printed as a fault."""
     pytest.importorskip("wandb")
@@ -339,7 +345,7 @@ def test_end_training_closing_the_wandb_run_keeps_perfhooks_end_of_run_data(tmp_
     root.mkdir()
     env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(root), "WANDB_CACHE_DIR": str(root / "c"),
            "WANDB_DATA_DIR": str(root / "d"), "WANDB_CONFIG_DIR": str(root / "cfg")}
-    done = _run_script(tmp_path, ATTACHED_WITHOUT_WITH, str(tmp_path), "wandb", env=env)
+    done = _run_script(tmp_path, ATTACHED_WITHOUT_WITH, str(tmp_path), "wandb", env=env, launched=launched)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stderr[-2000:]
     assert "PerfhooksWarning" not in done.stderr, done.stderr
     report = read_report(tmp_path / "perfhooks")
