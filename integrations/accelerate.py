@@ -61,6 +61,7 @@ from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWAR
 from perfhooks.faults import FaultLog
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
+from perfhooks.runtime.precision import matmul_dtype
 from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
 from perfhooks.sinks.wandb import RunSource
 
@@ -152,6 +153,9 @@ class PerfSession:
         engine = self.engine
         if getattr(self.accelerator, "profile_handler", None) is not None:
             engine.defer_windows_to("accelerate's ProfileKwargs")
+        dtype = matmul_dtype(getattr(self.accelerator, "mixed_precision", None))
+        if dtype is not None:
+            engine.note_precision(dtype, f"Accelerator(mixed_precision={self.accelerator.mixed_precision!r})")
         models, self.models = self.models, []
         self._watch(models, optimizers, dataloaders)
         self._wrap_method("backward", self._timed_backward)
@@ -234,11 +238,12 @@ class PerfSession:
             engine.idle()
             engine.begin_aside(EVALUATION)
 
-    def _after_next(self) -> None:
+    def _after_next(self, batch: Any) -> None:
         """A training batch is in hand (a prepared loader has placed it on the device): the forward starts. The
         model's forward hook says the same in eager mode; a compiled model's hooks can't."""
         if self.engine.open_phase == DATA_WAIT:
             self.engine.phase_start(FORWARD)
+            self.engine.batch(batch)
 
     def _exhausted(self) -> None:
         engine = self.engine
@@ -340,7 +345,7 @@ class PerfSession:
                         session.engine.note_error(error)
                     raise
                 if not session._closed:
-                    session._after_next()
+                    session._after_next(batch)
                 yield batch
 
         _set_class(loader, type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__}))

@@ -53,6 +53,7 @@ from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, timed_aside, wrap_construction
+from perfhooks.runtime.precision import matmul_dtype
 from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps
 from perfhooks.sinks.wandb import RunSource
 
@@ -104,6 +105,9 @@ class PerfCallback(Callback):
             engine.defer_windows_to("Lightning's PyTorchProfiler")
         self._global_step = trainer.global_step
         self._manual = not pl_module.automatic_optimization
+        dtype = matmul_dtype(getattr(trainer, "precision", None))
+        if dtype is not None:
+            engine.note_precision(dtype, f"Lightning Trainer(precision={trainer.precision!r})")
         watch_optimizer_steps(trainer.optimizers, self._after_optimizer_step, self._hooks)
         engine.watch_model(pl_module)
         self._wrap_fetch(trainer, engine)
@@ -131,6 +135,7 @@ class PerfCallback(Callback):
     # --------------------------------------------------------------- training steps
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self.engine.phase_start(FORWARD)
+        self.engine.batch(batch)
 
     def on_before_backward(self, trainer: Trainer, pl_module: LightningModule, loss: Any) -> None:
         self.engine.phase_start(BACKWARD)

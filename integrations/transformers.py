@@ -95,6 +95,7 @@ class PerfTrainerCallback(TrainerCallback):
         self._logged_through = -1  # the last step whose figures went into a training log
         self._followed: weakref.ref[Any] | None = None  # the Trainer whose train() this callback wraps
         self._ends_at_train_exit = False
+        self._flos_at_start = (0.0, 0)  # the Trainer's total_flos and global_step when this run started
 
     # --------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
@@ -155,6 +156,12 @@ class PerfTrainerCallback(TrainerCallback):
                                    ends_explicitly=True)
         if not self.engine.active:
             return
+        self._flos_at_start = (state.total_flos, state.global_step)
+        if callable(getattr(model, "floating_point_ops", None)):  # the Trainer counts FLOPs: none measured here
+            self.engine.flops_from_framework = True
+        for flag, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
+            if getattr(args, flag, False):
+                self.engine.note_precision(dtype, f"TrainingArguments({flag}=True)")
         if trainer is not None:
             if self.add_to_trainer_logs:
                 self._run_before_reporting_callbacks(trainer)
@@ -169,10 +176,19 @@ class PerfTrainerCallback(TrainerCallback):
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
         """Training is over: the run closes when ``train()`` returns (after every callback, the progress bar
-        closed), or here for a callback added after the Trainer was built."""
+        closed), or here for a callback added after the Trainer was built. The Trainer's own FLOPs count
+        (``state.total_flos``: 6 x parameters x tokens, summed over processes) gives the FLOPs per step."""
+        self._note_trainer_flops(args, state)
         self._detach()
         if not self._ends_at_train_exit:
             self.engine.close()
+
+    def _note_trainer_flops(self, args: TrainingArguments, state: TrainerState) -> None:
+        flos, step = self._flos_at_start
+        steps = state.global_step - step
+        if steps > 0 and state.total_flos > flos:
+            per_step = (state.total_flos - flos) / steps / max(1, getattr(args, "world_size", 1) or 1)
+            self.engine.note_flops(per_step, "transformers: TrainerState.total_flos (6 x parameters x tokens)")
 
     # --------------------------------------------------------------- training steps
     def _forward_start(self) -> None:
@@ -224,6 +240,8 @@ class PerfTrainerCallback(TrainerCallback):
             engine.fetch()
             fetched = get_batch_samples(*args, **kwargs)
             engine.fetched(len(fetched[0]))
+            for micro_batch in fetched[0]:
+                engine.batch(micro_batch)
             return fetched
 
         self._patches.set(trainer, "get_batch_samples", noting_errors(engine, fetch))

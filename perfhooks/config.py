@@ -63,6 +63,13 @@ class PerfConfig:
         wandb_run: the run to log into (wins over the one found).
         wandb_log_every: steps between ``perf/*`` metric rows.
         wandb_queue: most pending W&B jobs; past it new ones are dropped (and counted).
+        flops_per_step: the training FLOPs of one optimizer step (forward and backward, all micro-batches of
+            this rank); wins over every other source of the count.
+        flops_per_sample: the training FLOPs of one sample; times the samples of each step.
+        count_flops: when neither is given and the framework has no count, measure one step's FLOPs with
+            ``torch.utils.flop_counter.FlopCounterMode`` (once, in the first window's warm-up step).
+        peak_flops: the device's peak FLOP/s for this run's matmul dtype, for MFU; default perfhooks' table of
+            datasheet peaks (GPUs only).
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -93,6 +100,10 @@ class PerfConfig:
     wandb_run: Any = None
     wandb_log_every: int = 50
     wandb_queue: int = 256
+    flops_per_step: float | None = None
+    flops_per_sample: float | None = None
+    count_flops: bool = True
+    peak_flops: float | None = None
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -113,8 +124,15 @@ class PerfConfig:
         elif not isinstance(self.thresholds, Thresholds):
             raise TypeError(f"thresholds must be a perfhooks.rules.thresholds.Thresholds or None, "
                             f"got {type(self.thresholds).__name__}")
+        for name in ("flops_per_step", "flops_per_sample", "peak_flops"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        if self.flops_per_step is not None and self.flops_per_sample is not None:
+            raise ValueError("flops_per_step and flops_per_sample contradict each other; pass one or the other")
         for name in ("record_shapes", "profile_memory", "with_stack", "nvtx", "module_ranges",
-                     "nsys_capture", "on_demand", "console", "analyze_windows", "memory"):
+                     "nsys_capture", "on_demand", "console", "analyze_windows", "memory", "count_flops"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.wandb is not None and not isinstance(self.wandb, bool):

@@ -52,6 +52,11 @@ def test_torchrun_writes_per_rank_files_and_names_the_straggler(tmp_path: Path) 
     out = tmp_path / "run"
     done = _torchrun(out, SLOW_RANK="1", SLOW_MS="30", CONSOLE="1")
     _assert_one_run_per_rank_and_a_straggler(out)
+    # the run's throughput is the ranks' sum; each rank's own is in the rank table
+    merged = read_report(out)
+    per_rank = [entry["samples_per_s"] for entry in merged["ranks"]["per_rank"]]
+    assert len(per_rank) == 2 and all(value > 0 for value in per_rank)
+    assert merged["throughput"]["samples_per_s"] == pytest.approx(sum(per_rank), rel=1e-3)
     # rank 0's printed table carries the cross-rank verdict, as report.html does
     assert "Rank 1 is slower than the others" in done.stderr, done.stderr[-3000:]
     assert "Rank 1 is slower than the others" in (out / "report.html").read_text()

@@ -26,7 +26,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  run_id: str | None = None,
                  started_at: float | None = None,
                  compile: dict[str, Any] | None = None,
-                 unfinished_steps: int = 0) -> dict[str, Any]:
+                 unfinished_steps: int = 0,
+                 throughput: dict[str, Any] | None = None) -> dict[str, Any]:
     step = stats.step.summary()
     steady = stats.steady_step.summary("_ms")
     phases = {}
@@ -61,6 +62,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "faults": list(faults or []),
         "series": _series(list(stats.recent)[-SERIES_STEPS:]),
     }
+    if throughput is not None:
+        report["throughput"] = throughput
     if run is not None:
         report["run"] = run
     if memory is not None:
@@ -87,7 +90,8 @@ def headline_metrics(report: dict[str, Any], top: int = 3) -> dict[str, float]:
     """The report's headline figures as flat numbers, for a trainer's logs and tracker panels.
 
     Keys: ``perf/step_ms``, ``perf/step_p95_ms``, ``perf/coverage``, ``perf/phase/<name>_ms``,
-    ``perf/phase/<name>_share`` (0..1), ``perf/compiling_s`` and ``perf/compilations`` when torch.compile
+    ``perf/phase/<name>_share`` (0..1), ``perf/samples_per_s``, ``perf/tokens_per_s``, ``perf/mfu`` (0..1) and
+    ``perf/achieved_flops_per_s`` where known, ``perf/compiling_s`` and ``perf/compilations`` when torch.compile
     compiled, and ``perf/diagnosis/<id>`` = estimated gain (0..1) for the top diagnoses (numbers only, so every
     logging integration accepts them).
     """
@@ -99,6 +103,10 @@ def headline_metrics(report: dict[str, Any], top: int = 3) -> dict[str, float]:
     for name, phase in report["phases"].items():
         metrics[f"perf/phase/{name}_ms"] = phase["mean_ms"]
         metrics[f"perf/phase/{name}_share"] = phase["share"]
+    throughput = report.get("throughput") or {}
+    for key in ("samples_per_s", "tokens_per_s", "mfu", "achieved_flops_per_s"):
+        if isinstance(throughput.get(key), (int, float)):
+            metrics[f"perf/{key}"] = float(throughput[key])
     run = report.get("run") or {}
     if run.get("compilations"):
         metrics["perf/compiling_s"] = run["compiling_s"]
@@ -113,8 +121,8 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
 
     Keys: ``perf/step_ms`` (mean), ``perf/step_max_ms``, ``perf/phase/<name>_ms`` (mean per step),
     ``perf/phase/<name>_share`` (fraction 0..1 of step time), ``perf/coverage`` (0..1, the share
-    the four phases account for), ``perf/steps_per_s`` and ``perf/mem/<figure>_bytes`` from the
-    latest memory sample.
+    the four phases account for), ``perf/steps_per_s``, ``perf/samples_per_s`` and ``perf/tokens_per_s`` (where
+    the batches were seen) and ``perf/mem/<figure>_bytes`` from the latest memory sample.
     """
     metrics: dict[str, float] = {}
     if timings:
@@ -123,6 +131,11 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
         metrics["perf/step_max_ms"] = round(max(t.step_ms for t in timings), 4)
         if total_ms > 0:
             metrics["perf/steps_per_s"] = round(1000.0 * len(timings) / total_ms, 4)
+            samples, tokens = sum(t.samples for t in timings), sum(t.tokens for t in timings)
+            if samples:
+                metrics["perf/samples_per_s"] = round(1000.0 * samples / total_ms, 4)
+            if tokens:
+                metrics["perf/tokens_per_s"] = round(1000.0 * tokens / total_ms, 4)
         covered = 0.0
         for name in (*PHASES, OTHER):
             phase_ms = sum(t.phase_ms.get(name, 0.0) for t in timings)

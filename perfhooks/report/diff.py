@@ -140,7 +140,27 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         "kernels": _changes(_per_step(before["metrics"], "kernels", "name", "total_us"),
                             _per_step(after["metrics"], "kernels", "name", "total_us")),
         "memory": {"before_peak_bytes": b_peak, "after_peak_bytes": a_peak, "ratio": _ratio(a_peak, b_peak)},
+        "throughput": _throughput_rows(before["report"].get("throughput"), after["report"].get("throughput")),
     }
+
+
+#: The throughput figures a diff compares (a run's report has them; a trace's has none).
+THROUGHPUT_FIGURES = (("samples_per_s", "samples/s"), ("tokens_per_s", "tokens/s"), ("mfu", "MFU"))
+
+
+def _throughput_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[dict[str, Any]]:
+    rows = []
+    for key, label in THROUGHPUT_FIGURES:
+        b, a = (before or {}).get(key), (after or {}).get(key)
+        if b is not None or a is not None:
+            rows.append({"name": key, "label": label, "before": b, "after": a, "ratio": _ratio(a, b)})
+    return rows
+
+
+def _figure(row: dict[str, Any], value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.1%}" if row["name"] == "mfu" else f"{value:,.1f}"
 
 
 def _ms(value: float | None) -> str:
@@ -158,7 +178,9 @@ def _pct(value: float | None) -> str:
 def format_text(result: dict[str, Any]) -> str:
     step = result["step_ms"]
     lines = [f"before: {result['before']}", f"after:  {result['after']}",
-             f"step time  {_ms(step['before'])} ms -> {_ms(step['after'])} ms  ({_x(step['ratio'])})", "",
+             f"step time  {_ms(step['before'])} ms -> {_ms(step['after'])} ms  ({_x(step['ratio'])})",
+             *(f"{row['label']:<10} {_figure(row, row['before'])} -> {_figure(row, row['after'])}  ({_x(row['ratio'])})"
+               for row in result.get("throughput") or []), "",
              f"  {'phase' if result['phase_source'] == 'phases' else 'role':<14}{'before ms':>11}{'after ms':>11}"
              f"{'ratio':>9}{'before':>9}{'after':>9}"]
     for row in result["phases"]:
@@ -194,7 +216,9 @@ def format_html(result: dict[str, Any]) -> str:
 
     parts = [f"<h1>perfhooks diff</h1><p>before: <code>{e(result['before'])}</code><br>after: "
              f"<code>{e(result['after'])}</code></p>",
-             f"<p id='step'>step time {_ms(step['before'])} ms → {_ms(step['after'])} ms ({_x(step['ratio'])})</p>",
+             f"<p id='step'>step time {_ms(step['before'])} ms → {_ms(step['after'])} ms ({_x(step['ratio'])})"
+             + "".join(f"<br>{e(row['label'])} {_figure(row, row['before'])} → {_figure(row, row['after'])} "
+                       f"({_x(row['ratio'])})" for row in result.get("throughput") or []) + "</p>",
              table([result["phase_source"], "before ms", "after ms", "ratio", "before share", "after share"],
                    [[r["name"], _ms(r["before_ms"]), _ms(r["after_ms"]), _x(r["ratio"]), _pct(r["before_share"]),
                      _pct(r["after_share"])] for r in result["phases"]]),

@@ -31,6 +31,19 @@ def merge_summaries(base: dict[str, Any], summaries: list[dict[str, Any]], thres
     merged["diagnoses"] = rank(list(base.get("diagnoses") or [] if diagnoses is None else diagnoses) + cross)
     if any(s.get("status") == "failed" for s in summaries):
         merged["status"] = "failed"
+    if base.get("throughput"):
+        merged["throughput"] = run_throughput(base["throughput"], summaries)
+    return merged
+
+
+def run_throughput(base: dict[str, Any], summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's samples and tokens per second: the sum over the ranks that reported them (each rank's own
+    figure is in ``ranks.per_rank``). MFU and the waterfall stay the base rank's (per device)."""
+    merged = dict(base)
+    for key in ("samples_per_s", "tokens_per_s"):
+        values = [s[key] for s in summaries if isinstance(s.get(key), (int, float))]
+        merged[key] = round(sum(values), 4) if values else None
+    merged["ranks_summed"] = len([s for s in summaries if isinstance(s.get("samples_per_s"), (int, float))])
     return merged
 
 
@@ -58,6 +71,8 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
             "phases_ms": {name: phase.get("mean_ms", 0.0) for name, phase in phases.items()},
             "collective_ms_per_step": metrics.get("collective_ms_per_step"),
             "gpu_utilization": metrics.get("gpu_utilization"),
+            "samples_per_s": (report.get("throughput") or {}).get("samples_per_s"),
+            "tokens_per_s": (report.get("throughput") or {}).get("tokens_per_s"),
             "diagnoses": [d["id"] for d in report.get("diagnoses") or []], "faults": len(report.get("faults") or []),
             "path": (report.get("source") or {}).get("path")}
 

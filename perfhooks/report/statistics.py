@@ -159,6 +159,9 @@ class StepTiming:
     fetch_ms: float = 0.0
     #: torch.compile compiled during the step: not a steady step.
     compiled: bool = False
+    #: Samples and tokens the step trained on (0: not counted).
+    samples: int = 0
+    tokens: int = 0
 
 
 class PhaseStatistics:
@@ -181,6 +184,9 @@ class PhaseStatistics:
         self._steady_phase_total: dict[str, float] = dict.fromkeys((*PHASES, OTHER), 0.0)
         #: Every step's time, own ones included (ms): the run account's training time.
         self.training_ms = 0.0
+        #: Samples and tokens over every step, and over the steady ones (0 where the loop's batches were not seen).
+        self.samples = self.tokens = 0
+        self.steady_samples = self.steady_tokens = 0
         self._unfolded: list[StepTiming] = []
         self._fold_every = fold_every
         #: The most recent resolved steps, for time series and live diagnoses.
@@ -206,6 +212,10 @@ class PhaseStatistics:
         self.own_steps += sum(timing.own for timing in batch)
         self.compiled_steps += sum(timing.compiled and not timing.own for timing in batch)
         self._steady_step.add_many([timing.step_ms for timing in steady])
+        self.samples += sum(timing.samples for timing in batch)
+        self.tokens += sum(timing.tokens for timing in batch)
+        self.steady_samples += sum(timing.samples for timing in steady)
+        self.steady_tokens += sum(timing.tokens for timing in steady)
         for name in self._steady_phase_total:
             self._steady_phase_total[name] += sum(timing.phase_ms.get(name, 0.0) for timing in steady)
 
@@ -239,6 +249,17 @@ class PhaseStatistics:
         """Step times (ms) of the steps no perfhooks work overlapped."""
         self._fold()
         return self._steady_step
+
+    def throughput(self) -> tuple[float, float, int]:
+        """``(samples per s, tokens per s, steps)`` over the steady steps (all steps when none is steady)."""
+        self._fold()
+        if self._steady_step.count and self._steady_step.total > 0:
+            seconds = self._steady_step.total / 1e3
+            return self.steady_samples / seconds, self.steady_tokens / seconds, self._steady_step.count
+        seconds = self._step.total / 1e3
+        if seconds <= 0:
+            return 0.0, 0.0, 0
+        return self.samples / seconds, self.tokens / seconds, self._step.count
 
     def steady_share(self, name: str) -> float:
         """Fraction 0..1 of steady step time spent in phase ``name`` (all steps if none is steady)."""

@@ -40,20 +40,24 @@ from perfhooks.config import PerfConfig
 from perfhooks.device import cuda_extras
 from perfhooks.device.clock import DeviceClock, HostClock
 from perfhooks.device.room import DeviceRoom
-from perfhooks.events import ASIDES, COMPILING, DATA_WAIT, PHASES
+from perfhooks.events import ASIDES, COMPILING, DATA_WAIT, FORWARD, OPTIMIZER, PHASES
 from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.memory.monitor import MemoryMonitor
 from perfhooks.report.build import build_report
 from perfhooks.report.schema import new_run_id
 from perfhooks.report.statistics import PhaseStatistics
+from perfhooks.report.throughput import throughput_section
 from perfhooks.report.worker import BackgroundWriter
 from perfhooks.report.write import write_report
 from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.reconcile import reconcile
 from perfhooks.rules.verdicts import rank
+from perfhooks.runtime import flops as flops_sources
 from perfhooks.runtime import lifecycle, ranks
+from perfhooks.runtime.batches import count_batch
 from perfhooks.runtime.compile_watch import CompileWatch
+from perfhooks.runtime.flops import FlopMeter
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.steps import PendingSteps, StepRecord
 from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
@@ -157,6 +161,18 @@ class Engine:
         #: The phase a compilation interrupted (resumed when it ends), and the steps that compiled.
         self._compile_resume: str | None = None
         self.compile_steps: list[int] = []
+        #: Throughput and FLOPs: the token count's source, the framework's count and matmul dtype (their hints),
+        #: and the one-step FLOPs measurement (armed for the first window's warm-up step).
+        self.token_source: str | None = None
+        self.framework_flops: tuple[float, str] | None = None
+        #: The framework will give its FLOPs count (``note_flops``): no step is measured.
+        self.flops_from_framework = False
+        #: A watched model is torch.compile'd (or graphs compiled during the run): no dispatch mode is entered.
+        self.model_compiled = False
+        self.precision: tuple[str, str] | None = None
+        self.flop_meter = FlopMeter()
+        self._flops_armed = False
+        self._flops_watch = False  # armed or counting: phase_start looks at the meter only then
         self.compile_watch = CompileWatch(self._compile_started, self._compile_ended)
         self.compile_watch.maybe_install()
         self._closed = False
@@ -213,6 +229,10 @@ class Engine:
                 self.memory.observe_step_start(step)
             except Exception as error:
                 self.faults.report("memory_sample", error)
+        if self._flops_watch:
+            self._stop_counting()
+        elif self.flop_meter.flops_per_step is None and self.flop_meter.skipped is None:
+            self._arm_flop_count(step)
         record = StepRecord(step, self.clock.mark())
         writer = self.writer
         record.own = self.windows.is_open or writer.running
@@ -239,6 +259,92 @@ class Engine:
                 record.micro_batches += batches - 1
         except Exception as error:
             self.faults.report("fetched", error)
+
+    def batch(self, batch: Any) -> None:
+        """A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync)."""
+        try:
+            record = self._record
+            if record is None or self._closed:
+                return
+            counted = count_batch(batch)
+            if counted is None:
+                return
+            record.samples += counted.samples
+            record.tokens += counted.tokens
+            if counted.token_source is not None:
+                self.token_source = counted.token_source
+        except Exception as error:
+            self.faults.report("batch", error)
+
+    def note_flops(self, per_step: float, source: str) -> None:
+        """The framework's own count of one step's training FLOPs (used unless the user gave one)."""
+        if per_step > 0:
+            self.framework_flops = (float(per_step), source)
+
+    def note_precision(self, dtype: str, source: str) -> None:
+        """The run's matmul dtype (``bf16``, ``fp16``, ``fp8``, ``tf32``, ``fp32``) from the framework's setting."""
+        self.precision = (dtype, source)
+
+    def _arm_flop_count(self, step: int) -> None:
+        """Count this step's FLOPs if it is the first window's warm-up step and nothing else gives the count."""
+        config = self.config
+        if (config.flops_per_step or config.flops_per_sample or not config.count_flops or self.flops_from_framework
+                or self.action(step) is not Action.WARMUP):
+            return
+        if self.model_compiled or self.compiled_in_run():
+            self.flop_meter.skipped = ("the model is torch.compile'd (counting would recompile its graphs); pass "
+                                       "flops_per_step")
+            return
+        self._flops_armed = self._flops_watch = True
+
+    def _watch_flops(self, phase: str) -> None:
+        if self._flops_armed and phase == FORWARD:
+            self._flops_armed = False
+            self.flop_meter.start(self.step)
+        elif phase == OPTIMIZER and self.flop_meter.counting:
+            self._stop_counting()
+
+    def _stop_counting(self, keep: bool = True) -> None:
+        self._flops_armed = self._flops_watch = False
+        try:
+            self.flop_meter.stop(keep)
+        except Exception as error:
+            self.faults.report("flop_count", error)
+
+    def flops(self) -> dict[str, Any]:
+        """FLOPs per step and their source: the user's, the framework's, the measured step's; else why none."""
+        config = self.config
+        if config.flops_per_step:
+            return {"per_step": float(config.flops_per_step), "source": flops_sources.USER_STEP}
+        if config.flops_per_sample:
+            samples = self.stats.samples / self.stats.steps if self.stats.steps and self.stats.samples else 0
+            if samples:
+                return {"per_step": config.flops_per_sample * samples, "source": flops_sources.USER_SAMPLE}
+            return {"missing": "flops_per_sample was given but no batch's samples were seen"}
+        if self.framework_flops is not None:
+            return {"per_step": self.framework_flops[0], "source": self.framework_flops[1]}
+        meter = self.flop_meter
+        if meter.flops_per_step is not None:
+            return {"per_step": meter.flops_per_step, "source": f"{flops_sources.COUNTER} (step {meter.step})"}
+        if meter.skipped:
+            return {"missing": meter.skipped}
+        if not config.count_flops:
+            return {"missing": "count_flops=False and no flops_per_step or flops_per_sample given"}
+        return {"missing": "no capture window's warm-up step ran to measure one (the schedule); pass flops_per_step"}
+
+    def matmul_dtype(self) -> tuple[str, str]:
+        """The dtype whose peak applies: the framework's precision, else TF32 where float32 matmuls may use it on
+        CUDA, else FP32."""
+        if self.precision is not None:
+            return self.precision
+        if self.room.is_cuda and torch.get_float32_matmul_precision() != "highest":
+            return "tf32", f"torch.get_float32_matmul_precision() is {torch.get_float32_matmul_precision()!r}"
+        return "fp32", "no mixed precision setting seen"
+
+    def throughput(self, diagnoses: list[dict[str, Any]]) -> dict[str, Any]:
+        analysed = [w["metrics"] for w in self.windows.snapshot() if w.get("metrics")]
+        return throughput_section(self.stats, self.flops(), self.device, self.matmul_dtype(), self.config.peak_flops,
+                                  analysed[-1] if analysed else None, diagnoses, self.token_source)
 
     def stepped(self, global_step: int | None = None) -> None:
         """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
@@ -274,6 +380,8 @@ class Engine:
                 mark = self.clock.mark()
             if name == DATA_WAIT:  # each fetch is one micro-batch (see fetched() for loaders that take several)
                 record.micro_batches += 1
+            if self._flops_watch:
+                self._watch_flops(name)
             if self._nvtx_on:
                 self.nvtx.push(name)
             if autograd_profiler._is_profiler_enabled:
@@ -337,6 +445,8 @@ class Engine:
                 return
             if kind not in ASIDES:
                 raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
+            if self._flops_watch and kind != COMPILING:
+                self._stop_counting(keep=False)  # evaluation inside the counted step: no count, not a wrong one
             if self._phase is not None:
                 self._close_phase()
             self.windows.end_step_label()
@@ -453,10 +563,12 @@ class Engine:
         """The model whose parameters the memory census attributes; per-module NVTX ranges when asked."""
         if self.memory is not None:
             self.memory.models.append(model)
+        if any(hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
+               for module in model.modules()):
+            self.model_compiled = True
         if self.config.module_ranges:
             add_module_ranges(model, self.nvtx, self.hooks)
-            if any(hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
-                   for module in model.modules()):
+            if self.model_compiled:
                 self.once.warn("module_ranges_compiled", "module_ranges: no NVTX range exists inside a torch.compile "
                                "region; the ranges of compiled modules' submodules are not recorded")
 
@@ -474,9 +586,11 @@ class Engine:
     # ----------------------------------------------------------------- output
     def report(self, live: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The report now (on the training thread: it reads the statistics)."""
+        diagnoses = self.diagnoses(live)
         return build_report(framework=self.framework, status=self.status, rank=self.rank,
                             world_size=self.world_size, device=self.device, stats=self.stats,
-                            windows=self.windows.snapshot(), diagnoses=self.diagnoses(live),
+                            windows=self.windows.snapshot(), diagnoses=diagnoses,
+                            throughput=self.guarded_call("throughput", lambda: self.throughput(diagnoses)),
                             faults=self.faults.as_list(), error=self.error,
                             memory=self.guarded_call("memory_report", self.memory.section) if self.memory else None,
                             run=self.account.section(self.stats.training_ms), global_step=self.global_step,
@@ -498,6 +612,8 @@ class Engine:
 
     def end_open_step(self) -> None:
         """At close: end an aside cut short, count a last step that stepped, drop one cut short."""
+        if self._flops_watch:
+            self._stop_counting(keep=self.status != "failed")
         while self.account.depth:
             self.end_aside(self.account.innermost)  # type: ignore[arg-type]
         if self._phase is not None:

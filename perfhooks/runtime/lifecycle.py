@@ -211,6 +211,8 @@ def note_error(engine: Engine, error: BaseException) -> None:
         if engine._closed or error is engine._error_seen:
             return
         engine._error_seen = error
+        if engine._flops_watch:
+            engine._stop_counting(keep=False)
         phase = engine.open_phase
         engine.error = error_entry(engine, error, phase)
         if is_cuda_error(error):

@@ -31,6 +31,9 @@ class StepRecord:
     own: bool = False
     #: torch.compile compiled during this step (the compile time itself is taken out, as an aside).
     compiled: bool = False
+    #: Samples and tokens of the step's micro-batches (0: not counted).
+    samples: int = 0
+    tokens: int = 0
 
 
 class PendingSteps:
@@ -95,7 +98,7 @@ class PendingSteps:
         step_ms = max(0.0, step_ms - aside_ms)
         phase_ms[OTHER] = max(0.0, step_ms - covered)
         return StepTiming(record.step, step_ms, phase_ms, record.micro_batches, record.global_step, record.own,
-                          aside_ms, fetch_ms, record.compiled)
+                          aside_ms, fetch_ms, record.compiled, record.samples, record.tokens)
 
     def discard(self, record: StepRecord) -> None:
         """Return a step's device events to the pool (host marks hold nothing)."""

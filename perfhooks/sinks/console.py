@@ -35,6 +35,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"  torch.compile: {run['compiling_s']:.2f} s compiling ({run['compilations']} compilation(s)"
                      f"{', in steps ' + ', '.join(map(str, compiled[:5])) if compiled else ''}), taken out of the "
                      "steps; those steps are left out of the steady figures")
+    lines.extend(throughput_lines(report.get("throughput")))
     kept = [w for w in report["windows"] if not w.get("pruned")]
     if kept:
         lines.append(f"  traces: {len(kept)} window(s), latest {kept[-1]['path']}")
@@ -55,3 +56,45 @@ def fresh_line() -> str:
         return "\n" if any(not getattr(bar, "disable", True) for bar in list(bars or ())) else ""
     except Exception:  # a tqdm that changed shape: no extra line
         return ""
+
+
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.2f} {unit}"
+
+
+WATERFALL_NAMES = {"compute_beyond_ideal_ms": "device compute beyond ideal", "device_idle_ms": "device idle",
+                   "compute_and_idle_ms": "compute and idle (not split)", "data_wait_ms": "exposed data wait",
+                   "other_ms": "other"}
+
+
+def throughput_lines(throughput: dict[str, Any] | None) -> list[str]:
+    """The table's throughput and MFU lines: what was measured, and which input is missing for the rest."""
+    if not throughput:
+        return []
+    parts = []
+    if throughput.get("samples_per_s") is not None:
+        parts.append(f"{throughput['samples_per_s']:,.1f} samples/s")
+    if throughput.get("tokens_per_s") is not None:
+        parts.append(f"{throughput['tokens_per_s']:,.0f} tokens/s")
+    if throughput.get("achieved_flops_per_s") is not None:
+        parts.append(f"{_si(throughput['achieved_flops_per_s'], 'FLOP/s')} "
+                     f"({_si(throughput['flops_per_step'], 'FLOP')}/step, {throughput['flops_source']})")
+    lines = [f"  throughput: {', '.join(parts)}"] if parts else []
+    mfu = throughput.get("mfu")
+    if mfu is not None:
+        line = (f"  MFU {mfu:.1%} of {_si(throughput['peak_flops_per_s'], 'FLOP/s')} "
+                f"({throughput['matmul_dtype']}, {throughput['peak_source']})")
+        fall = throughput.get("waterfall") or {}
+        largest = fall.get("largest")
+        if largest and fall.get(largest) is not None:
+            line += (f"; largest loss: {WATERFALL_NAMES.get(largest, largest)} {fall[largest]:.2f} of "
+                     f"{fall['step_ms']:.2f} ms (ideal {fall['ideal_ms']:.2f} ms)")
+            if fall.get("explained_by"):
+                line += f", see {fall['explained_by']}"
+        lines.append(line)
+    elif throughput.get("missing"):
+        lines.append(f"  no MFU: {'; '.join(throughput['missing'])}")
+    return lines

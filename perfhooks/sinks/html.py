@@ -8,7 +8,9 @@ from typing import Any
 COLORS = {"kernel": "#2e86de", "memcpy": "#e67e22", "memset": "#f1c40f", "communication": "#8e44ad",
           "runtime": "#16a085", "dataloader": "#e8a317", "cpu_exec": "#7f8c8d", "other": "#bdc3c7",
           "data_wait": "#e8a317", "forward": "#2e86de", "backward": "#8e44ad", "optimizer": "#27ae60",
-          "training": "#2e86de", "evaluation": "#16a085", "checkpointing": "#c0392b", "compiling": "#7f8c8d"}
+          "training": "#2e86de", "evaluation": "#16a085", "checkpointing": "#c0392b", "compiling": "#7f8c8d",
+          "ideal": "#27ae60", "device compute beyond ideal": "#2e86de", "device idle": "#c0392b",
+          "compute and idle (not split)": "#7f8c8d", "exposed data wait": "#e8a317"}
 #: The per-step series that are phase times (the others label the steps).
 PHASE_SERIES = ("data_wait", "forward", "backward", "optimizer", "other")
 STYLE = """
@@ -217,6 +219,23 @@ def _top_work(window: dict[str, Any]) -> str:
     return "".join(out)
 
 
+def _throughput_html(throughput: dict[str, Any] | None) -> list[str]:
+    """Throughput, MFU and the waterfall (a stacked bar from the ideal step to the measured one)."""
+    from perfhooks.sinks.console import WATERFALL_NAMES, throughput_lines
+
+    if not throughput:
+        return []
+    out = ['<h2 id="throughput">Throughput and MFU</h2>',
+           "<p>" + "<br>".join(_e(line.strip()) for line in throughput_lines(throughput)) + "</p>"]
+    fall = throughput.get("waterfall")
+    if fall:
+        bars = {"ideal": fall["ideal_ms"]}
+        bars.update({WATERFALL_NAMES[key]: fall[key] for key in WATERFALL_NAMES if fall.get(key) is not None})
+        out += [f"<p>From the ideal step (FLOPs ÷ peak, {fall['ideal_ms']:.2f} ms) to the measured one "
+                f"({fall['step_ms']:.2f} ms):</p>", _stacked_bar(bars)]
+    return out
+
+
 def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = None) -> str:
     """The report as one HTML page: the diagnoses first, then the step breakdown (mean and stacked per
     step), per-phase series, the memory line, top kernels and links to the traces."""
@@ -246,6 +265,7 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
                   _stacked_bar({"training": run["training_s"], "evaluation": run["evaluation_s"],
                                 "checkpointing": run["checkpointing_s"], "compiling": run.get("compiling_s", 0.0),
                                 "other": run["other_s"]})]
+    parts += _throughput_html(report.get("throughput"))
     parts += ["<h2>Step breakdown</h2>", _stacked_bar(breakdown)]
     if series:
         phases = {name: series[name] for name in PHASE_SERIES if name in series}

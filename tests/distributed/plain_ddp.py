@@ -55,6 +55,7 @@ def main(output_dir: str) -> int:
         engine.phase_start("data_wait")
         x, y = torch.randn(32, 32), torch.randn(32, 32)
         engine.phase_start("forward")
+        engine.batch((x, y))
         if rank == slow_rank:
             time.sleep(slow_s)
         loss = torch.nn.functional.mse_loss(model(x), y)

@@ -1,0 +1,64 @@
+"""Samples and tokens in a fetched batch, from host metadata (shapes): never a device sync.
+
+- **samples**: the leading dimension of ``input_ids`` when the batch has it, else of the first tensor found
+  (a tensor, a tuple/list of them, or a mapping such as HF's ``BatchEncoding``);
+- **tokens**: ``attention_mask.sum()`` (padding left out) when the batch has a 2-D ``attention_mask`` on the
+  CPU; else the element count of a 2-D ``input_ids`` (padding included). A mask on an accelerator is not read:
+  its sum is a device op whose value the host would have to wait for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Where a step's token count came from (the report's ``throughput.token_source``).
+FROM_MASK = "attention_mask"
+FROM_IDS = "input_ids"
+FROM_IDS_MASK_ON_DEVICE = "input_ids (attention_mask not read on an accelerator: reading it would sync)"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCount:
+    samples: int
+    tokens: int
+    token_source: str | None
+
+
+def count_batch(batch: Any) -> BatchCount | None:
+    """Samples and tokens of one micro-batch, or None when it holds no tensor with a leading dimension."""
+    ids = mask = None
+    if isinstance(batch, Mapping):
+        ids, mask = batch.get("input_ids"), batch.get("attention_mask")
+    lead = ids if _is_batched(ids) else _first_tensor(batch)
+    if lead is None:
+        return None
+    samples = int(lead.shape[0])
+    if _is_batched(mask) and mask.dim() == 2:
+        if mask.device.type == "cpu":
+            return BatchCount(samples, int(mask.sum()), FROM_MASK)
+        if _is_batched(ids) and ids.dim() == 2:
+            return BatchCount(samples, int(ids.numel()), FROM_IDS_MASK_ON_DEVICE)
+    if _is_batched(ids) and ids.dim() == 2:
+        return BatchCount(samples, int(ids.numel()), FROM_IDS)
+    return BatchCount(samples, 0, None)
+
+
+def _is_batched(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dim() >= 1
+
+
+def _first_tensor(value: Any, depth: int = 0) -> torch.Tensor | None:
+    if _is_batched(value):
+        return value
+    if depth > 3:
+        return None
+    items = value.values() if isinstance(value, Mapping) else value if isinstance(value, (list, tuple)) else ()
+    for item in items:
+        found = _first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,53 @@
+"""A training step's FLOPs: the user's count, the framework's, or one step measured with ``FlopCounterMode``.
+
+The measurement counts what the dispatcher runs between the step's first forward and its optimizer (forward and
+backward of every micro-batch), once per run, in the first capture window's warm-up step: the profiler records
+nothing there, and the step is perfhooks' own work either way. It is not taken for a ``torch.compile``'d model
+(entering a dispatch mode would recompile its graphs), nor without a window.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The report's names for where ``flops_per_step`` came from.
+USER_STEP = "user: flops_per_step"
+USER_SAMPLE = "user: flops_per_sample x samples per step"
+COUNTER = "measured: torch.utils.flop_counter.FlopCounterMode over one training step"
+
+
+class FlopMeter:
+    """Counts one step's FLOPs; every method is safe to call at any time and never raises."""
+
+    def __init__(self) -> None:
+        self.flops_per_step: float | None = None
+        self.step: int | None = None
+        #: Why no measurement was taken (None while one may still be).
+        self.skipped: str | None = None
+        self._mode: Any = None
+
+    @property
+    def counting(self) -> bool:
+        return self._mode is not None
+
+    def start(self, step: int) -> None:
+        """Start counting (the step's first forward)."""
+        if self._mode is not None or self.flops_per_step is not None:
+            return
+        from torch.utils.flop_counter import FlopCounterMode
+
+        mode = FlopCounterMode(display=False)
+        mode.__enter__()
+        self._mode, self.step = mode, step
+
+    def stop(self, keep: bool = True) -> None:
+        """Stop counting (the optimizer starts, the step ends, an error or the close); ``keep`` the count."""
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return
+        mode.__exit__(None, None, None)
+        total = float(mode.get_total_flops())
+        if keep and total > 0:
+            self.flops_per_step = total
+        elif keep:
+            self.skipped = "the measured step ran no counted operator"

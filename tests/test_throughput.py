@@ -1,0 +1,292 @@
+"""Issue 27: samples and tokens per second, FLOPs per step with their source, the peak table, MFU and the
+waterfall from the ideal step to the measured one."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import ManualClock, mlp, random_loader, read_report
+from perfhooks import Engine, PerfConfig, Schedule
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+def manual_engine(tmp_path: Path, **settings: Any) -> tuple[Engine, ManualClock]:
+    clock = ManualClock()
+    settings.setdefault("schedule", None)
+    settings.setdefault("console", False)
+    return Engine(PerfConfig(**settings), tmp_path, "test", clock=clock), clock
+
+
+def token_batch(samples: int, seq_len: int, real_tokens: int) -> dict[str, torch.Tensor]:
+    mask = torch.zeros(samples, seq_len, dtype=torch.long)
+    mask.view(-1)[:real_tokens] = 1
+    return {"input_ids": torch.zeros(samples, seq_len, dtype=torch.long), "attention_mask": mask}
+
+
+def manual_step(engine: Engine, clock: ManualClock, batches: list[Any], wait: float = 2.0, forward: float = 5.0,
+                backward: float = 10.0, optimizer: float = 2.0, other: float = 1.0) -> None:
+    for batch in batches:  # micro-batches
+        engine.fetch()
+        clock.advance(wait)
+        engine.phase_start("forward")
+        engine.batch(batch)
+        clock.advance(forward)
+        engine.phase_start("backward")
+        clock.advance(backward)
+        engine.phase_end("backward")
+    engine.phase_start("optimizer")
+    clock.advance(optimizer)
+    engine.phase_end("optimizer")
+    clock.advance(other)
+    engine.stepped()
+
+
+# ----------------------------------------------------------------------------- samples and tokens
+def test_samples_and_tokens_per_second_against_a_manual_clock(tmp_path: Path) -> None:
+    """Steps of exactly 20 ms, 8 samples of 16 positions of which 100 are real tokens (padding excluded)."""
+    engine, clock = manual_engine(tmp_path)
+    for _ in range(5):
+        manual_step(engine, clock, [token_batch(8, 16, 100)])
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["samples_per_s"] == pytest.approx(8 / 0.020)
+    assert throughput["tokens_per_s"] == pytest.approx(100 / 0.020)
+    assert (throughput["samples_per_step"], throughput["tokens_per_step"]) == (8, 100)
+    assert throughput["token_source"] == "attention_mask"
+
+
+def test_accumulated_micro_batches_add_up(tmp_path: Path) -> None:
+    """Two micro-batches per step (each 2+5+10 ms), tokens from input_ids (no mask): 2x the samples a step."""
+    engine, clock = manual_engine(tmp_path)
+    for _ in range(4):
+        manual_step(engine, clock, [{"input_ids": torch.zeros(4, 32, dtype=torch.long)}] * 2)
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    step_s = (2 * (2 + 5 + 10) + 2 + 1) / 1e3
+    assert throughput["samples_per_s"] == pytest.approx(8 / step_s)
+    assert throughput["tokens_per_s"] == pytest.approx(256 / step_s)
+    assert throughput["token_source"] == "input_ids"
+
+
+def test_a_batch_of_plain_tensors_counts_samples_and_no_tokens(tmp_path: Path) -> None:
+    engine, clock = manual_engine(tmp_path)
+    for _ in range(3):
+        manual_step(engine, clock, [(torch.randn(12, 3), torch.randn(12, 1))])
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["samples_per_s"] == pytest.approx(12 / 0.020)
+    assert throughput["tokens_per_s"] is None and throughput["token_source"] is None
+
+
+def test_a_mask_on_an_accelerator_is_not_read() -> None:
+    from perfhooks.runtime.batches import FROM_IDS_MASK_ON_DEVICE, count_batch
+
+    batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long),
+             "attention_mask": torch.ones(2, 8, dtype=torch.long, device="meta")}
+    counted = count_batch(batch)
+    assert counted is not None and (counted.samples, counted.tokens) == (2, 16)
+    assert counted.token_source == FROM_IDS_MASK_ON_DEVICE
+
+
+def test_lightning_hf_and_accelerate_runs_report_throughput(tmp_path: Path) -> None:
+    """Each framework's real loop, defaults on: samples per second; tokens for the HF run's token inputs."""
+    import lightning as L
+    from accelerate import Accelerator
+
+    from hf_trainer_example import build_trainer
+    from perfhooks.integrations.accelerate import attach
+    from perfhooks.integrations.lightning import PerfCallback
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    from helpers import lightning_mlp
+
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "pl"),
+                        enable_progress_bar=False, callbacks=[PerfCallback(console=False, schedule=None)])
+    trainer.fit(lightning_mlp(), random_loader(6, batch_size=8))
+    lightning = read_report(Path(trainer.log_dir) / "perfhooks")["throughput"]
+    assert lightning["samples_per_step"] == 8 and lightning["samples_per_s"] > 0
+    assert lightning["tokens_per_s"] is None
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    build_trainer(str(tmp_path / "hf"), steps=4, batch_size=2, accumulate=2,
+                  callback=PerfTrainerCallback(console=False, schedule=None)).train()
+    hf = read_report(tmp_path / "hf" / "_perfhooks")["throughput"]
+    assert (hf["samples_per_step"], hf["tokens_per_step"]) == (4, 4 * 64)  # 2 x 2 sequences of 64 tokens
+    assert hf["tokens_per_s"] == pytest.approx(hf["samples_per_s"] * 64)
+    assert hf["flops_source"].startswith("transformers: TrainerState.total_flos")
+
+    accelerator = Accelerator(cpu=True)
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, random_loader(6, batch_size=8))
+    with attach(accelerator, output_dir=tmp_path / "acc", console=False, schedule=None):
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+    assert read_report(tmp_path / "acc")["throughput"]["samples_per_step"] == 8
+
+
+# ----------------------------------------------------------------------------- FLOPs per step
+def _linear_flops(batch: int, layers: list[tuple[int, int]]) -> int:
+    """Training FLOPs of a stack of linear layers: 2*in*out per sample forward; backward twice that, except the
+    first layer's gradient for its input, which autograd does not compute (the input needs no grad)."""
+    forward = sum(2 * batch * i * o for i, o in layers)
+    first_input_grad = 2 * batch * layers[0][0] * layers[0][1]
+    return 3 * forward - first_input_grad
+
+
+def test_the_measured_step_of_an_mlp_is_its_analytic_count(tmp_path: Path) -> None:
+    """FlopCounterMode over the first window's warm-up step; that step is perfhooks' own."""
+    from helpers import plain_loop
+
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=2, warmup=1, active=2), console=False,
+                               analyze_windows=False), tmp_path, "plain")
+    plain_loop(engine, 8)
+    report = engine.close()
+    throughput = report["throughput"]  # type: ignore[index]
+    assert throughput["flops_per_step"] == _linear_flops(8, [(32, 64), (64, 1)])
+    assert throughput["flops_source"].endswith("(step 2)")
+    assert report["series"]["perfhooks"][2] == 1  # type: ignore[index]
+
+
+def test_the_measured_step_of_a_tiny_gpt2_is_within_two_percent_of_the_analytic_count(tmp_path: Path) -> None:
+    """6 x parameters x tokens for the matmuls, plus attention (4 T d a token a layer, forward) and the output
+    projection (2 d V), times 3 for forward and backward."""
+    from hf_trainer_example import tiny_gpt2
+
+    model = tiny_gpt2()
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    config = model.config
+    d, layers, vocab, seq, batch = config.n_embd, config.n_layer, config.vocab_size, 64, 2
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=1), console=False,
+                               analyze_windows=False), tmp_path, "plain")
+    for _ in range(3):
+        ids = torch.randint(0, vocab, (batch, seq))
+        engine.fetch()
+        engine.phase_start("forward")
+        engine.batch({"input_ids": ids})
+        loss = model(input_ids=ids, labels=ids).loss
+        engine.phase_start("backward")
+        loss.backward()
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad()
+        engine.stepped()
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    tokens = batch * seq
+    analytic = 3 * tokens * (layers * (24 * d * d + 4 * seq * d) + 2 * d * vocab)
+    assert throughput["flops_per_step"] == pytest.approx(analytic, rel=0.02)
+
+
+def test_user_counts_win_and_name_their_source(tmp_path: Path) -> None:
+    engine, clock = manual_engine(tmp_path, flops_per_sample=1e6, peak_flops=1e9)
+    for _ in range(4):
+        manual_step(engine, clock, [(torch.randn(10, 3),)])
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["flops_per_step"] == 1e7 and throughput["flops_source"].startswith("user: flops_per_sample")
+    assert throughput["achieved_flops_per_s"] == pytest.approx(1e7 / 0.020)
+    assert throughput["mfu"] == pytest.approx(1e7 / 0.020 / 1e9)
+    assert throughput["peak_source"] == "user: peak_flops"
+
+
+def test_hf_total_flos_is_six_times_the_parameters_times_the_tokens(tmp_path: Path) -> None:
+    """The framework's own count, as transformers defines it (embeddings left out; attention and the tied output
+    projection are not in it: the README says so)."""
+    from hf_trainer_example import build_trainer
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    trainer = build_trainer(str(tmp_path), steps=3, batch_size=2, callback=PerfTrainerCallback(console=False))
+    trainer.train()
+    throughput = read_report(tmp_path / "_perfhooks")["throughput"]
+    parameters = trainer.model.num_parameters(exclude_embeddings=True)
+    assert throughput["flops_per_step"] == pytest.approx(6 * parameters * 2 * 64)
+    assert "FlopCounterMode" not in throughput["flops_source"]  # no step was measured beside the Trainer's count
+
+
+def test_no_count_and_no_peak_say_why(tmp_path: Path) -> None:
+    engine, clock = manual_engine(tmp_path)
+    for _ in range(3):
+        manual_step(engine, clock, [(torch.randn(4, 3),)])
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["mfu"] is None and throughput["flops_per_step"] is None
+    assert any(line.startswith("FLOPs per step: no capture window") for line in throughput["missing"])
+    assert any("pass peak_flops" in line for line in throughput["missing"])
+
+
+# ----------------------------------------------------------------------------- peaks
+def _trace_device_names() -> dict[str, list[str]]:
+    names = {}
+    for path in sorted(TRACES.glob("*/*.json.gz")):
+        document = json.loads(gzip.decompress(path.read_bytes()))
+        properties = document.get("deviceProperties") if isinstance(document, dict) else None
+        if properties:
+            names[path.name] = sorted({entry.get("name") for entry in properties})
+    return names
+
+
+def test_the_peak_table_resolves_every_test_traces_gpu_or_says_which_is_missing() -> None:
+    from perfhooks.analysis.peaks import find_peak, peak_flops
+
+    names = _trace_device_names()
+    resolved = {name: find_peak(name) for found in names.values() for name in found}
+    assert {name for name, peak in resolved.items() if peak is None} == {"AMD Radeon Graphics"}  # never guessed
+    assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.5e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB", "tf32") == 156e12
+    assert peak_flops("AMD Instinct MI300X", "fp8") == 2614.9e12
+    assert peak_flops("NVIDIA B200", "fp32") is None  # not in the datasheet figures: no MFU rather than a guess
+    assert peak_flops("Tesla V100-SXM2-16GB", "bf16") is None
+    assert find_peak("NVIDIA H100 PCIe").device == "H100 PCIe"  # type: ignore[union-attr]
+    assert find_peak("NVIDIA A10G") is None and find_peak("NVIDIA A10").device == "A10"  # type: ignore[union-attr]
+
+
+# ----------------------------------------------------------------------------- the waterfall
+def test_the_waterfall_adds_up_to_the_step(tmp_path: Path) -> None:
+    """20 ms steps, a user peak, a window that measured 60% GPU busy: ideal + compute beyond ideal + device idle
+    + data wait + other = the step (within 1%); the largest loss names the verdict that explains it."""
+    from perfhooks.report.throughput import waterfall
+
+    engine, clock = manual_engine(tmp_path, flops_per_step=2e9, peak_flops=1e12)
+    for _ in range(5):
+        manual_step(engine, clock, [(torch.randn(4, 3),)])
+    report = engine.close()
+    section = report["throughput"]  # type: ignore[index]
+    fall = section["waterfall"]
+    assert section["mfu"] == pytest.approx(2e9 / 0.020 / 1e12)
+    assert fall["ideal_ms"] == pytest.approx(2.0) and fall["compute_beyond_ideal_ms"] is None  # no window: not split
+    assert fall["ideal_ms"] + fall["compute_and_idle_ms"] + fall["data_wait_ms"] + fall["other_ms"] == \
+        pytest.approx(20.0, rel=0.01)
+    split = waterfall(engine.stats, 20.0, 2.0, {"gpu_utilization": 0.6},
+                      [{"id": "launch_bound"}, {"id": "dataloader_bound"}])
+    parts = [split[k] for k in ("ideal_ms", "compute_beyond_ideal_ms", "device_idle_ms", "data_wait_ms", "other_ms")]
+    assert sum(parts) == pytest.approx(20.0, rel=0.01)
+    assert (split["compute_beyond_ideal_ms"], split["device_idle_ms"]) == pytest.approx((10.0, 5.0))
+    assert (split["largest"], split["explained_by"]) == ("compute_beyond_ideal_ms", None)
+
+
+def test_a_compiled_model_gets_no_measured_count_and_says_so(tmp_path: Path) -> None:
+    model = torch.compile(mlp(), backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=2, warmup=1, active=1), console=False,
+                               analyze_windows=False), tmp_path, "plain")
+    for _ in range(4):
+        x = torch.randn(8, 32)
+        engine.fetch()
+        engine.phase_start("forward")
+        loss = model(x).square().mean()
+        engine.phase_start("backward")
+        loss.backward()
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad()
+        engine.stepped()
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["flops_per_step"] is None
+    assert any("torch.compile" in line for line in throughput["missing"])
