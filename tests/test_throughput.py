@@ -98,12 +98,11 @@ def test_lightning_hf_and_accelerate_runs_report_throughput(tmp_path: Path) -> N
     import lightning as L
     from accelerate import Accelerator
 
+    from helpers import lightning_mlp
     from hf_trainer_example import build_trainer
     from perfhooks.integrations.accelerate import attach
     from perfhooks.integrations.lightning import PerfCallback
     from perfhooks.integrations.transformers import PerfTrainerCallback
-
-    from helpers import lightning_mlp
 
     trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "pl"),
                         enable_progress_bar=False, callbacks=[PerfCallback(console=False, schedule=None)])
