@@ -289,3 +289,44 @@ def test_a_compiled_model_gets_no_measured_count_and_says_so(tmp_path: Path) -> 
     throughput = engine.close()["throughput"]  # type: ignore[index]
     assert throughput["flops_per_step"] is None
     assert any("torch.compile" in line for line in throughput["missing"])
+
+
+# ----------------------------------------------------------------------------- GEMM efficiency in analyze
+def test_gemm_flops_by_hand() -> None:
+    """2·M·K·N: addmm's matrices are its 2nd and 3rd inputs, bmm's are batched."""
+    from perfhooks.analysis.gemm import gemm_flops
+
+    # the H100 trace's addmm: bias [1024], x [8944, 1024], w [1024, 1024]
+    assert gemm_flops("aten::addmm", [[1024], [8944, 1024], [1024, 1024], [], []]) == 2 * 8944 * 1024 * 1024
+    # the B200 trace's mm: [1, 2880] x [2880, 25136] (the LM head of one token)
+    assert gemm_flops("aten::mm", [[1, 2880], [2880, 25136]]) == 2 * 1 * 2880 * 25136
+    assert gemm_flops("aten::bmm", [[1, 32, 1], [1, 1, 559]]) == 2 * 32 * 1 * 559
+    assert gemm_flops("aten::mm", [[4, 3], [5, 6]]) is None  # not a matmul's shapes
+
+
+def test_analyze_reports_gemm_efficiency_on_the_h100_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.cli import main
+
+    path = TRACES / "more" / "tl_h100_qwen05b.json.gz"
+    gemm = analyze_paths([path])["metrics"]["gemm"]
+    assert gemm["device"] == "NVIDIA H100 80GB HBM3" and gemm["peak_tflops"] == 989.5
+    assert gemm["dtype"] == "bf16" and 0 < gemm["efficiency"] < 1
+    assert gemm["achieved_tflops"] == pytest.approx(gemm["flops"] / gemm["device_us"] / 1e6, rel=1e-3)
+    top = gemm["top"][0]
+    assert top["achieved_tflops"] == pytest.approx(top["flops"] / top["device_us"] / 1e6, rel=1e-2)
+    assert main(["analyze", str(path)]) == 0
+    assert "TFLOP/s" in capsys.readouterr().out
+
+
+def test_the_null_engine_takes_every_event_an_integration_sends() -> None:
+    """An integration holds a NullEngine when perfhooks could not start: every call it makes must exist there."""
+    import re
+
+    from perfhooks.runtime.engine import NullEngine
+
+    root = Path(__file__).resolve().parents[1] / "integrations"
+    called = set()
+    for source in root.glob("*.py"):
+        called |= set(re.findall(r"\bengine\.([a-z_]+)\(", source.read_text()))
+    assert called and {name for name in called if not hasattr(NullEngine, name)} == set()

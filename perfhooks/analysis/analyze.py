@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.analysis import ranges
+from perfhooks.analysis.gemm import gemm_efficiency
 from perfhooks.analysis.host import compilation, host_synchronizations
 from perfhooks.analysis.kernels import (
     attention_kernels,
@@ -78,6 +79,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         # the time in collectives per step (the wait for the other ranks is inside it): the straggler rule's input
         "collective_ms_per_step": (communication["share"] * overview.step_us / 1e3 if communication else None),
         "top_operators": top_operators(in_steps),
+        "gemm": gemm_efficiency(in_steps),
         "misaligned_gemms": misaligned_gemms(in_steps),
         "step_us_p50": p50,
         "step_us_p95_over_p50": (_quantile(step_spans, 0.95) / p50) if p50 and len(step_spans) >= 5 else None,

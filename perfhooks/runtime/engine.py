@@ -754,6 +754,15 @@ class NullEngine:
     def fetch(self) -> None:
         pass
 
+    def batch(self, batch: Any) -> None:
+        pass
+
+    def note_flops(self, per_step: float, source: str) -> None:
+        pass
+
+    def note_precision(self, dtype: str, source: str) -> None:
+        pass
+
     def fetched(self, batches: int) -> None:
         pass
 

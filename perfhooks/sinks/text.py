@@ -37,6 +37,7 @@ def format_analysis(report: dict[str, Any], top: int = 5) -> str:
     if ranks:
         per_rank = ", ".join(f"rank {k}: {v:.1f} ms" for k, v in ranks["step_ms"].items())
         lines.append(f"  {ranks['count']} ranks, step time {per_rank} (spread {ranks['spread']:.1%})")
+    lines.extend(gemm_lines(metrics.get("gemm")))
     kernels = (metrics.get("kernels") or {}).get("top") or []
     if kernels:
         lines.append("  top kernels:")
@@ -50,3 +51,19 @@ def format_analysis(report: dict[str, Any], top: int = 5) -> str:
         lines.append(f"     evidence: {diagnosis['evidence']}")
         lines.append(f"     fix: {diagnosis['recommendation']}")
     return "\n".join(lines)
+
+
+def gemm_lines(gemm: dict[str, Any] | None, top: int = 3) -> list[str]:
+    """The GEMMs' achieved TFLOP/s against the device's peak, overall and for the top ones by device time."""
+    if not gemm:
+        return []
+    efficiency = gemm.get("efficiency")
+    against = (f", {efficiency:.1%} of the {gemm['dtype']} peak {gemm['peak_tflops']:g} TFLOP/s"
+               if efficiency is not None and gemm.get("peak_tflops") else f" ({gemm.get('missing', 'no peak')})")
+    lines = [f"  GEMMs: {gemm['gemms']} ops, {gemm['flops'] / 1e12:.3f} TFLOP in {gemm['device_us'] / 1e3:.2f} ms: "
+             f"{gemm['achieved_tflops']:.1f} TFLOP/s{against}"]
+    for row in gemm.get("top", [])[:top]:
+        share = f", {row['efficiency']:.1%} of peak" if row.get("efficiency") is not None else ""
+        lines.append(f"    {row['achieved_tflops']:>8.1f} TFLOP/s{share}  x{row['count']:<4} {row['name']} "
+                     f"{row['dtype']} {row['input_shapes'][:70]}")
+    return lines

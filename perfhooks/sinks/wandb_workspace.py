@@ -31,6 +31,10 @@ SECTIONS: list[dict[str, Any]] = [
         {"kind": "lines", "title": "Step time (ms)", "y": ["perf/step_ms", "perf/step_max_ms"]},
         {"kind": "lines", "title": "Steps per second", "y": ["perf/steps_per_s"]},
         {"kind": "lines", "title": "Coverage (share of the step in the four phases)", "y": ["perf/coverage"]}]},
+    {"name": "perf: throughput and MFU", "panels": [
+        {"kind": "lines", "title": "Samples and tokens per second", "regex": r"perf/(samples|tokens)_per_s"},
+        {"kind": "lines", "title": "MFU (0..1)", "y": ["perf/mfu"]},
+        {"kind": "lines", "title": "Achieved FLOP/s", "y": ["perf/achieved_flops_per_s"]}]},
     {"name": "perf: memory", "panels": [
         {"kind": "lines", "title": "Memory (bytes)", "regex": r"perf/mem/.*_bytes"}]},
     {"name": "perf: run account", "panels": [

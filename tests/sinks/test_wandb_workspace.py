@@ -36,7 +36,8 @@ def test_the_view_names_exactly_the_keys_a_run_logs(offline_wandb: Path, tmp_pat
     logged = {key.split(".")[0] for row in rows for key in row if key.startswith("perf/")}
     logged |= {key for key in summary(records) if key.startswith("perf/")}
     keys, regexes = referenced_keys()
-    window_figures = {f"perf/{name}" for name in WINDOW_FIGURES}  # from a window's CUDA trace: none on CPU
+    # from a window's CUDA trace, and MFU (a GPU's peak): none on CPU
+    window_figures = {f"perf/{name}" for name in WINDOW_FIGURES} | {"perf/mfu"}
     assert keys - window_figures <= logged, sorted(keys - window_figures - logged)
     assert all(any(re.fullmatch(regex, key) for key in logged) for regex in regexes)
     row_keys = {key.split(".")[0] for row in rows for key in row if key.startswith("perf/")} - {PERF_STEP}
