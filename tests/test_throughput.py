@@ -319,6 +319,19 @@ def test_analyze_reports_gemm_efficiency_on_the_h100_trace(capsys: pytest.Captur
     assert "TFLOP/s" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("trace", "device", "peak"), [
+    ("tl_b200_eager.json.gz", "NVIDIA B200", 2250.0),
+    ("tl_mi300_resnet_act_ckpt.json.gz", "AMD Instinct MI300X", 1307.4),
+    ("tl_sglang_qwen3_prefilldecode.json.gz", "AMD Instinct MI300X", 1307.4),  # kernels on physical device 9
+])
+def test_gemm_efficiency_on_the_b200_and_mi300x_traces(trace: str, device: str, peak: float) -> None:
+    from perfhooks.analysis.analyze import analyze_paths
+
+    gemm = analyze_paths([TRACES / "more" / trace])["metrics"]["gemm"]
+    assert (gemm["device"], gemm["dtype"], gemm["peak_tflops"]) == (device, "bf16", peak)
+    assert 0 < gemm["efficiency"] < 1
+
+
 def test_the_null_engine_takes_every_event_an_integration_sends() -> None:
     """An integration holds a NullEngine when perfhooks could not start: every call it makes must exist there."""
     import re

@@ -75,6 +75,8 @@ def gemm_efficiency(trace: Trace) -> dict[str, Any]:
         return {}
     device = max(devices, key=lambda d: devices[d]) if devices else None
     device_name = trace.device_name(device) if device is not None else None
+    if device_name is None and len(trace.device_properties) == 1:  # one device visible to the process, whose
+        device_name = next(iter(trace.device_properties.values())).get("name")  # kernels carry its physical index
     peak = find_peak(device_name)
 
     def peak_tflops(dtype: str) -> float | None:
