@@ -69,18 +69,23 @@ def overlap_share(steps: int = 200, step_ms: float = 15.0) -> dict[str, float]:
     import perfhooks
 
     torch.manual_seed(0)
-    width = 384
+    width = 192
     model = torch.nn.Sequential(torch.nn.Linear(width, width * 4), torch.nn.ReLU(), torch.nn.Linear(width * 4, width))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     batch = torch.randn(256, width)
-    for _ in range(3):  # warm-up, then size the loop to about step_ms a step on this machine
-        model(batch).square().mean().backward()
-    probe = time.perf_counter()
-    for _ in range(10):
-        model(batch).square().mean().backward()
+    def train_step(repeats: int) -> None:
+        loss = sum(model(batch).square().mean() for _ in range(repeats))
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    repeats = max(1, round(step_ms / ((time.perf_counter() - probe) / 10 * 1e3)))
+
+    repeats = 1
+    for _ in range(3):  # size the step to about step_ms on this machine (warm-up included)
+        start = time.perf_counter()
+        for _ in range(5):
+            train_step(repeats)
+        took_ms = (time.perf_counter() - start) / 5 * 1e3
+        repeats = max(1, round(repeats * step_ms / took_ms))
     with tempfile.TemporaryDirectory() as folder:
         engine = perfhooks.Engine(perfhooks.PerfConfig(console=False), folder, framework="plain")
         for _ in range(steps):
@@ -92,6 +97,7 @@ def overlap_share(steps: int = 200, step_ms: float = 15.0) -> dict[str, float]:
             engine.phase_start("optimizer")
             optimizer.step()
             optimizer.zero_grad()
+            engine.stepped()
             engine.step_end()
         report = engine.close()
     assert report is not None
