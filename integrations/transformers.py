@@ -180,7 +180,9 @@ class PerfTrainerCallback(TrainerCallback):
         (``state.total_flos``: 6 x parameters x tokens, summed over processes) gives the FLOPs per step."""
         self._note_trainer_flops(args, state)
         self._detach()
-        if not self._ends_at_train_exit:
+        if self._ends_at_train_exit:
+            self.engine.training_ended()
+        else:
             self.engine.close()
 
     def _note_trainer_flops(self, args: TrainingArguments, state: TrainerState) -> None:

@@ -116,7 +116,7 @@ def test_lightning_hf_and_accelerate_runs_report_throughput(tmp_path: Path) -> N
                   callback=PerfTrainerCallback(console=False, schedule=None)).train()
     hf = read_report(tmp_path / "hf" / "_perfhooks")["throughput"]
     assert (hf["samples_per_step"], hf["tokens_per_step"]) == (4, 4 * 64)  # 2 x 2 sequences of 64 tokens
-    assert hf["tokens_per_s"] == pytest.approx(hf["samples_per_s"] * 64)
+    assert hf["tokens_per_s"] == pytest.approx(hf["samples_per_s"] * 64, rel=1e-4)  # each rounded to 4 places
     assert hf["flops_source"].startswith("transformers: TrainerState.total_flos")
 
     accelerator = Accelerator(cpu=True)

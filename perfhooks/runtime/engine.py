@@ -610,6 +610,16 @@ class Engine:
         """The phase open now, if any."""
         return self._phase[0] if self._phase else None
 
+    def training_ended(self) -> None:
+        """The framework's training loop ended (its end hook); the close comes later (after its other end hooks):
+        the last step ends here and the run's wall clock stops."""
+        try:
+            if not self._closed:
+                self.end_open_step()
+                self.account.close()
+        except Exception as error:
+            self.faults.report("training_ended", error)
+
     def end_open_step(self) -> None:
         """At close: end an aside cut short, count a last step that stepped, drop one cut short."""
         if self._flops_watch:
@@ -752,6 +762,9 @@ class NullEngine:
         self.once = Once()
 
     def fetch(self) -> None:
+        pass
+
+    def training_ended(self) -> None:
         pass
 
     def batch(self, batch: Any) -> None:

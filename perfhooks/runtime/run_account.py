@@ -73,9 +73,11 @@ class RunAccount:
         return True
 
     def close(self) -> None:
+        """Training ended: open asides end and the wall clock stops (the first call's time is kept)."""
         while self._stack:
             self.end(self._stack[-1][0])
-        self.end_ns = self._clock()
+        if self.end_ns is None:
+            self.end_ns = self._clock()
 
     def section(self, training_ms: float) -> dict[str, Any] | None:
         """The report's ``run`` section (seconds); ``None`` before the first step."""
