@@ -21,6 +21,7 @@ from perfhooks.analysis.kernels import (
     kernel_breakdown,
     launch_statistics,
     sdpa_math_inputs,
+    startup_work,
     stream_breakdown,
     tensor_core_use,
 )
@@ -74,6 +75,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "compile": compilation(trace),
         "host_sync": host_synchronizations(trace, steps),
         "launch": launch_statistics(trace, steps, window),
+        "startup": startup_work(trace, window),
         "memcpy": memcpy_summary(trace, steps),
         "communication": communication,
         # the time in collectives per step (the wait for the other ranks is inside it): the straggler rule's input
@@ -118,8 +120,12 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
     metrics = trace_metrics(trace, overview)
     stats = phase_statistics(trace, overview.steps)
     devices = metrics["devices"]
-    device = ({"type": "cuda", "name": next(iter(devices.values()))["name"]} if devices
-              else {"type": "cpu", "name": "cpu"})
+    if devices:
+        device = {"type": "cuda", "name": next(iter(devices.values()))["name"]}
+    elif trace.unmodeled:  # activity of a device perfhooks does not model: never called "cpu"
+        device = {"type": "unknown", "name": f"a device perfhooks does not model ({', '.join(trace.unmodeled)})"}
+    else:
+        device = {"type": "cpu", "name": "cpu"}
     report = build_report(framework="trace", status="completed", rank=trace.rank or 0,
                           world_size=trace.world_size or 1, device=device, stats=stats, windows=[],
                           diagnoses=rank(diagnose_trace(metrics, thresholds or Thresholds())))

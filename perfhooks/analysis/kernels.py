@@ -13,10 +13,14 @@ from perfhooks.analysis.operators import device_time_by_op
 from perfhooks.analysis.overview import communication_ids, is_communication_kernel
 from perfhooks.analysis.trace import Trace
 
-#: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels.
+#: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels. A family name alone
+#: (``xmma``, ``cutlass``) is not evidence: cuBLAS's ``sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma`` is plain FP32,
+#: so the FP32-only tokens (:data:`FP32_ONLY_KERNEL`) are checked first.
 TENSOR_CORE_KERNEL = re.compile(
     r"884|1688|16816|16832|hmma|imma|xmma|wgmma|tensorop|_tc_|mma_|gmma|flash|fmha|"
-    r"bf16|fp16|f16f16|e4m3|e5m2|_MI\d+x\d+x\d+|mfma|xdlops|_xdl_|cutlass.*(?:h|bf)16", re.IGNORECASE)
+    r"bf16|fp16|f16f16|e4m3|e5m2|fp8|_MI\d+x\d+x\d+|mfma|xdlops|_xdl_|cutlass.*(?:h|bf)16", re.IGNORECASE)
+#: Tokens that say every operand is FP32 on the FMA units (no Tensor Core), whatever the kernel's family.
+FP32_ONLY_KERNEL = re.compile(r"_ffma|ffma_|f32f32_f32f32_f32(?!_?tf32)", re.IGNORECASE)
 #: Tensor Core kernels running TF32 (FP32 inputs on Tensor Cores).
 TF32_KERNEL = re.compile(r"tf32|s1688|s16816|s16832|xmma_gemm_f32f32_tf32", re.IGNORECASE)
 #: Kernels that are clearly plain FP32 SIMT math (no Tensor Cores): cuBLAS/cuDNN ``sgemm``/``scudnn`` kernels and
@@ -72,6 +76,8 @@ def kernel_math(name: str) -> str:
     """``tf32``, ``tensor_core``, ``fp32_simt`` or ``other``, from a kernel's name (cached: names repeat)."""
     if TF32_KERNEL.search(name):
         return "tf32"
+    if FP32_ONLY_KERNEL.search(name):
+        return "fp32_simt"
     if TENSOR_CORE_KERNEL.search(name):
         return "tensor_core"
     if FP32_SIMT_KERNEL.search(name):
@@ -98,13 +104,42 @@ def stream_breakdown(trace: Trace) -> list[dict[str, Any]]:
             for (device, stream), (count, busy) in sorted(totals.items(), key=lambda kv: -kv[1][1])]
 
 
+#: Ops whose kernels are matmuls or convolutions: a kernel whose name says nothing of its math is judged by the
+#: launching op's input dtype (``record_shapes``): 16-bit or 8-bit floats run on Tensor Cores.
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_mm", "aten::_grouped_mm",
+              "aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "aten::matmul", "aten::linear")
+TENSOR_CORE_DTYPES = ("c10::bfloat16", "c10::half", "bfloat16", "half", "c10::float8_e4m3fn", "c10::float8_e5m2",
+                      "c10::float8_e4m3fnuz", "c10::float8_e5m2fnuz")
+
+
+def _matmul_dtypes(trace: Trace) -> dict[Any, str]:
+    """External id of each matmul/conv op -> its first input's dtype (lower case), where it was recorded."""
+    found: dict[Any, str] = {}
+    for op in trace.cpu_ops:
+        if op.external_id is not None and (op.name or "").startswith(MATMUL_OPS):
+            types = op.a.input_type
+            if types:
+                found[op.external_id] = str(types[0]).lower()
+    return found
+
+
+def kernel_math_of(kernel: Any, op_dtypes: dict[Any, str]) -> str:
+    """:func:`kernel_math`, and for a kernel whose name says nothing, its launching op's input dtype."""
+    math = kernel_math(kernel.name or "")
+    if math == "other" and op_dtypes.get(kernel.external_id) in TENSOR_CORE_DTYPES:
+        return "tensor_core"
+    return math
+
+
 def tensor_core_use(trace: Trace) -> dict[str, Any]:
-    """Share of compute-kernel time on Tensor Cores, TF32 told apart, judged from kernel names."""
+    """Share of compute-kernel time on Tensor Cores, TF32 told apart, judged from kernel names and, where a name
+    says nothing, the launching op's input dtype."""
     comm = communication_ids(trace)
+    op_dtypes = _matmul_dtypes(trace)
     time = {"tf32": 0.0, "tensor_core": 0.0, "fp32_simt": 0.0, "other": 0.0}
     for kernel in trace.kernels:
         if not is_communication_kernel(kernel, comm):
-            time[kernel_math(kernel.name or "")] += kernel.dur
+            time[kernel_math_of(kernel, op_dtypes)] += kernel.dur
     total = sum(time.values())
     tf32, tensor, simt = time["tf32"], time["tf32"] + time["tensor_core"], time["fp32_simt"]
     if not total:
@@ -130,7 +165,7 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
         kind = ATTENTION_OPS.get(name) or ATTENTION_OPS_CPU.get(name)
         if kind in ("math", "unfused") or (kind is not None and not on_device):
             found[kind] = found.get(kind, 0.0) + op.dur
-        elif name in SOFTMAX_OPS:
+        elif name in SOFTMAX_OPS and _attention_shaped(op):
             softmax_ops.append(op)
         elif name in BATCHED_MATMUL_OPS:
             bmm_ops.append(op)
@@ -179,6 +214,51 @@ def sdpa_math_inputs(trace: Trace) -> dict[str, Any]:
             "head_dims_differ": differ, "masked": masked, "causal": causal}
 
 
+def _attention_shaped(softmax: Any) -> bool:
+    """A softmax over attention scores: its input is [batch, heads, queries, keys] or [batch*heads, queries,
+    keys] (recorded with ``record_shapes``). A router's softmax over experts ([tokens, experts]) is not; without
+    shapes it cannot be told, and is not taken for attention."""
+    dims = softmax.input_dims
+    first = dims[0] if isinstance(dims, list) and dims else None
+    return isinstance(first, list) and len(first) >= 3 and all(isinstance(d, int) and d > 1 for d in first[-2:])
+
+
+#: A launch call longer than this (µs), and 50x the median launch, loads a module or code object at the kernel's
+#: first launch: one-time start-up work, not the launch rate (a launch takes a few µs).
+ONE_TIME_CALL_US = 1000.0
+#: Runtime calls that set a process up (context, streams, events, modules) and cost nothing in the steady state.
+SETUP_CALLS = ("cudaStreamCreate", "cudaEventCreate", "cudaFree", "cuModuleLoad", "cudaGetDeviceProperties",
+               "cudaDeviceGetStreamPriorityRange", "hipDeviceGetStreamPriorityRange",  # the first call: context init
+               "cudaDeviceGetAttribute", "hipStreamCreate", "hipEventCreate", "hipFree", "hipModuleLoad",
+               "cudaFuncGetAttributes", "cuModuleGetFunction", "hipModuleGetFunction")
+
+
+def one_time_bound(calls: list[Any]) -> float:
+    """The duration (µs) past which a launch call is one-time loading rather than a launch."""
+    durations = [call.dur for call in calls]
+    return max(ONE_TIME_CALL_US, 50 * statistics.median(durations)) if durations else ONE_TIME_CALL_US
+
+
+def startup_work(trace: Trace, window: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """One-time start-up work in the trace: launch calls past :func:`one_time_bound` (a module or code object
+    loaded at first launch) and set-up calls (streams, events, modules, ``cudaFree``) longer than
+    :data:`ONE_TIME_CALL_US`. ``{calls, time_us, share (of the window), by_name}``; empty when there is none."""
+    launches = [call for call in trace.runtimes if "Launch" in (call.name or "")]
+    bound = one_time_bound(launches)
+    found = [call for call in launches if call.dur > bound]
+    found += [call for call in trace.runtimes
+              if (call.name or "").startswith(SETUP_CALLS) and call.dur > ONE_TIME_CALL_US]
+    if not found:
+        return {}
+    by_name: dict[str, float] = {}
+    for call in found:
+        by_name[call.name or "?"] = by_name.get(call.name or "?", 0.0) + call.dur
+    time_us = spans.measure(spans.union(spans.of_events(found)), window) if window else sum(by_name.values())
+    length = ranges.total(window) if window else 0.0
+    return {"calls": len(found), "time_us": time_us, "share": time_us / length if length else None,
+            "by_name": dict(sorted(by_name.items(), key=lambda item: -item[1])[:5])}
+
+
 def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]] | None = None
                       ) -> dict[str, float]:
     """Kernels per step, share of kernels shorter than 10 µs, median launch-to-start gap (µs), and
@@ -187,11 +267,13 @@ def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]
     if not trace.kernels:
         return {}
     launch_call_share = None
+    calls = [call for call in trace.runtimes if "Launch" in (call.name or "")]
+    bound = one_time_bound(calls)
     if window:
         length = ranges.total(window)
         if length > 0:
-            calls = [call for call in trace.runtimes if "Launch" in (call.name or "")]
-            launch_call_share = spans.measure(spans.union(spans.of_events(calls)), window) / length
+            typical = [call for call in calls if call.dur <= bound]  # one-time loading is not the launch rate
+            launch_call_share = spans.measure(spans.union(spans.of_events(typical)), window) / length
     launches = trace.launch_ts
     gaps = []
     short = 0

@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
@@ -26,6 +28,18 @@ ROLES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtim
                           "other")
 COMMUNICATION_OPS = ("nccl:", "gloo:", "rccl:", "c10d::", "record_param_comms")
 COMMUNICATION_KERNELS = ("nccl", "rccl", "ncclDevKernel", "ncclKernel")
+#: Communication libraries' kernel families, matched anywhere in a kernel's name (C++ names start with
+#: ``void``), with where the names come from.
+COMMUNICATION_KERNEL_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("NCCL", r"\bnccl"),  # NVIDIA/nccl: ncclDevKernel_*, ncclKernel_*
+    ("RCCL", r"\brccl"),  # ROCm/rccl
+    ("DeepEP", r"deep_ep::(?:internode|intranode|internode_ll)::"),  # deepseek-ai/DeepEP csrc/kernels: dispatch,
+    # combine, notify_dispatch, ...
+    ("NVSHMEM", r"\bnvshmem"),  # NVIDIA NVSHMEM device kernels
+    ("MSCCL++", r"mscclpp"),  # microsoft/mscclpp
+    ("custom all-reduce", r"cross_device_reduce_[12]stage"),  # vLLM / SGLang csrc/custom_all_reduce.cuh
+)
+_COMMUNICATION_KERNEL = re.compile("|".join(pattern for _, pattern in COMMUNICATION_KERNEL_FAMILIES))
 DATALOADER_PREFIX = "enumerate(DataLoader)#"
 
 
@@ -70,7 +84,14 @@ def communication_ids(trace: Trace) -> set[Any]:
 
 
 def is_communication_kernel(kernel: Event, comm_ids: set[Any]) -> bool:
-    return (kernel.name or "").startswith(COMMUNICATION_KERNELS) or kernel.external_id in comm_ids
+    name = kernel.name or ""
+    return (name.startswith(COMMUNICATION_KERNELS) or kernel.external_id in comm_ids
+            or _communication_name(name))
+
+
+@lru_cache(maxsize=65536)
+def _communication_name(name: str) -> bool:
+    return _COMMUNICATION_KERNEL.search(name) is not None
 
 
 #: How the steps of a trace were found (``metrics.step_rule``).

@@ -48,6 +48,9 @@ CATEGORIES: dict[str, str] = {
     "cuda_sync": SYNC,
 }
 _STEP_PREFIX = "ProfilerStep#"
+#: Complete-event categories that hold no activity of their own: the whole-trace span, the profiler's own
+#: overhead, CUPTI's range-profiler markers.
+IGNORED_CATEGORIES = frozenset({None, "Trace", "overhead", "cuda_profiler_range"})
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
@@ -187,6 +190,8 @@ class Trace:
     steps: list[tuple[int, float, float]] = field(default_factory=list)
     events: int = 0
     warnings: list[str] = field(default_factory=list)
+    #: Complete events of categories no analyzer reads (an accelerator perfhooks does not model), by category.
+    unmodeled: dict[str, int] = field(default_factory=dict)
 
     @cached_property
     def device_events(self) -> list[Event]:
@@ -393,6 +398,7 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
                CPU_OP: trace.cpu_ops, ANNOTATION: trace.annotations, GPU_ANNOTATION: trace.gpu_annotations,
                PYTHON: trace.python, SYNC: trace.syncs}
     categories = CATEGORIES
+    unmodeled: dict[str, int] = {}
     skipped = 0
     implausible: list[Event] = []
     steps = trace.steps
@@ -401,6 +407,8 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
             continue
         kind = categories.get(event.cat)  # type: ignore[arg-type]
         if kind is None:
+            if event.cat not in IGNORED_CATEGORIES:
+                unmodeled[str(event.cat)] = unmodeled.get(str(event.cat), 0) + 1
             continue
         ts, dur = event.ts, event.dur
         if ts is None or dur is None or dur < 0:
@@ -420,6 +428,11 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
         buckets[kind].append(event)
     if skipped:
         trace.warnings.append(f"{skipped} events without a numeric ts/dur were skipped")
+    if unmodeled:
+        trace.unmodeled = dict(sorted(unmodeled.items(), key=lambda item: -item[1]))
+        listed = ", ".join(f"{cat} ({count})" for cat, count in trace.unmodeled.items())
+        trace.warnings.append(f"{sum(unmodeled.values())} events of categories perfhooks does not model were left "
+                              f"out of every figure: {listed}")
     if implausible:
         longest = max(implausible, key=lambda event: event.dur)  # type: ignore[arg-type,return-value]
         trace.warnings.append(

@@ -20,6 +20,8 @@ class Thresholds:
     fp32_eligible_share: float = 0.10
     tensor_core_share: float = 0.10
     unfused_attention_share: float = 0.02
+    #: Share 0..1 of a window that one-time start-up calls must take for ``startup_in_window``.
+    startup_share: float = 0.10
     occupancy_percent: float = 15.0
     pageable_share: float = 0.50
     memcpy_share: float = 0.01

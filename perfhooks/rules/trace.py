@@ -88,6 +88,19 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "fuse small ops, or raise the batch size.",
             short_kernel_share=launch["short_kernel_share"], host_wait_share=idle["host_wait"],
             launch_call_share=launch_calls))
+    startup = metrics.get("startup") or {}
+    if (startup.get("share") or 0.0) >= t.startup_share:
+        names = ", ".join(f"{name} {us / 1e3:.1f} ms" for name, us in startup["by_name"].items())
+        out.append(make(
+            "startup_in_window", "info", "One-time start-up work fell in the captured window",
+            f"{startup['calls']} runtime call(s) took {startup['time_us'] / 1e3:.1f} ms, {pct(startup['share'])} of "
+            f"the window ({names}): modules loaded at a kernel's first launch, streams, events and allocator set "
+            f"up; none of it recurs in the steady state, and the window's other figures are diluted by it; "
+            f"threshold {pct(t.startup_share)}",
+            0.0,
+            "Profile after warm-up: perfhooks.Schedule(skip_first=...) (torch.profiler.schedule(wait=..., "
+            "warmup=...)) so that the window holds steady-state steps only.",
+            startup_share=startup["share"]))
     syncs = metrics.get("host_sync") or {}
     sync_share = syncs.get("time_us_per_step", 0.0) / step_us
     # a sync is a cost only if the host waited: many syncs that return at once hold nothing back

@@ -32,6 +32,7 @@ DOCS = {
     "step_time_variance": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
     "tensor_core_alignment": "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/",
     "evaluation_heavy": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#val-check-interval",
+    "startup_in_window": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
 
