@@ -49,6 +49,21 @@ def manual_step(engine: Engine, clock: ManualClock, batches: list[Any], wait: fl
     engine.stepped()
 
 
+def engine_step(engine: Engine, optimizer: torch.optim.Optimizer, batch: Any, loss_of: Any) -> None:
+    """One training step announced as an integration would: the fetch, the forward (its batch seen), backward and
+    the optimizer."""
+    engine.fetch()
+    engine.phase_start("forward")
+    engine.batch(batch)
+    loss = loss_of(batch)
+    engine.phase_start("backward")
+    loss.backward()
+    engine.phase_start("optimizer")
+    optimizer.step()
+    optimizer.zero_grad()
+    engine.stepped()
+
+
 # ----------------------------------------------------------------------------- samples and tokens
 def test_samples_and_tokens_per_second_against_a_manual_clock(tmp_path: Path) -> None:
     """Steps of exactly 20 ms, 8 samples of 16 positions of which 100 are real tokens (padding excluded)."""
@@ -167,17 +182,8 @@ def test_the_measured_step_of_a_tiny_gpt2_is_within_two_percent_of_the_analytic_
     engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=1), console=False,
                                analyze_windows=False), tmp_path, "plain")
     for _ in range(3):
-        ids = torch.randint(0, vocab, (batch, seq))
-        engine.fetch()
-        engine.phase_start("forward")
-        engine.batch({"input_ids": ids})
-        loss = model(input_ids=ids, labels=ids).loss
-        engine.phase_start("backward")
-        loss.backward()
-        engine.phase_start("optimizer")
-        optimizer.step()
-        optimizer.zero_grad()
-        engine.stepped()
+        engine_step(engine, optimizer, {"input_ids": torch.randint(0, vocab, (batch, seq))},
+                    lambda inputs: model(input_ids=inputs["input_ids"], labels=inputs["input_ids"]).loss)
     throughput = engine.close()["throughput"]  # type: ignore[index]
     tokens = batch * seq
     analytic = 3 * tokens * (layers * (24 * d * d + 4 * seq * d) + 2 * d * vocab)
@@ -276,16 +282,7 @@ def test_a_compiled_model_gets_no_measured_count_and_says_so(tmp_path: Path) -> 
     engine = Engine(PerfConfig(schedule=Schedule(skip_first=2, warmup=1, active=1), console=False,
                                analyze_windows=False), tmp_path, "plain")
     for _ in range(4):
-        x = torch.randn(8, 32)
-        engine.fetch()
-        engine.phase_start("forward")
-        loss = model(x).square().mean()
-        engine.phase_start("backward")
-        loss.backward()
-        engine.phase_start("optimizer")
-        optimizer.step()
-        optimizer.zero_grad()
-        engine.stepped()
+        engine_step(engine, optimizer, torch.randn(8, 32), lambda x: model(x).square().mean())
     throughput = engine.close()["throughput"]  # type: ignore[index]
     assert throughput["flops_per_step"] is None
     assert any("torch.compile" in line for line in throughput["missing"])

@@ -468,11 +468,7 @@ class Engine:
         try:
             if not self.account.end(kind):
                 return
-            label = self._aside_labels.pop() if self._aside_labels else None
-            if label is not None:
-                label.__exit__(None, None, None)
-            if self._nvtx_on:
-                self.nvtx.pop()
+            self._pop_aside_annotations()
             if self.account.depth == 0 and self._aside_mark is not None:
                 outer, start = self._aside_mark
                 self._aside_mark = None
@@ -487,15 +483,19 @@ class Engine:
         try:
             if not self.account.retract(kind):
                 return
-            label = self._aside_labels.pop() if self._aside_labels else None
-            if label is not None:
-                label.__exit__(None, None, None)
-            if self._nvtx_on:
-                self.nvtx.pop()
+            self._pop_aside_annotations()
             if self.account.depth == 0:
                 self._aside_mark = None
         except Exception as error:
             self.faults.report("aside", error)
+
+    def _pop_aside_annotations(self) -> None:
+        """Close the innermost aside's profiler label and NVTX range."""
+        label = self._aside_labels.pop() if self._aside_labels else None
+        if label is not None:
+            label.__exit__(None, None, None)
+        if self._nvtx_on:
+            self.nvtx.pop()
 
     @contextlib.contextmanager
     def aside(self, kind: str) -> Iterator[None]:
