@@ -4,7 +4,9 @@ Keys are only ever added within a version; a key that changes meaning or goes aw
 (README, "The report"). 2 made ``ranks`` one schema for runs and ``perfhooks analyze``. 3: on a GPU,
 ``phases.data_wait`` is the exposed wait (device-timed) and ``data_fetch_ms`` the host fetch; the CUDA memory
 signal ``used_bytes`` counts reserved and outside-PyTorch memory against the limit (``memory.limit``); and
-``run.compiling_s``, ``run.compilations``, ``steady.compiled_steps`` and the ``compile`` section are new.
+``run.compiling_s``, ``run.compilations``, ``steady.compiled_steps`` and the ``compile`` section are new. Added
+within 3: the ``throughput`` section (samples and tokens per second, FLOPs per step and their source, MFU, the
+waterfall).
 """
 
 from __future__ import annotations
