@@ -254,4 +254,21 @@ def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = N
                              f"{first['rank']}: analyse one trace per rank (one window of one run) at a time")
     expected = max(len(by_rank), *(r.get("world_size") or 1 for r in by_rank))
     return merge_summaries(by_rank[0], [rank_summary(r) for r in by_rank], thresholds, "traces", expected,
-                           diagnoses=[d for r in by_rank for d in r["diagnoses"]])
+                           diagnoses=ranked_diagnoses(by_rank))
+
+
+def ranked_diagnoses(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's trace diagnoses, each naming the rank whose figures it quotes (``rank``, and the evidence
+    prefixed), and the other ranks where the same verdict fired (``also_ranks``): in a merged report a figure
+    never reads as another rank's."""
+    fired: dict[str, list[int]] = {}
+    for report in reports:
+        for diagnosis in report["diagnoses"]:
+            fired.setdefault(diagnosis["id"], []).append(report["rank"])
+    named = []
+    for report in reports:
+        for diagnosis in report["diagnoses"]:
+            rank = report["rank"]
+            named.append({**diagnosis, "rank": rank, "evidence": f"rank {rank}: {diagnosis['evidence']}",
+                          "also_ranks": [r for r in fired[diagnosis["id"]] if r != rank]})
+    return named

@@ -13,6 +13,9 @@ def format_analysis(report: dict[str, Any], top: int = 5) -> str:
     metrics = report.get("metrics", {})
     source = report.get("source", {})
     lines = [f"perfhooks analyze: {source.get('path', '?')} (rank {report['rank']}, {source.get('events', 0)} events)"]
+    if (report.get("ranks") or {}).get("count", 0) > 1:
+        lines.append(f"  the figures below are rank {report['rank']}'s (the lowest); each rank's step time is on the "
+                     "ranks line, and each verdict names the rank it quotes")
     for warning in source.get("warnings", []):
         lines.append(f"  warning: {warning}")
     step_us = metrics.get("step_us") or 0.0

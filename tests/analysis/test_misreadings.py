@@ -177,3 +177,33 @@ def test_compiled_code_running_is_not_compiling() -> None:
     assert not is_compilation("torch/_inductor/compile_fx.py(1498): wrapper")
     assert is_compilation("torch/_dynamo/convert_frame.py(1142): _compile")
     assert is_compilation("torch/_inductor/compile_fx.py(765): compile_fx_inner")
+
+
+# ----------------------------------------------------------------------------- 6. ranks named
+def rank_trace(tmp_path: Path, rank: int, kernel_us: float) -> Path:
+    """One 10 ms step of rank ``rank`` whose kernels run ``kernel_us`` of it."""
+    events = [x("user_annotation", "ProfilerStep#1", 0.0, 10_000.0),
+              x("cuda_runtime", "cudaLaunchKernel", 10.0, 5.0, correlation=1),
+              kernel("gemm_bf16_kernel", 20.0, kernel_us, 1)]
+    path = tmp_path / f"rank{rank}.json"
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": H100,
+                                "distributedInfo": {"rank": rank, "world_size": 2}}))
+    return path
+
+
+def test_a_merged_verdict_names_the_rank_whose_figures_it_quotes(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 0's kernels run 6 ms of its 10 ms step, rank 1's 2 ms: the low-utilization verdict is rank 1's
+    figure (20%), and says so; the header says whose figures it shows."""
+    from perfhooks.cli import main
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rank_trace(folder, 0, 6_000.0)
+    rank_trace(folder, 1, 2_000.0)
+    merged = analyze_paths([folder], workers=1)
+    [verdict] = [d for d in merged["diagnoses"] if d["id"] == "low_gpu_utilization"]
+    assert verdict["rank"] == 1 and verdict["evidence"].startswith("rank 1: ")
+    assert "20.0%" in verdict["evidence"]  # 2 ms of 10 ms, by hand
+    assert main(["analyze", str(folder)]) == 0
+    assert "the figures below are rank 0's" in capsys.readouterr().out
