@@ -158,7 +158,7 @@ class PerfTrainerCallback(TrainerCallback):
             return
         self._flos_at_start = (state.total_flos, state.global_step)
         if callable(getattr(model, "floating_point_ops", None)):  # the Trainer counts FLOPs: none measured here
-            self.engine.flops_from_framework = True
+            self.engine.expect_framework_flops()
         for flag, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
             if getattr(args, flag, False):
                 self.engine.note_precision(dtype, f"TrainingArguments({flag}=True)")

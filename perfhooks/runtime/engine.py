@@ -165,8 +165,9 @@ class Engine:
         #: and the one-step FLOPs measurement (armed for the first window's warm-up step).
         self.token_source: str | None = None
         self.framework_flops: tuple[float, str] | None = None
-        #: The framework will give its FLOPs count (``note_flops``): no step is measured.
-        self.flops_from_framework = False
+        #: A step's FLOPs may still be measured in this run (nothing the user set gives the count):
+        #: ``expect_framework_flops`` and a measurement, taken or skipped, turn it off.
+        self._may_count_flops = config.count_flops and not (config.flops_per_step or config.flops_per_sample)
         #: A watched model is torch.compile'd (or graphs compiled during the run): no dispatch mode is entered.
         self.model_compiled = False
         self.precision: tuple[str, str] | None = None
@@ -231,7 +232,7 @@ class Engine:
                 self.faults.report("memory_sample", error)
         if self._flops_watch:
             self._stop_counting()
-        elif self.flop_meter.flops_per_step is None and self.flop_meter.skipped is None:
+        elif self._may_count_flops:
             self._arm_flop_count(step)
         record = StepRecord(step, self.clock.mark())
         writer = self.writer
@@ -285,12 +286,15 @@ class Engine:
         """The run's matmul dtype (``bf16``, ``fp16``, ``fp8``, ``tf32``, ``fp32``) from the framework's setting."""
         self.precision = (dtype, source)
 
+    def expect_framework_flops(self) -> None:
+        """The framework counts FLOPs itself and will say so (``note_flops``): no step is measured."""
+        self._may_count_flops = False
+
     def _arm_flop_count(self, step: int) -> None:
-        """Count this step's FLOPs if it is the first window's warm-up step and nothing else gives the count."""
-        config = self.config
-        if (config.flops_per_step or config.flops_per_sample or not config.count_flops or self.flops_from_framework
-                or self.action(step) is not Action.WARMUP):
+        """Count this step's FLOPs if it is the first window's warm-up step (once per run)."""
+        if self.action(step) is not Action.WARMUP:
             return
+        self._may_count_flops = False
         if self.model_compiled or self.compiled_in_run():
             self.flop_meter.skipped = ("the model is torch.compile'd (counting would recompile its graphs); pass "
                                        "flops_per_step")
@@ -310,6 +314,9 @@ class Engine:
             self.flop_meter.stop(keep)
         except Exception as error:
             self.faults.report("flop_count", error)
+        meter = self.flop_meter
+        if meter.flops_per_step is None and meter.skipped is None:  # cut short: the next window's warm-up tries
+            self._may_count_flops = True
 
     def flops(self) -> dict[str, Any]:
         """FLOPs per step and their source: the user's, the framework's, the measured step's; else why none."""
@@ -341,8 +348,10 @@ class Engine:
             return "tf32", f"torch.get_float32_matmul_precision() is {torch.get_float32_matmul_precision()!r}"
         return "fp32", "no mixed precision setting seen"
 
-    def throughput(self, diagnoses: list[dict[str, Any]]) -> dict[str, Any]:
-        analysed = [w["metrics"] for w in self.windows.snapshot() if w.get("metrics")]
+    def throughput(self, diagnoses: list[dict[str, Any]], windows: list[dict[str, Any]]) -> dict[str, Any]:
+        """The report's ``throughput`` section; ``windows``: the report's window records (the latest analysed one
+        gives the GPU busy share)."""
+        analysed = [w["metrics"] for w in windows if w.get("metrics")]
         return throughput_section(self.stats, self.flops(), self.device, self.matmul_dtype(), self.config.peak_flops,
                                   analysed[-1] if analysed else None, diagnoses, self.token_source)
 
@@ -587,10 +596,11 @@ class Engine:
     def report(self, live: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         """The report now (on the training thread: it reads the statistics)."""
         diagnoses = self.diagnoses(live)
+        windows = self.windows.snapshot()
         return build_report(framework=self.framework, status=self.status, rank=self.rank,
                             world_size=self.world_size, device=self.device, stats=self.stats,
-                            windows=self.windows.snapshot(), diagnoses=diagnoses,
-                            throughput=self.guarded_call("throughput", lambda: self.throughput(diagnoses)),
+                            windows=windows, diagnoses=diagnoses,
+                            throughput=self.guarded_call("throughput", lambda: self.throughput(diagnoses, windows)),
                             faults=self.faults.as_list(), error=self.error,
                             memory=self.guarded_call("memory_report", self.memory.section) if self.memory else None,
                             run=self.account.section(self.stats.training_ms), global_step=self.global_step,
@@ -765,6 +775,9 @@ class NullEngine:
         pass
 
     def training_ended(self) -> None:
+        pass
+
+    def expect_framework_flops(self) -> None:
         pass
 
     def batch(self, batch: Any) -> None:
