@@ -321,3 +321,30 @@ def test_a_pickle_that_references_code_is_refused_in_one_line(tmp_path: Path, ca
                                    "holds only data"
     assert main(["analyze", str(REAL_SNAPSHOT)]) == 0
     assert "device 0: reserved 104.0 MiB in 12 segments" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- throughput and MFU on a GPU
+def test_mfu_on_a_gpu_takes_the_datasheet_peak_for_the_runs_dtype(tmp_path: Path) -> None:
+    """On an H100 (the name torch.cuda.get_device_name gives): bf16 from the framework's setting takes the dense
+    bf16 peak; with none, float32 matmuls allowed TF32 (set_float32_matmul_precision("high")) take the TF32 one."""
+    import pytest
+
+    previous = torch.get_float32_matmul_precision()
+    try:
+        for precision, dtype, peak in ((("bf16", "Lightning Trainer(precision='bf16-mixed')"), "bf16", 989.5e12),
+                                       (None, "tf32", 494.5e12)):
+            torch.set_float32_matmul_precision("high")
+            with simulated_cuda(name="NVIDIA H100 80GB HBM3") as gpu:
+                engine = engine_on(tmp_path / dtype, flops_per_step=2e12)
+                if precision is not None:
+                    engine.note_precision(*precision)
+                for _ in range(4):
+                    step(engine, gpu, forward_ms=5.0, backward_ms=10.0)
+                report = engine.close()
+            throughput = report["throughput"]  # type: ignore[index]
+            assert (throughput["matmul_dtype"], throughput["peak_flops_per_s"]) == (dtype, peak)
+            step_s = report["steady"]["step_ms"]["mean"] / 1e3  # type: ignore[index]
+            assert throughput["mfu"] == pytest.approx(2e12 / step_s / peak, rel=1e-3)
+            assert "H100" in throughput["peak_source"]
+    finally:
+        torch.set_float32_matmul_precision(previous)
