@@ -1,6 +1,8 @@
 """Synthetic traces of a chosen size, tiled from a real one: the same event mix, shifted in time.
 
     python benchmarks/synthetic.py 1000000 out.json
+    python benchmarks/synthetic.py 233000 mi300_62mb.json tests/data/traces/more/tl_mi300_resnet_act_ckpt.json.gz
+        # the largest-AMD-trace row: a ROCm MI300X training trace tiled to 62 MB of JSON
 
 Copy k of the source's events is shifted by k trace spans, and its correlation, external and flow
 ids by k times the largest id, so kernels, runtime calls, flows and operators still pair up.
@@ -65,5 +67,5 @@ def write_synthetic(events_wanted: int, target: Path, source: Path = SOURCE) -> 
 
 
 if __name__ == "__main__":
-    count = write_synthetic(int(sys.argv[1]), Path(sys.argv[2]))
+    count = write_synthetic(int(sys.argv[1]), Path(sys.argv[2]), *(Path(a) for a in sys.argv[3:4]))
     print(f"{count} events -> {sys.argv[2]}")

@@ -27,6 +27,7 @@ from perfhooks.analysis.kernels import (
 )
 from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, top_operators
 from perfhooks.analysis.overview import Overview, compute_overview, step_rule
+from perfhooks.analysis.steady import device_queueing, steady_state
 from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
 from perfhooks.analysis.trace import NotATrace, Trace, TraceError, load_trace
 from perfhooks.analysis.transfers import communication_summary, memcpy_summary
@@ -76,6 +77,9 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "host_sync": host_synchronizations(trace, steps),
         "launch": launch_statistics(trace, steps, window),
         "startup": startup_work(trace, window),
+        # the window less start-up work and graph captures: what the steady-state rules are judged on
+        "steady": steady_state(trace, window, steps, first),
+        "queueing": device_queueing(trace, window, first),
         "memcpy": memcpy_summary(trace, steps),
         "communication": communication,
         # the time in collectives per step (the wait for the other ranks is inside it): the straggler rule's input

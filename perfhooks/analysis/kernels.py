@@ -239,15 +239,21 @@ def one_time_bound(calls: list[Any]) -> float:
     return max(ONE_TIME_CALL_US, 50 * statistics.median(durations)) if durations else ONE_TIME_CALL_US
 
 
-def startup_work(trace: Trace, window: list[tuple[float, float]] | None = None) -> dict[str, Any]:
-    """One-time start-up work in the trace: launch calls past :func:`one_time_bound` (a module or code object
-    loaded at first launch) and set-up calls (streams, events, modules, ``cudaFree``) longer than
-    :data:`ONE_TIME_CALL_US`. ``{calls, time_us, share (of the window), by_name}``; empty when there is none."""
+def startup_calls(trace: Trace) -> list[Any]:
+    """The runtime calls that are one-time start-up work (see :func:`startup_work`)."""
     launches = [call for call in trace.runtimes if "Launch" in (call.name or "")]
     bound = one_time_bound(launches)
     found = [call for call in launches if call.dur > bound]
     found += [call for call in trace.runtimes
               if (call.name or "").startswith(SETUP_CALLS) and call.dur > ONE_TIME_CALL_US]
+    return found
+
+
+def startup_work(trace: Trace, window: list[tuple[float, float]] | None = None) -> dict[str, Any]:
+    """One-time start-up work in the trace: launch calls past :func:`one_time_bound` (a module or code object
+    loaded at first launch) and set-up calls (streams, events, modules, ``cudaFree``) longer than
+    :data:`ONE_TIME_CALL_US`. ``{calls, time_us, share (of the window), by_name}``; empty when there is none."""
+    found = startup_calls(trace)
     if not found:
         return {}
     by_name: dict[str, float] = {}

@@ -98,7 +98,7 @@ def _communication_name(name: str) -> bool:
 STEP_RULES = {
     "profiler_steps": "the ProfilerStep#N spans, each extended to the end of the device work it launched",
     "host_window": "no ProfilerStep: one step from the first host event to the end of the last device work "
-                   "launched from it",
+                   "launched from it (a synchronization at either edge is not a host event of its own)",
     "device_only": "no host events: one step from the first to the last device activity",
     "none": "no events with a duration",
 }
@@ -118,13 +118,23 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
     the device events when the trace has no host side."""
     rule = step_rule(trace)
     if rule == "host_window":
-        host = (trace.cpu_ops, trace.python, trace.annotations, trace.runtimes)
+        # a synchronization at either edge (the profiler's own at stop: torch.autograd.profiler's __exit__ calls
+        # the device's synchronize()) waits for the window's work: it is not work of its own
+        runtimes = [r for r in trace.runtimes if not _is_synchronization(r.name)]
+        host = [events for events in (trace.cpu_ops, trace.python, trace.annotations, runtimes) if events]
+        if not host:
+            host = [trace.runtimes]
         return [(0, min(e.ts for events in host for e in events),
                  max(e.ts + e.dur for events in host for e in events))]
     if rule == "device_only":
         device = trace.device_events
         return [(0, device[0].ts, max(e.ts + e.dur for e in device))]
     return []
+
+
+def _is_synchronization(name: str | None) -> bool:
+    """``cudaDeviceSynchronize``, ``cudaStreamSynchronize``, ``cudaEventSynchronize`` and their HIP twins."""
+    return name is not None and name.endswith("Synchronize")
 
 
 def device_steps(trace: Trace) -> list[tuple[int, float, float]]:

@@ -21,3 +21,22 @@ def merge(spans: Iterable[Span]) -> list[Span]:
 
 def total(spans: Iterable[Span]) -> float:
     return sum(end - start for start, end in spans)
+
+
+def subtract(windows: list[Span], holes: list[Span]) -> list[Span]:
+    """The parts of ``windows`` (sorted, disjoint) outside ``holes`` (sorted, disjoint)."""
+    out: list[Span] = []
+    h = 0
+    for start, end in windows:
+        while h < len(holes) and holes[h][1] <= start:
+            h += 1
+        k = h
+        cursor = start
+        while k < len(holes) and holes[k][0] < end:
+            if holes[k][0] > cursor:
+                out.append((cursor, holes[k][0]))
+            cursor = max(cursor, holes[k][1])
+            k += 1
+        if cursor < end:
+            out.append((cursor, end))
+    return out

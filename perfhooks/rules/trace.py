@@ -36,6 +36,10 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     breakdown = metrics.get("breakdown") or {}
     if step_us <= 0:  # no steps, or steps of no duration: no rule has a premise
         return out
+    # the steady-state rules are judged on the steps less one-time start-up work and graph captures
+    steady = metrics.get("steady") or {}
+    step_us = steady.get("step_us") or step_us
+    out.extend(_not_steady_state(metrics, steady, t))
 
     def share(role: str) -> float:
         return breakdown.get(role, 0.0) / step_us if step_us else 0.0
@@ -51,7 +55,9 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "Load batches in worker processes and keep them ahead of the GPU: "
             "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2).",
             dataloader_share=dataloader))
-    utilization = metrics.get("gpu_utilization")
+    utilization = steady["gpu_utilization"] if "gpu_utilization" in steady else metrics.get("gpu_utilization")
+    if metrics.get("queueing"):  # the device was busy; the time before its first kernel was queueing, not idle
+        utilization = None
     # no kernel at all inside the steps is more likely device activity that was not recorded than an idle GPU
     if utilization is not None and 0 < utilization < t.gpu_utilization:
         out.append(make(
@@ -60,6 +66,7 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             f"GPU utilization {pct(utilization)} (kernels running ÷ "
             + ("step time" if metrics.get("step_rule", "profiler_steps") == "profiler_steps" else
                "the time of the window, which has no step markers")
+            + (", less one-time start-up work and graph captures" if steady else "")
             + f"); threshold {pct(t.gpu_utilization)}",
             1 - utilization,
             "Find what the GPU waits for in the idle breakdown and the diagnoses above; then raise the work per "
@@ -88,6 +95,14 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "fuse small ops, or raise the batch size.",
             short_kernel_share=launch["short_kernel_share"], host_wait_share=idle["host_wait"],
             launch_call_share=launch_calls))
+    out.extend(_steady_state_rules(metrics, step_us, breakdown, utilization, t))
+    return out
+
+
+def _not_steady_state(metrics: dict[str, Any], steady: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+    """What in the window is not the steady state, said as information: start-up work, graph captures, device
+    work queued behind work the trace did not record."""
+    out: list[dict[str, Any]] = []
     startup = metrics.get("startup") or {}
     if (startup.get("share") or 0.0) >= t.startup_share:
         names = ", ".join(f"{name} {us / 1e3:.1f} ms" for name, us in startup["by_name"].items())
@@ -101,6 +116,45 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "Profile after warm-up: perfhooks.Schedule(skip_first=...) (torch.profiler.schedule(wait=..., "
             "warmup=...)) so that the window holds steady-state steps only.",
             startup_share=startup["share"]))
+    window_us = (metrics.get("step_us") or 0.0) * max(metrics.get("steps") or 1, 1)
+    capture_share = steady.get("capture_us", 0.0) / window_us if window_us else 0.0
+    if capture_share >= t.startup_share:
+        out.append(make(
+            "graph_capture_in_window", "info", "The window holds CUDA-graph capture, not steady-state steps",
+            f"{steady['captures']} stream capture(s) (cudaStreamBeginCapture … EndCapture) take "
+            f"{steady['capture_us'] / 1e3:.1f} ms, {pct(capture_share)} of the window: launches inside a capture "
+            f"are recorded into a graph and run nothing, so the device looks idle; utilization is judged on the "
+            f"rest" + ("" if steady.get("gpu_utilization") is not None else ", and too little is left to judge")
+            + f"; threshold {pct(t.startup_share)}",
+            0.0,
+            "Profile after the graphs are captured (a larger Schedule(skip_first=...), or start the profiler after "
+            "the model's warm-up), so that the window holds graph replays.",
+            capture_share=capture_share, captures=steady["captures"]))
+    queueing = metrics.get("queueing") or {}
+    if queueing:
+        out.append(make(
+            "device_queued", "info", "Kernels queued behind work the trace did not record",
+            f"the device ran {pct(queueing['busy_share'])} busy from its first kernel to its last; the "
+            f"{queueing['lead_us'] / 1e3:.1f} ms before its first kernel is most of the window's idle time, and "
+            f"kernels started a median {queueing['median_launch_to_start_us'] / 1e3:.1f} ms after their launch: "
+            "that time is queueing behind work launched before the window (or a clock offset), not an idle GPU; "
+            "utilization is not judged",
+            0.0,
+            "Synchronize before the window opens (torch.cuda.synchronize() before the profiler starts), so that "
+            "the window holds the device work its own launches made.",
+            busy_share=queueing["busy_share"], median_launch_to_start_us=queueing["median_launch_to_start_us"]))
+    return out
+
+
+def _steady_state_rules(metrics: dict[str, Any], step_us: float, breakdown: dict[str, Any],
+                        utilization: float | None, t: Thresholds) -> list[dict[str, Any]]:
+    """Syncs, precision, attention, occupancy, copies, compilation, communication, alignment, variance; shares are
+    of ``step_us`` (µs, the steady-state step)."""
+    out: list[dict[str, Any]] = []
+
+    def share(role: str) -> float:
+        return breakdown.get(role, 0.0) / step_us if step_us else 0.0
+
     syncs = metrics.get("host_sync") or {}
     sync_share = syncs.get("time_us_per_step", 0.0) / step_us
     # a sync is a cost only if the host waited: many syncs that return at once hold nothing back

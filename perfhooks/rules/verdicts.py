@@ -33,6 +33,8 @@ DOCS = {
     "tensor_core_alignment": "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/",
     "evaluation_heavy": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#val-check-interval",
     "startup_in_window": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
+    "graph_capture_in_window": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
+    "device_queued": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
 

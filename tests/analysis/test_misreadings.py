@@ -3,6 +3,7 @@ raw events written here, checked by hand in the test) or on a real one."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -207,3 +208,147 @@ def test_a_merged_verdict_names_the_rank_whose_figures_it_quotes(tmp_path: Path,
     assert "20.0%" in verdict["evidence"]  # 2 ms of 10 ms, by hand
     assert main(["analyze", str(folder)]) == 0
     assert "the figures below are rank 0's" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- 2. windows that are not training steps
+def capture_trace(tmp_path: Path) -> Path:
+    """No step markers: 2 ms of eager warm-up (20 kernels of 90 µs, launched 100 µs apart), then a graph capture
+    from 2 to 50 ms in which 400 launches run nothing (a capture records them), then one cudaGraphLaunch whose
+    graph runs 1 ms of kernels."""
+    events, correlation = [], 0
+    events.append(x("cpu_op", "warmup", 0.0, 2_000.0))
+    for index in range(20):
+        correlation += 1
+        t = index * 100.0
+        events.append(x("cuda_runtime", "cudaLaunchKernel", t, 5.0, correlation=correlation))
+        events.append(kernel("ampere_bf16_s16816gemm", t + 6.0, 90.0, correlation))
+    events.append(x("cpu_op", "capture", 2_000.0, 48_000.0))
+    events.append(x("cuda_runtime", "cudaStreamBeginCapture", 2_000.0, 10.0))
+    for index in range(400):  # captured: no kernel event
+        correlation += 1
+        events.append(x("cuda_runtime", "cudaLaunchKernel", 2_100.0 + index * 110.0, 5.0, correlation=correlation))
+    events.append(x("cuda_runtime", "cudaStreamEndCapture", 49_990.0, 10.0))
+    correlation += 1
+    events.append(x("cpu_op", "replay", 50_000.0, 100.0))
+    events.append(x("cuda_runtime", "cudaGraphLaunch", 50_000.0, 20.0, correlation=correlation))
+    events.append(kernel("ampere_bf16_s16816gemm", 50_030.0, 1_000.0, correlation))
+    return write_trace(tmp_path, events, devices=H100)
+
+
+def test_a_graph_capture_window_is_named_and_its_utilization_not_judged_on_the_capture(tmp_path: Path) -> None:
+    path = capture_trace(tmp_path)
+    raw = json.loads(path.read_text())["traceEvents"]
+    begin = next(e for e in raw if e["name"] == "cudaStreamBeginCapture")
+    end = next(e for e in raw if e["name"] == "cudaStreamEndCapture")
+    kernels = [e for e in raw if e["cat"] == "kernel"]
+    assert end["ts"] + end["dur"] - begin["ts"] == 48_000.0  # by hand: the capture is 48 of the 51.03 ms
+    assert not [k for k in kernels if begin["ts"] <= k["ts"] < end["ts"]]  # and no kernel ran in it
+    report = analyze_paths([path])
+    ids = [d["id"] for d in report["diagnoses"]]
+    # before: "critical" low utilization on the whole window (2.8 ms of kernels in 51 ms: 5.4%)
+    assert report["metrics"]["gpu_utilization"] == pytest.approx(2_800.0 / 51_030.0)
+    assert "low_gpu_utilization" not in ids  # the rest of the window (3.03 ms) is 92% busy
+    steady = report["metrics"]["steady"]
+    assert steady["captures"] == 1 and steady["capture_us"] == 48_000.0
+    assert steady["gpu_utilization"] == pytest.approx(2_800.0 / 3_030.0)
+    [finding] = [d for d in report["diagnoses"] if d["id"] == "graph_capture_in_window"]
+    assert finding["severity"] == "info" and finding["estimated_gain"] == 0
+    assert "1 stream capture(s)" in finding["evidence"] and "48.0 ms, 94.1% of the window" in finding["evidence"]
+
+
+def queued_trace(tmp_path: Path, queued: bool) -> Path:
+    """The host launches 200 kernels of 0.75 ms from 0 to 26 ms. Queued: the device runs them back to back from
+    151 to 301 ms (behind work the trace did not record). Not queued: each runs 10 µs after its launch, and the
+    device idles between them (a starved GPU)."""
+    events = [x("cpu_op", "generate", 0.0, 26_000.0)]
+    for index in range(200):
+        correlation = index + 1
+        t = index * 130.0
+        events.append(x("cuda_runtime", "cudaLaunchKernel", t, 5.0, correlation=correlation))
+        start = 151_000.0 + index * 750.0 if queued else t + 10.0
+        events.append(kernel("ampere_bf16_s16816gemm", start, 750.0 if queued else 30.0, correlation))
+    return write_trace(tmp_path, events, name=f"queued_{queued}.json", devices=H100)
+
+
+def test_device_work_queued_behind_unrecorded_work_is_queueing_not_idle(tmp_path: Path) -> None:
+    path = queued_trace(tmp_path, queued=True)
+    raw = json.loads(path.read_text())["traceEvents"]
+    launches = {e["args"]["correlation"]: e["ts"] for e in raw if e["name"] == "cudaLaunchKernel"}
+    kernels = sorted((e for e in raw if e["cat"] == "kernel"), key=lambda e: e["ts"])
+    assert max(launches.values()) < 26_000.0 < kernels[0]["ts"] == 151_000.0  # by hand: launched long before
+    assert all(a["ts"] + a["dur"] == b["ts"] for a, b in itertools.pairwise(kernels))  # back to back
+    gaps = sorted(k["ts"] - launches[k["args"]["correlation"]] for k in kernels)
+    assert gaps[100] == pytest.approx(151_000.0 + 100 * 620.0)  # the median launch-to-start: ~213 ms
+    report = analyze_paths([path])
+    ids = [d["id"] for d in report["diagnoses"]]
+    assert report["metrics"]["gpu_utilization"] == pytest.approx(150_000.0 / 301_000.0)  # before: "49.8%, warning"
+    assert "low_gpu_utilization" not in ids
+    [finding] = [d for d in report["diagnoses"] if d["id"] == "device_queued"]
+    assert finding["measured"]["busy_share"] == 1.0 and finding["estimated_gain"] == 0
+    assert "151.0 ms before its first kernel" in finding["evidence"]
+    # a starved GPU, whose kernels start as soon as they are launched, is still idle time
+    starved = analyze_paths([queued_trace(tmp_path, queued=False)])
+    assert starved["metrics"]["queueing"] == {}
+    assert "low_gpu_utilization" in [d["id"] for d in starved["diagnoses"]]
+
+
+# ----------------------------------------------------------------------------- 8. window edges
+def test_the_profilers_own_closing_sync_does_not_stretch_a_window_without_step_markers(tmp_path: Path) -> None:
+    # in these real GPU traces, after the last host event comes one device sync: the profiler's own at stop
+    # (torch.autograd.profiler.profile.__exit__ synchronizes the device)
+    from tests.analysis.fixtures import TRACES
+
+    for real in ("hta/a100_80gb_rank0_of16.json.gz", "hta/a100_nccl_rank0_of2.json.gz",
+                 "hta/v100_rank1_of2_test.json.gz", "hta/mi250_minitoy_train.json.gz"):
+        import gzip
+
+        events = json.loads(gzip.decompress((TRACES / real).read_bytes()))["traceEvents"]
+        host_end = max(e["ts"] + e["dur"] for e in events if e.get("cat") in ("cpu_op", "user_annotation"))
+        after = [e["name"] for e in events if e.get("cat") == "cuda_runtime" and e["ts"] >= host_end]
+        assert [name for name in after if name.endswith("Synchronize")] == [after[0]], real
+        assert after[0].endswith("DeviceSynchronize"), real
+    # a window without step markers: 100 ms of ops and kernels, then the closing sync 1.76 s later
+    events = [x("cpu_op", "forward", 0.0, 100_000.0)]
+    for index in range(100):
+        t = index * 1_000.0
+        events.append(x("cuda_runtime", "cudaLaunchKernel", t, 5.0, correlation=index + 1))
+        events.append(kernel("ampere_bf16_s16816gemm", t + 10.0, 900.0, index + 1))
+    events.append(x("cuda_runtime", "cudaDeviceSynchronize", 1_860_000.0, 20.0))
+    report = analyze_paths([write_trace(tmp_path, events, devices=H100)])
+    assert report["metrics"]["step_us"] == pytest.approx(100_000.0)  # before: 1,860,020 µs
+    assert report["metrics"]["gpu_utilization"] == pytest.approx(0.9)
+    assert "low_gpu_utilization" not in [d["id"] for d in report["diagnoses"]]
+
+
+def test_one_time_setup_does_not_dilute_a_steady_state_rule_under_its_threshold(tmp_path: Path) -> None:
+    """3 steps of 20 ms on a V100; in each, FP32 convolutions (volta_scudnn) run 12 ms of 20 ms of kernels (60%);
+    the first step also holds 45 ms of cudaFree and 2 ms of stream creation (one-time set-up)."""
+    v100 = [{"id": 0, "name": "Tesla V100-SXM2-32GB", "computeMajor": 7, "computeMinor": 0, "numSms": 80}]
+    events, correlation, t = [], 0, 0.0
+    for step in range(3):
+        start = t
+        if step == 0:
+            events.append(x("cuda_runtime", "cudaFree", t + 1.0, 45_000.0))
+            events.append(x("cuda_runtime", "cudaStreamCreateWithFlags", t + 45_002.0, 2_000.0))
+            t += 47_010.0
+        for index in range(20):
+            correlation += 1
+            fp32 = index < 12
+            events.append(x("cuda_runtime", "cudaLaunchKernel", t, 5.0, correlation=correlation))
+            events.append(kernel("volta_scudnn_128x64_relu_interior_nn_v1" if fp32 else "elementwise_kernel",
+                                 t + 10.0, 1_000.0, correlation))
+            t += 1_000.0
+        t += 100.0
+        events.append(x("user_annotation", f"ProfilerStep#{step + 1}", start, t - start))
+    path = write_trace(tmp_path, events, devices=[*v100])
+    raw = json.loads(path.read_text())["traceEvents"]
+    fp32_us = sum(e["dur"] for e in raw if e["name"].startswith("volta_scudnn"))
+    steps_us = sum(e["dur"] for e in raw if e["name"].startswith("ProfilerStep#"))
+    setup_us = sum(e["dur"] for e in raw if e["name"].startswith(("cudaFree", "cudaStreamCreate")))
+    assert fp32_us / steps_us < 0.35 and fp32_us / (steps_us - setup_us) > 0.55  # by hand: 33.9% vs 59.0%
+    assert fp32_us / steps_us * 0.25 < 0.10  # ... and at a quarter of the kernel share, under the threshold
+    report = analyze_paths([path])
+    assert report["metrics"]["steady"]["excluded_us"] == pytest.approx(setup_us)
+    [verdict] = [d for d in report["diagnoses"] if d["id"] == "fp32_matmul"]
+    assert verdict["measured"]["fp32_eligible_share"] == pytest.approx(fp32_us / (steps_us - setup_us), rel=1e-3)
+    assert "Tesla V100" in verdict["recommendation"] and "float16" in verdict["recommendation"]
