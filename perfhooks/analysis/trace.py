@@ -57,7 +57,7 @@ _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _ABSENT = msgspec.Raw()
 
 
-class Args(msgspec.Struct, frozen=True):
+class Args(msgspec.Struct, frozen=True, gc=False):
     """The event arguments the analyzers read (old and new spellings)."""
 
     correlation: int | None = None
@@ -101,11 +101,32 @@ def _decode_raw(raw: msgspec.Raw) -> Any:
 _NO_ARGS = Args()
 
 
-class Event(msgspec.Struct, frozen=True, tag_field="ph", tag="X"):
+class SharedStr(str):
+    """A category or event name, one object per distinct text in a trace: names repeat (a Python frame, a kernel,
+    the category ``python_function``) hundreds of thousands of times, and one copy each would be a third of the
+    decoded trace's memory. Behaves as the ``str`` it is."""
+
+    __slots__ = ()
+
+
+_SHARED: dict[str, SharedStr] = {}
+
+
+def _shared(kind: type, value: Any) -> Any:
+    """msgspec's decode hook: each distinct string once (a non-string is the field's type error, as before)."""
+    if kind is SharedStr and type(value) is str:
+        shared = _SHARED.get(value)
+        if shared is None:
+            shared = _SHARED[value] = SharedStr(value)
+        return shared
+    raise TypeError(f"expected a string, got {type(value).__name__}")
+
+
+class Event(msgspec.Struct, frozen=True, gc=False, tag_field="ph", tag="X"):
     """One complete event (``ph == "X"``): the fields perfhooks reads, the rest skipped at decode time. µs."""
 
-    cat: str | None = None
-    name: str | None = None
+    cat: SharedStr | None = None
+    name: SharedStr | None = None
     ts: float | None = None
     dur: float | None = None
     pid: int | str | None = None
@@ -145,7 +166,7 @@ class Event(msgspec.Struct, frozen=True, tag_field="ph", tag="X"):
 
 #: Every other Chrome trace phase decodes to an empty struct: flows, instants, counters and metadata
 #: (often half of a trace's events) then cost a few bytes each. An unknown phase takes the fallback path.
-_OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase_{ord(tag)}", [], tag_field="ph", tag=tag, frozen=True)
+_OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase_{ord(tag)}", [], tag_field="ph", tag=tag, frozen=True, gc=False)
                       for tag in "BEiICbnestfPNODMVvRc")
 _AnyEvent = Union[(Event, *_OTHER_PHASES)]
 
@@ -156,9 +177,9 @@ class _Document(msgspec.Struct):
     deviceProperties: list[Any] | None = None
 
 
-_DECODER = msgspec.json.Decoder(_Document, strict=False)
+_DECODER = msgspec.json.Decoder(_Document, strict=False, dec_hook=_shared)
 #: The January 2021 format: the whole file is the array of events.
-_ARRAY_DECODER = msgspec.json.Decoder(list[_AnyEvent], strict=False)
+_ARRAY_DECODER = msgspec.json.Decoder(list[_AnyEvent], strict=False, dec_hook=_shared)
 
 
 class TraceError(Exception):
@@ -304,6 +325,8 @@ def load_trace(path: str | Path) -> Trace:
             metadata = {"distributedInfo": document.distributedInfo, "deviceProperties": document.deviceProperties}
     except (msgspec.DecodeError, msgspec.ValidationError):
         return parse_trace(read_trace_json(path, data), str(path))
+    finally:
+        _SHARED.clear()  # the strings stay shared in this trace's events; the next trace starts its own table
     del data
     trace = Trace(path=str(path), events=len(events))
     _read_metadata(trace, metadata)
@@ -346,6 +369,7 @@ def parse_trace(document: Any, path: str = "<trace>") -> Trace:
             event, lost = _convert_fields(raw)
             events.append(event)
             dropped += lost
+    _SHARED.clear()
     trace = Trace(path=path, events=len(raw_events))
     if dropped:
         trace.warnings.append(f"{dropped} event fields of unexpected types were left out (their events were kept)")
@@ -359,7 +383,7 @@ _BAD_FIELD = (msgspec.ValidationError, msgspec.DecodeError, msgspec.EncodeError,
 
 def _to_event(raw: dict[str, Any]) -> Event:
     """One event dict as an Event, through JSON so that the raw fields (shapes, types, stacks) are kept."""
-    return msgspec.json.decode(_ENCODER.encode(raw), type=Event, strict=False)
+    return msgspec.json.decode(_ENCODER.encode(raw), type=Event, strict=False, dec_hook=_shared)
 
 
 def _convert_fields(raw: dict[str, Any]) -> tuple[Event, int]:
