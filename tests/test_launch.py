@@ -111,7 +111,11 @@ def test_settings_come_from_the_environment_and_bad_ones_are_refused(tmp_path: P
     bad = launch("--max-traces", "0", str(SCRIPTS / "plain_train.py"))
     assert bad.returncode == 2 and bad.stderr.strip() == "perfhooks run: max_traces must be an integer >= 1, got 0"
     bad = launch(str(SCRIPTS / "plain_train.py"), env={"PERFHOOKS_SCHEDULE": "active=two"})
-    assert bad.returncode == 2 and "--schedule active must be an integer, got 'two'" in bad.stderr
+    # the error names the variable the value came from, not an option the user never typed (issue 29, item 17)
+    assert bad.returncode == 2 and bad.stderr.strip() == ("perfhooks run: PERFHOOKS_SCHEDULE active must be an "
+                                                          "integer, got 'two'")
+    bad = launch("--schedule", "activ=2", str(SCRIPTS / "plain_train.py"))
+    assert bad.returncode == 2 and "perfhooks run: --schedule takes name=value pairs of" in bad.stderr
     missing = launch("no_such_script.py")
     assert missing.returncode == 2 and missing.stderr.strip() == "perfhooks run: no_such_script.py: no such script"
 
@@ -168,3 +172,23 @@ def test_a_trainer_that_has_perfhooks_already_gets_no_second_one(tmp_path: Path)
     assert [c for c in mine.callbacks if isinstance(c, PerfCallback)] == [own]
     assert len([c for c in added.callbacks if isinstance(c, PerfCallback)]) == 1
     assert [c for c in hf.callback_handler.callbacks if isinstance(c, PerfTrainerCallback)] == [theirs]
+
+
+def test_run_help_lists_every_setting_with_its_variable() -> None:
+    """Issue 29, item 14: ``perfhooks run --help`` shows every PerfConfig setting, its default and its variable."""
+    from dataclasses import fields
+
+    from perfhooks.cli.launch import _NOT_OPTIONS
+    from perfhooks.cli.main import build_parser
+    from perfhooks.config import PerfConfig
+
+    launch_parser = build_parser()._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    text = " ".join(launch_parser.format_help().split())
+    for item in fields(PerfConfig):
+        if item.name in _NOT_OPTIONS:
+            continue
+        flag = "--" + item.name.replace("_", "-")
+        assert f"{flag} " in text and f"PERFHOOKS_{item.name.upper()})" in text, item.name
+    assert "--max-traces MAX_TRACES most trace files kept per rank; the oldest are deleted first. (default 5; " \
+           "PERFHOOKS_MAX_TRACES)" in text
+    assert "(default True, off with --no-record-shapes; PERFHOOKS_RECORD_SHAPES)" in text

@@ -74,6 +74,16 @@ def test_trigger_file_opens_one_window_and_is_removed(tmp_path: Path) -> None:
     assert trace_files(tmp_path) == ["rank0.step3.pt.trace.json.gz"]
 
 
+def test_the_output_folder_exists_from_the_start_so_the_trigger_can_be_touched(tmp_path: Path) -> None:
+    """Issue 29, item 15: with schedule=None the folder was still missing at step 9, so `touch` failed."""
+    out = tmp_path / "not" / "yet"
+    engine = engine_for(out, schedule=None, trigger_poll_s=1e-6, on_demand_active=1)
+    assert out.is_dir()
+    plain_loop(engine, steps=4, before_step=lambda step: step == 1 and (out / "TRIGGER").touch())
+    report = engine.close()
+    assert [(w["first_step"], w["trigger"]) for w in report["windows"]] == [(2, "on_demand")]
+
+
 def test_sigusr2_opens_a_window(tmp_path: Path) -> None:
     previous = signal.getsignal(signal.SIGUSR2)
     engine = engine_for(tmp_path, schedule=None, on_demand_active=1)

@@ -53,8 +53,9 @@ FRAMEWORKS: dict[str, tuple[str, str, tuple[tuple[int, int], tuple[int, int]]]] 
 
 
 # ----------------------------------------------------------------------------- settings
-def parse_schedule(text: str) -> Schedule | None:
-    """``skip_first=8,warmup=2,active=3`` -> ``Schedule(...)``; ``none`` -> no scheduled windows."""
+def parse_schedule(text: str, source: str = "--schedule") -> Schedule | None:
+    """``skip_first=8,warmup=2,active=3`` -> ``Schedule(...)``; ``none`` -> no scheduled windows. ``source`` (the
+    option or environment variable the text came from) is named in the error."""
     if text.strip().lower() in ("none", "off", ""):
         return None
     values: dict[str, int] = {}
@@ -63,12 +64,12 @@ def parse_schedule(text: str) -> Schedule | None:
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or name not in allowed:
-            raise ValueError(f"--schedule takes name=value pairs of {', '.join(sorted(allowed))} "
+            raise ValueError(f"{source} takes name=value pairs of {', '.join(sorted(allowed))} "
                              f"(or 'none'), got {part.strip()!r}")
         try:
             values[name] = int(value)
         except ValueError:
-            raise ValueError(f"--schedule {name} must be an integer, got {value.strip()!r}") from None
+            raise ValueError(f"{source} {name} must be an integer, got {value.strip()!r}") from None
     return Schedule(**values)
 
 
@@ -93,14 +94,36 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
                         help="log to W&B, opening a run if there is none")
     parser.add_argument("--no-wandb", dest="wandb", action="store_false", help="never log to W&B")
     parser.add_argument("--thresholds", help="diagnosis thresholds as JSON (fields of perfhooks.Thresholds)")
+    described = setting_help()
     for item in _option_fields():
         flag = "--" + item.name.replace("_", "-")
+        text = f"{described.get(item.name, '')} (default {item.default}; {ENV_PREFIX}{item.name.upper()})"
         if item.type in ("bool", bool):
-            parser.add_argument(flag, dest=item.name, action="store_true", default=None, help=argparse.SUPPRESS)
+            text = text.replace("(default True;", f"(default True, off with --no-{flag[2:]};")
+            parser.add_argument(flag, dest=item.name, action="store_true", default=None, help=text)
             parser.add_argument("--no-" + item.name.replace("_", "-"), dest=item.name, action="store_false",
                                 help=argparse.SUPPRESS)
         else:
-            parser.add_argument(flag, dest=item.name, default=None, help=argparse.SUPPRESS)
+            parser.add_argument(flag, dest=item.name, default=None, metavar=item.name.upper(), help=text)
+
+
+def setting_help() -> dict[str, str]:
+    """Each :class:`PerfConfig` setting's description, from its docstring's ``Args:`` section (one line each)."""
+    out: dict[str, str] = {}
+    names: list[str] = []
+    in_args = False
+    for line in (PerfConfig.__doc__ or "").splitlines():
+        stripped = line.strip()
+        if stripped == "Args:":
+            in_args = True
+        elif in_args and stripped:
+            head, colon, rest = stripped.partition(": ")
+            if colon and not line.startswith(" " * 12):  # "name: text" or "a / b / c: text" opens an entry
+                names = [name.strip() for name in head.split(" / ")]
+                out.update(dict.fromkeys(names, rest))
+            else:  # a continuation line
+                out.update({name: f"{out[name]} {stripped}" for name in names})
+    return {name: text.replace("``", "").replace("%", "%%") for name, text in out.items()}
 
 
 def settings_from(args: argparse.Namespace, environ: dict[str, str] | os._Environ[str] = os.environ
@@ -118,7 +141,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
     types_ = {f.name: f.type for f in fields(PerfConfig)}
     for name, (value, source) in raw.items():
         if name == "schedule":
-            settings[name] = parse_schedule(value)
+            settings[name] = parse_schedule(value, source)
         elif name == "thresholds":
 
             try:

@@ -176,7 +176,18 @@ def _wandb_workspace(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(workspace_json(workspace), indent=2))
         return 0
-    workspace.save()
+    import wandb.errors
+
+    try:
+        workspace.save()
+    except (wandb.errors.UsageError, wandb.errors.AuthenticationError) as error:
+        print(f"perfhooks wandb-workspace: not logged in to W&B ({str(error).splitlines()[0]}): run `wandb login` "
+              "or set WANDB_API_KEY; --dry-run prints the view without a login", file=sys.stderr)
+        return 2
+    except wandb.errors.CommError as error:
+        print(f"perfhooks wandb-workspace: W&B refused the view for {args.project} "
+              f"({str(error).splitlines()[0] if str(error) else type(error).__name__})", file=sys.stderr)
+        return 2
     print(workspace.url)
     return 0
 

@@ -59,3 +59,14 @@ def test_a_bad_project_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]
     assert main(["wandb-workspace", "no-slash", "--dry-run"]) == 2
     assert capsys.readouterr().err.strip() == ("perfhooks wandb-workspace: ENTITY/PROJECT must be like "
                                                "my-team/my-project, got 'no-slash'")
+
+
+def test_saving_without_a_login_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys) -> None:
+    """Issue 29, item 16: no W&B login gave a 24-line UsageError traceback and exit 1."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    assert main(["wandb-workspace", "my-team/my-project"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("perfhooks wandb-workspace: not logged in to W&B (") and "run `wandb login`" in err
