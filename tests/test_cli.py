@@ -161,3 +161,15 @@ def test_a_file_gzipped_twice_says_so(tmp_path: Path, capsys: pytest.CaptureFixt
     twice.write_bytes(gzip.compress(path("mi250_minitoy_train.json.gz").read_bytes()))
     assert main(["analyze", str(twice)]) == 2
     assert "compressed twice" in capsys.readouterr().err
+
+
+def test_analyze_html_numbers_the_steps_as_the_trace_does(tmp_path: Path, monkeypatch) -> None:
+    """Issue 29, item 8: the x axis showed 0, 1, 2 for a window of ProfilerStep#2-#4."""
+    make_rank_trace(tmp_path, 0, 0.0, monkeypatch)
+    trace = next((tmp_path / "traces").iterdir())
+    target = tmp_path / "page.html"
+    assert main(["analyze", str(trace), "--format", "html", "-o", str(target)]) == 0
+    page = target.read_text()
+    x_labels = re.findall(r'text-anchor="(?:middle|end)" font-size="11" fill="#555">(\d+)</text>', page)
+    assert x_labels[:3] == ["2", "3", "4"]
+    assert "step 2: " in page and "step 0: " not in page

@@ -114,7 +114,7 @@ def phase_statistics(trace: Trace, steps: list[tuple[int, float, float]]) -> Pha
             j += 1
         step_ms = (end - start) / 1e3
         phase_ms["other"] = max(0.0, step_ms - sum(phase_ms.values()))
-        stats.add(StepTiming(number, step_ms, phase_ms, 1 if phase_ms.get("forward") else 0))
+        stats.add(StepTiming(number, step_ms, phase_ms, 1 if phase_ms.get("forward") else 0, global_step=number))
     return stats
 
 

@@ -41,7 +41,8 @@ def _analyze(args: argparse.Namespace) -> int:
     elif args.format == "html":
         from perfhooks.sinks.html import render_html
 
-        text = render_html(report, series=report.get("series"))
+        text = render_html(report, series=report.get("series"),
+                           base=Path(args.output).parent if args.output else Path.cwd())
     else:
         from perfhooks.sinks.text import format_analysis
 
@@ -92,7 +93,8 @@ def _report(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as error:
             print(f"perfhooks: {path}: unreadable report ({error})", file=sys.stderr)
             return 2
-        atomic_write_bytes(path.with_suffix(".html"), render_html(report, series=report.get("series")).encode())
+        atomic_write_bytes(path.with_suffix(".html"),
+                           render_html(report, series=report.get("series"), base=path.parent).encode())
         print(path.with_suffix(".html"))
     return 0
 

@@ -148,3 +148,18 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
         if key.endswith("_bytes") and isinstance(value, (int, float)):
             metrics[f"perf/mem/{key}"] = value
     return metrics
+
+
+def status_line(report: dict[str, Any]) -> str | None:
+    """One line for a run that did not complete (``None`` when it did): failed or interrupted, where, and the
+    error, for the top of the page and the table."""
+    status = report.get("status")
+    if status in (None, "completed"):
+        return None
+    error = report.get("error") or {}
+    kind = error.get("type")
+    word = "INTERRUPTED" if kind == "KeyboardInterrupt" else str(status).upper()
+    where = f" at step {error['step']}" if error.get("step") is not None else ""
+    where += f" ({error['phase']})" if error.get("phase") else ""
+    message = f": {kind}: {error.get('message', '')}".rstrip(": ") if kind else ""
+    return f"Run {word}{where}{message}; the figures cover the steps before it"

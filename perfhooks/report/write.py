@@ -50,7 +50,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _write_json_and_html(path: Path, report: dict[str, Any]) -> None:
 
     atomic_write_json(path, report)
-    atomic_write_bytes(path.with_suffix(".html"), render_html(report, series=report.get("series")).encode())
+    atomic_write_bytes(path.with_suffix(".html"), render_html(report, series=report.get("series"),
+                                                                base=path.parent).encode())
 
 
 def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = None) -> Path | None:

@@ -178,7 +178,8 @@ def close_wandb(engine: Engine, report: dict[str, Any], deadline: Deadline,
     recent = list(engine.stats.recent)[-engine.config.wandb_log_every:]
     latest = engine.memory.latest if engine.memory is not None else None
     run_report = run_report or report
-    sink.close(engine.global_step, run_report, recent, latest, render_html(run_report, series=report.get("series")),
+    sink.close(engine.global_step, run_report, recent, latest, render_html(run_report, series=report.get("series"),
+                                                                         base=engine.output_dir),
                timeout_s=deadline.left(WANDB_WAIT_S))
     if sink.run is not None or sink.failed:
         report["wandb"] = sink.section()

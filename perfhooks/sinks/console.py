@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from perfhooks.events import OTHER, PHASES
+from perfhooks.report.build import status_line
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -16,6 +17,9 @@ def format_table(report: dict[str, Any]) -> str:
         f"coverage {report['coverage']:.1%}",
         f"  {'phase':<10} {'share':>7} {'mean ms':>10} {'p50 ms':>10} {'p95 ms':>10} {'max ms':>10}",
     ]
+    status = status_line(report)
+    if status:
+        lines.insert(0, f"perfhooks: {status}")
     for name in (*PHASES, OTHER):
         phase = report["phases"][name]
         lines.append(f"  {name:<10} {phase['share']:>7.1%} {phase['mean_ms']:>10.3f} {phase['p50_ms']:>10.3f} "

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import html
+import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+from perfhooks.report.build import status_line
 
 COLORS = {"kernel": "#2e86de", "memcpy": "#e67e22", "memset": "#f1c40f", "communication": "#8e44ad",
           "runtime": "#16a085", "dataloader": "#e8a317", "cpu_exec": "#7f8c8d", "other": "#bdc3c7",
@@ -21,6 +26,7 @@ table{border-collapse:collapse}td,th{padding:3px 10px;text-align:left;border-bot
 .critical{border-color:#c0392b}.warning{border-color:#e67e22}.info{border-color:#5dade2}
 .legend span{display:inline-block;margin-right:12px}.sw{display:inline-block;width:10px;height:10px;margin-right:4px}
 code{background:#f0f0f0;padding:1px 3px}
+.status{border:2px solid #c0392b;background:#fdecea;padding:8px 12px;margin:10px 0}
 """
 
 
@@ -95,7 +101,20 @@ def _axes(plot_width: int, height: int, top: float, unit: str, steps: list[Any])
 def _tick_label(value: float, unit: str) -> str:
     if unit == "GiB":
         return f"{value / 2**30:.2f} GiB"
+    if unit == "ms":
+        return duration_label(value)
     return f"{value:.3g} {unit}"
+
+
+def duration_label(ms: float) -> str:
+    """A duration for an axis, never in exponent notation: ``0.25 ms``, ``15.5 ms``, ``640 ms``, ``1.6 s``,
+    ``12.4 s``, ``1234 s``."""
+    if ms >= 1000:
+        seconds = ms / 1000
+        return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"
+    if ms >= 100:
+        return f"{ms:.0f} ms"
+    return f"{ms:.3g} ms" if ms >= 0.01 or ms == 0 else f"{ms:.1e} ms"
 
 
 def _chart(body: str, axes: str, width: int, height: int, label: str) -> str:
@@ -184,20 +203,28 @@ def _memory_line(memory: dict[str, Any], width: int = 1000, height: int = 140) -
                                                   if capacity else "") + f"; device {_e(memory.get('device'))}</p>")
     if len(used) < 2:
         return text
-    top = max(max(used), capacity or 0) * 1.05
+    # scaled to the data, so that use far below capacity is not a flat line at the bottom; the capacity is drawn
+    # when it is near enough to show, and said in words either way
+    top = max(used) * 1.15 or 1.0
+    shown = bool(capacity) and capacity <= top * 1.5
+    if shown:
+        top = max(top, capacity * 1.05)
     plot = width - LEFT
     dx = plot / (len(used) - 1)
     coords = " ".join(f"{LEFT + i * dx:.1f},{_y(u, top, height)}" for i, u in enumerate(used))
     limit = ""
-    if capacity:
+    if shown:
         y = _y(capacity, top, height)
         limit = f'<line x1="{LEFT}" x2="{width}" y1="{y}" y2="{y}" stroke="#c0392b" stroke-dasharray="6 4"/>'
     steps = series.get("step") or list(range(len(used)))
     texts = [f"step {s}: {u / gib:.3f} GiB" for s, u in zip(steps, used, strict=False)]
     body = (f'{limit}<polyline fill="none" stroke="#2c3e50" stroke-width="1.5" points="{coords}"/>'
             + _hover_columns(steps, texts, plot, height))
+    note = ("dashed: capacity" if shown else
+            f"capacity {capacity / gib:.2f} GiB is above the chart (peak {max(used) / capacity:.1%} of it)"
+            if capacity else "capacity unknown")
     return (text + _chart(body, _axes(plot, height, top, "GiB", steps), width, height, "memory used")
-            + '<div class="legend">used memory per sample (x: step); dashed: capacity</div>')
+            + f'<div class="legend">used memory per sample (x: step); {note}</div>')
 
 
 def _top_work(window: dict[str, Any]) -> str:
@@ -236,17 +263,34 @@ def _throughput_html(throughput: dict[str, Any] | None) -> list[str]:
     return out
 
 
-def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = None) -> str:
-    """The report as one HTML page: the diagnoses first, then the step breakdown (mean and stacked per
-    step), per-phase series, the memory line, top kernels and links to the traces."""
+def trace_link(path: str, base: Path | None) -> str:
+    """A window's trace as a link from the page in folder ``base``: a relative path written at run time is
+    relative to the folder the run started in (this process's working directory); from a later
+    ``perfhooks report`` it is found under ``base/traces`` by name."""
+    if base is None:
+        return quote(Path(path).as_posix())
+    target = Path(path) if Path(path).is_absolute() else Path.cwd() / path
+    if not target.exists() and (base / "traces" / target.name).exists():
+        target = base / "traces" / target.name
+    return quote(Path(os.path.relpath(target.absolute(), base.absolute())).as_posix())
+
+
+def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = None,
+                base: Path | None = None) -> str:
+    """The report as one HTML page: the run's status when it did not complete, the diagnoses, then the step
+    breakdown (mean and stacked per step), per-phase series, the memory line, top kernels and links to the
+    traces (relative to ``base``, the folder the page is written in)."""
     metrics = report.get("metrics") or {}
     breakdown = metrics.get("breakdown") or {name: p["mean_ms"] for name, p in report["phases"].items()}
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>perfhooks report</title>"
              f"<style>{STYLE}</style></head><body>",
              f"<h1>perfhooks: {_e(report['framework'])} on {_e(report['device'].get('name', ''))}</h1>",
              f"<p>{report['steps']} steps, step time mean {report['step_ms']['mean']:.2f} ms, "
-             f"p95 {report['step_ms']['p95']:.2f} ms; rank {report['rank']} of {report['world_size']}</p>",
-             '<h2 id="diagnoses">Diagnoses</h2>']
+             f"p95 {report['step_ms']['p95']:.2f} ms; rank {report['rank']} of {report['world_size']}</p>"]
+    status = status_line(report)
+    if status:
+        parts.append(f'<div class="status" id="status"><b>{_e(status)}</b></div>')
+    parts.append('<h2 id="diagnoses">Diagnoses</h2>')
     if not report["diagnoses"]:
         parts.append("<p>No diagnosis fired.</p>")
     for diagnosis in report["diagnoses"]:
@@ -288,7 +332,7 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
     if windows:
         parts.append("<h2>Traces</h2><ul>")
         for window in windows:
-            parts.append(f'<li><a href="{_e(window["path"])}">{_e(window["path"])}</a> steps '
+            parts.append(f'<li><a href="{_e(trace_link(window["path"], base))}">{_e(window["path"])}</a> steps '
                          f'{window["first_step"]}–{window["last_step"]}</li>')
         parts.append("</ul><p>To open a trace: drop the <code>.json.gz</code> onto <a href=\"https://ui.perfetto.dev\">"
                      "ui.perfetto.dev</a> (it stays in the browser), or run <code>perfhooks analyze PATH</code> "

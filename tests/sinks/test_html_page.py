@@ -1,0 +1,93 @@
+"""Issue 29, items 5-9: what report.html shows, read from the page's own text and SVG."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from helpers import plain_loop
+from perfhooks import Engine, PerfConfig, Schedule
+from perfhooks.sinks.console import format_table
+from perfhooks.sinks.html import LEFT, _memory_line, _series, duration_label
+
+
+def tick_labels(svg: str) -> list[str]:
+    """The y-axis labels: the texts anchored at the end, left of the plot."""
+    return re.findall(rf'<text x="{LEFT - 6}" y="[^"]+" text-anchor="end"[^>]*>([^<]*)</text>', svg)
+
+
+@pytest.mark.parametrize(("ms", "label"), [(1560.0, "1.6 s"), (12_400.0, "12.4 s"), (640.0, "640 ms"),
+                                           (15.5, "15.5 ms"), (0.25, "0.25 ms"), (0.0, "0 ms"),
+                                           (1_234_000.0, "1234 s")])
+def test_durations_on_an_axis_never_use_exponents(ms: float, label: str) -> None:
+    assert duration_label(ms) == label
+
+
+def test_an_axis_over_a_second_is_labelled_in_seconds_that_fit_the_margin() -> None:
+    svg = _series({"forward": [1200.0, 1560.0, 1400.0, 1500.0]})
+    labels = tick_labels(svg)
+    assert labels and not any("e+" in label for label in labels)  # before: "1.56e+03 ms", clipped to ".56e+03 ms"
+    assert labels[-1].endswith(" s")
+    # 11 px system-ui digits are at most ~7 px wide: the longest label fits the plot's left margin
+    assert max(len(label) for label in labels) * 7 <= LEFT - 6
+
+
+def run_report(tmp_path: Path, **settings) -> tuple[Engine, dict]:
+    engine = Engine(PerfConfig(console=False, on_demand=False, analyze_windows=False, **settings), tmp_path, "test")
+    plain_loop(engine, steps=4)
+    return engine, engine.close()
+
+
+def test_the_trace_link_works_from_the_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative output_dir: the window's path is relative to where the run started, the page is not there."""
+    monkeypatch.chdir(tmp_path)
+    run_report(Path("out"), schedule=Schedule(skip_first=1, warmup=0, active=1, repeat=1))
+    page = (tmp_path / "out" / "report.html").read_text()
+    [href] = re.findall(r'<a href="([^"]+\.pt\.trace\.json\.gz)"', page)
+    assert href == "traces/rank0.step1.pt.trace.json.gz"  # before: "out/traces/...", broken from out/report.html
+    assert (tmp_path / "out" / unquote(href)).is_file()
+
+
+def test_a_failed_run_says_so_at_the_top_of_the_page_and_the_table(tmp_path: Path) -> None:
+    engine = Engine(PerfConfig(console=False, on_demand=False, schedule=None), tmp_path, "test")
+    plain_loop(engine, steps=3)
+    engine.phase_start("forward")
+    engine.exception(RuntimeError("CUDA error: device-side assert triggered"))
+    page = (tmp_path / "report.html").read_text()
+    line = "Run FAILED at step 3 (forward): RuntimeError: CUDA error: device-side assert triggered"
+    assert f'<div class="status" id="status"><b>{line}; the figures cover the steps before it' in page
+    assert page.index('id="status"') < page.index('id="diagnoses"')
+    import json
+
+    table = format_table(json.loads((tmp_path / "report.json").read_text()))
+    assert table.splitlines()[0].startswith(f"perfhooks: {line}")
+
+
+def test_a_completed_run_has_no_status_line(tmp_path: Path) -> None:
+    _, report = run_report(tmp_path, schedule=None)
+    assert 'id="status"' not in (tmp_path / "report.html").read_text()
+    assert not format_table(report).startswith("perfhooks: Run")
+
+
+def test_memory_far_below_capacity_is_scaled_to_the_data() -> None:
+    gib = 2**30
+    used = [0.70 * gib, 0.74 * gib, 0.76 * gib, 0.75 * gib]
+    svg = _memory_line({"series": {"used_bytes": used, "step": [1, 2, 3, 4]}, "capacity_bytes": 24 * gib,
+                        "peak_used_bytes": 0.76 * gib, "peak_step": 3, "peak_phase": "backward", "device": "cuda:0"})
+    [points] = re.findall(r'<polyline[^>]*points="([^"]+)"', svg)
+    ys = [float(pair.split(",")[1]) for pair in points.split()]
+    height = 140
+    # before: every point within 5 px of the bottom (0.76 of 24 GiB); now the line spans the chart's upper part
+    assert min(ys) < height * 0.3
+    assert "capacity 24.00 GiB is above the chart (peak 3.2% of it)" in svg
+    assert "stroke-dasharray" not in svg  # no capacity line drawn off the chart
+
+
+def test_memory_near_capacity_draws_the_capacity_line() -> None:
+    gib = 2**30
+    svg = _memory_line({"series": {"used_bytes": [20 * gib, 22 * gib], "step": [1, 2]}, "capacity_bytes": 24 * gib,
+                        "peak_used_bytes": 22 * gib, "peak_step": 2, "peak_phase": "forward", "device": "cuda:0"})
+    assert "stroke-dasharray" in svg and "dashed: capacity" in svg
