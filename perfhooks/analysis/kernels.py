@@ -240,12 +240,16 @@ def one_time_bound(calls: list[Any]) -> float:
 
 
 def startup_calls(trace: Trace) -> list[Any]:
-    """The runtime calls that are one-time start-up work (see :func:`startup_work`)."""
+    """The runtime calls that are one-time start-up work (see :func:`startup_work`); computed once per trace."""
+    cached = trace.__dict__.get("_startup_calls")
+    if cached is not None:
+        return cached
     launches = [call for call in trace.runtimes if "Launch" in (call.name or "")]
     bound = one_time_bound(launches)
     found = [call for call in launches if call.dur > bound]
     found += [call for call in trace.runtimes
               if (call.name or "").startswith(SETUP_CALLS) and call.dur > ONE_TIME_CALL_US]
+    trace.__dict__["_startup_calls"] = found
     return found
 
 

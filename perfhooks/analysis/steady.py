@@ -74,21 +74,24 @@ def device_queueing(trace: Trace, window: list[ranges.Span], device: int | None)
     if device is None or not window:
         return {}
     low, high = window[0][0], window[-1][1]
-    kernels = sorted((k for k in trace.kernels if k.device == device and low <= k.ts < high), key=lambda k: k.ts)
+    kernels = [k for k in trace.kernels if k.device == device and low <= k.ts < high]
     if not kernels:
         return {}
-    first, last = kernels[0].ts, max(k.ts + k.dur for k in kernels)
-    busy = spans.measure(spans.union(spans.of_events(kernels)), [(first, last)])
-    span = last - first
-    idle = ranges.total(window) - spans.measure(spans.union(spans.of_events(kernels)), window)
+    first = min(k.ts for k in kernels)
     lead = sum(max(0.0, min(end, first) - start) for start, end in window)
+    busy_spans = spans.union(spans.of_events(kernels))
+    idle = ranges.total(window) - spans.measure(busy_spans, window)
+    if not idle or lead < QUEUED_LEAD_OF_IDLE * idle:  # the common case, decided before the costlier figures
+        return {}
+    last = max(k.ts + k.dur for k in kernels)
+    busy = spans.measure(busy_spans, [(first, last)])
     gaps = _launch_gaps(trace, kernels)
-    if not span or not idle or not gaps:
+    if last <= first or not gaps:
         return {}
     median_gap = statistics.median(gaps)
-    if busy / span < QUEUED_BUSY or lead < QUEUED_LEAD_OF_IDLE * idle or median_gap < QUEUED_LEAD_OF_IDLE * lead:
+    if busy / (last - first) < QUEUED_BUSY or median_gap < QUEUED_LEAD_OF_IDLE * lead:
         return {}
-    return {"lead_us": lead, "busy_share": busy / span, "median_launch_to_start_us": median_gap}
+    return {"lead_us": lead, "busy_share": busy / (last - first), "median_launch_to_start_us": median_gap}
 
 
 def _launch_gaps(trace: Trace, kernels: list[Event]) -> list[float]:
