@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -11,7 +12,7 @@ import pytest
 from helpers import plain_loop
 from perfhooks import Engine, PerfConfig, Schedule
 from perfhooks.sinks.console import format_table
-from perfhooks.sinks.html import LEFT, _memory_line, _series, duration_label
+from perfhooks.sinks.html import LEFT, STYLE, _memory_line, _series, duration_label
 
 
 def tick_labels(svg: str) -> list[str]:
@@ -91,3 +92,45 @@ def test_memory_near_capacity_draws_the_capacity_line() -> None:
     svg = _memory_line({"series": {"used_bytes": [20 * gib, 22 * gib], "step": [1, 2]}, "capacity_bytes": 24 * gib,
                         "peak_used_bytes": 22 * gib, "peak_step": 2, "peak_phase": "forward", "device": "cuda:0"})
     assert "stroke-dasharray" in svg and "dashed: capacity" in svg
+
+
+CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
+
+
+def screenshot(tmp_path: Path, body: str, width: int = 1000, height: int = 260):
+    import subprocess
+
+    from PIL import Image
+
+    page = tmp_path / "chart.html"
+    # the report's own style (its font), with the chart at the page's left edge
+    page.write_text(f"<!doctype html><html><head><style>{STYLE}</style></head>"
+                    f"<body style='margin:0;background:#fff'>{body}</body></html>")
+    shot = tmp_path / "chart.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    f"--window-size={width},{height}", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    return Image.open(shot).convert("RGB")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium-headless-shell (apt-get install chromium-headless-shell)")
+def test_rendered_second_labels_are_not_clipped_and_the_memory_line_uses_the_height(tmp_path: Path) -> None:
+    image = screenshot(tmp_path, _series({"forward": [1200.0, 1560.0, 1400.0, 1500.0]}))
+    pixels = image.load()
+
+    def inked(x: int, y: int) -> bool:
+        return sum(pixels[x, y]) < 600  # darker than the light grid lines (#e5e5e5 sums to 687)
+
+    label_ink = [(x, y) for y in range(180) for x in range(LEFT - 6) if inked(x, y)]
+    assert label_ink, "the y labels are drawn"
+    # before, "1.56e+03 ms" ran past the SVG's left edge (x = 0) and lost its first digit
+    assert min(x for x, _ in label_ink) >= 4
+    gib = 2**30
+    memory = _memory_line({"series": {"used_bytes": [0.70 * gib, 0.74 * gib, 0.76 * gib, 0.72 * gib],
+                                      "step": [1, 2, 3, 4]}, "capacity_bytes": 24 * gib, "peak_used_bytes": 0.76 * gib,
+                           "peak_step": 3, "peak_phase": "backward", "device": "cuda:0"})
+    image = screenshot(tmp_path, memory)
+    pixels = image.load()
+    line = [y for y in range(image.size[1]) for x in range(LEFT, 1000, 7)
+            if max(abs(a - b) for a, b in zip(pixels[x, y], (0x2C, 0x3E, 0x50), strict=True)) <= 40]
+    assert line and max(line) - min(line) >= 30  # before: a flat line within 5 px of the bottom
