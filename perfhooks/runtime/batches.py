@@ -3,8 +3,9 @@
 - **samples**: the leading dimension of ``input_ids`` when the batch has it, else of the first tensor found
   (a tensor, a tuple/list of them, or a mapping such as HF's ``BatchEncoding``);
 - **tokens**: ``attention_mask.sum()`` (padding left out) when the batch has a 2-D ``attention_mask`` on the
-  CPU; else the element count of a 2-D ``input_ids`` (padding included). A mask on an accelerator is not read:
-  its sum is a device op whose value the host would have to wait for.
+  CPU; else the element count of a 2-D ``input_ids`` (padding included); else, with no mapping, the element count
+  of a first tensor that is 2-D and of an integer dtype (token ids: nanoGPT's ``x``). A mask on an accelerator is
+  not read: its sum is a device op whose value the host would have to wait for.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 FROM_MASK = "attention_mask"
 FROM_IDS = "input_ids"
 FROM_IDS_MASK_ON_DEVICE = "input_ids (attention_mask not read on an accelerator: reading it would sync)"
+FROM_INTEGER_TENSOR = "a 2-D integer tensor taken as token ids (nanoGPT's x)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,9 @@ def count_batch(batch: Any) -> BatchCount | None:
             return BatchCount(samples, int(ids.numel()), FROM_IDS_MASK_ON_DEVICE)
     if _is_batched(ids) and ids.dim() == 2:
         return BatchCount(samples, int(ids.numel()), FROM_IDS)
+    if ids is None and lead.dim() == 2 and not lead.is_floating_point() and not lead.is_complex() \
+            and lead.dtype != torch.bool:
+        return BatchCount(samples, int(lead.numel()), FROM_INTEGER_TENSOR)
     return BatchCount(samples, 0, None)
 
 

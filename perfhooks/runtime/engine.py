@@ -88,10 +88,10 @@ class Engine:
         self.framework = framework
         self.faults = FaultLog()
         self.once = Once()
-        try:  # made now, so that `touch <output_dir>/TRIGGER` works from the first step
+        # made now, so that `touch <output_dir>/TRIGGER` works from the first step; a folder that can't be made
+        # is reported once, by the first write that needs it
+        with contextlib.suppress(OSError):
             self.output_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            self.faults.report("output_dir", error)
         self.step = start_step
         #: The framework's own step counter (Lightning ``global_step``, transformers ``state.global_step``,
         #: or the optimizer steps counted here); W&B rows and the report use it.

@@ -55,9 +55,10 @@ def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[[],
             handles.add(register_pre(lambda *_: on_before_step()))
 
 
-def watch_training_forward(model: torch.nn.Module, on_start: Callable[[], None],
-                           on_end: Callable[[], None] | None, handles: HookHandles) -> None:
-    """Call ``on_start``/``on_end`` around the model's training forward passes.
+def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None],
+                           on_end: Callable[[], None] | None, handles: HookHandles, with_inputs: bool = False) -> None:
+    """Call ``on_start``/``on_end`` around the model's training forward passes (``on_start(args)``, the forward's
+    positional arguments, with ``with_inputs``).
 
     Only forwards on the thread that registered the hooks, in training mode, with grad enabled
     and outside a backward pass count: evaluation and activation-checkpoint recomputation (which
@@ -76,11 +77,14 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[[], None],
         return (module.training and torch.is_grad_enabled() and threading.get_ident() == training_thread
                 and torch._C._current_graph_task_id() == -1)
 
-    def pre(module: torch.nn.Module, _args: Any) -> None:
+    def pre(module: torch.nn.Module, args: Any) -> None:
         if compiling():
             return
         if training_forward(module):
-            on_start()
+            if with_inputs:
+                on_start(args)
+            else:
+                on_start()
 
     handles.add(model.register_forward_pre_hook(pre))
     if on_end is not None:

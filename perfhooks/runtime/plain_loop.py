@@ -1,0 +1,214 @@
+"""``perfhooks.profile``: a hand-written PyTorch loop (nanoGPT's ``train.py``) with no framework, in a few lines.
+
+The phases come from torch's own hooks where the loop has them, and from the loop where it has none:
+
+- ``forward``: the model's forward pre-hook (training forwards only: not evaluation, not activation-checkpoint
+  recomputation); the first forward after a fetch counts its first input as the batch (samples, tokens);
+- ``backward``: from the end of the model's forward to the optimizer step (the loss, ``loss.backward()``, gradient
+  clipping, a ``GradScaler``'s unscale);
+- ``optimizer``: the optimizer's step pre- and post-hooks (``register_step_pre_hook``); the step that stepped ends
+  at the next batch's fetch or forward;
+- ``data_wait``: ``with perf.data_wait(): x, y = get_batch("train")``, or ``for batch in perf.batches(loader)``; a
+  fetch inside a step (nanoGPT fetches the next batch between a micro-step's forward and backward) pauses the phase
+  it interrupts; from the end of a fetch to the model's forward is ``other``;
+- evaluation and checkpoints: ``with perf.evaluation():`` and ``with perf.checkpoint():``, taken out of the steps.
+
+Nothing of the loop is patched: hooks only, removed at ``close()``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from perfhooks.config import PerfConfig
+from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.faults import FaultLog
+from perfhooks.runtime.engine import Engine, NullEngine
+from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps, watch_training_forward
+
+
+def profile(model: torch.nn.Module | None = None, optimizer: Any = None, *,
+            output_dir: str | os.PathLike[str] | None = None, **settings: Any) -> ProfiledLoop:
+    """Profile a hand-written training loop; use as a context manager (or call ``close()``).
+
+    Args:
+        model: the module the loop calls for its forward (a ``torch.compile`` wrapper is fine), or a list of them.
+        optimizer: the optimizer(s) the loop steps; a step ends after each ``optimizer.step()``. ``None``: call
+            ``perf.step()`` at the end of each step instead.
+        output_dir: where ``report.json``, ``report.html`` and ``traces/`` go; default ``./perfhooks``.
+        **settings: any :class:`perfhooks.PerfConfig` field (``schedule``, ``max_traces``, ``wandb``, ...).
+
+    Example::
+
+        with perfhooks.profile(model, optimizer) as perf:
+            for step in range(max_iters):
+                with perf.data_wait():
+                    x, y = get_batch("train")
+                loss = model(x, y)
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    """
+    config = PerfConfig.from_kwargs("profile", {"output_dir": output_dir, **settings})
+    models = _listed(model)
+    optimizers = _listed(optimizer)
+    for item in models:
+        if not isinstance(item, torch.nn.Module):
+            raise TypeError(f"profile() model must be a torch.nn.Module or a list of them, got {type(item).__name__}")
+    for item in optimizers:
+        if not callable(getattr(item, "step", None)):
+            raise TypeError(f"profile() optimizer must be an optimizer (with a step method) or a list of them, got "
+                            f"{type(item).__name__}")
+    return ProfiledLoop(models, optimizers, config)
+
+
+def _listed(given: Any) -> list[Any]:
+    if given is None:
+        return []
+    return list(given) if isinstance(given, (list, tuple)) else [given]
+
+
+def _device_of(models: list[torch.nn.Module]) -> torch.device | None:
+    for model in models:
+        for parameter in model.parameters():
+            return parameter.device
+    return None
+
+
+class ProfiledLoop:
+    """The hooks :func:`profile` added; ``close()`` (idempotent) removes them and writes the report."""
+
+    def __init__(self, models: list[torch.nn.Module], optimizers: list[Any], config: PerfConfig) -> None:
+        self._hooks = HookHandles()
+        self._stepped = False
+        self._unseen_batch = False  # a fetch whose batch no forward has taken yet (its samples and tokens count)
+        self._closed = False
+        output_dir = config.output_dir or "perfhooks"
+        self.engine: Engine | NullEngine = Engine.start(config, output_dir, framework="pytorch",
+                                                        device=_device_of(models))
+        if not self.engine.active:
+            self._closed = True
+            return
+        try:
+            for model in models:
+                watch_training_forward(model, self._forward_start, self._forward_end, self._hooks, with_inputs=True)
+                self.engine.watch_model(model)
+            watch_optimizer_steps(optimizers, self._optimizer_end, self._hooks, on_before_step=self._optimizer_start)
+        except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched
+            self._hooks.remove()
+            self.engine.faults.report("profile", error)
+            self.engine = NullEngine()
+            self._closed = True
+
+    # --------------------------------------------------------------- events from torch's hooks
+    def _end_stepped(self) -> None:
+        if self._stepped:
+            self._stepped = False
+            self.engine.step_end()
+
+    def _forward_start(self, inputs: tuple[Any, ...]) -> None:
+        self._end_stepped()
+        self.engine.phase_start(FORWARD)
+        if self._unseen_batch and inputs:  # the first forward after a fetch: its first input is the batch
+            self._unseen_batch = False
+            self.engine.batch(inputs[0])
+
+    def _forward_end(self) -> None:
+        self.engine.phase_start(BACKWARD)
+
+    def _optimizer_start(self) -> None:
+        self.engine.phase_start(OPTIMIZER)
+
+    def _optimizer_end(self) -> None:
+        self.engine.phase_end(OPTIMIZER)
+        self.engine.stepped()
+        self._stepped = True
+
+    # --------------------------------------------------------------- what the loop says
+    @contextmanager
+    def data_wait(self) -> Iterator[None]:
+        """Around the loop's fetch of a training batch (``get_batch``, ``next(iterator)``)."""
+        if self._closed:
+            yield
+            return
+        # a fetch inside a step (nanoGPT prefetches the next batch between forward and backward) pauses the open
+        # phase; one at a step's start ends the step that stepped
+        resume = None if self._stepped else self.engine.open_phase
+        self._stepped = False
+        self.engine.fetch()  # ends the step that stepped, opens data_wait
+        try:
+            yield
+        finally:
+            self._unseen_batch = True
+            self.engine.phase_end(DATA_WAIT)
+            if resume in (FORWARD, BACKWARD):
+                self.engine.phase_start(resume)
+
+    def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        """The batches of ``iterable``, each fetch timed as ``data_wait``; the last step ends with the data."""
+        iterator = iter(iterable)
+        while True:
+            with self.data_wait():
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+            self._unseen_batch = False
+            self.engine.batch(batch)
+            yield batch
+        self.engine.idle()
+
+    def step(self) -> None:
+        """End the step now (a loop with no optimizer given to :func:`profile`, or one whose steps a
+        ``GradScaler`` skipped)."""
+        self._stepped = False
+        self.engine.stepped()
+        self.engine.step_end()
+
+    @contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Around an evaluation: its time is taken out of the steps and reported apart."""
+        with self._aside(EVALUATION):
+            yield
+
+    @contextmanager
+    def checkpoint(self) -> Iterator[None]:
+        """Around a checkpoint write: its time is taken out of the steps and reported apart."""
+        with self._aside(CHECKPOINT):
+            yield
+
+    @contextmanager
+    def _aside(self, kind: str) -> Iterator[None]:
+        self.engine.begin_aside(kind)
+        try:
+            yield
+        finally:
+            self.engine.end_aside(kind)
+
+    # --------------------------------------------------------------- end
+    def close(self) -> dict[str, Any] | None:
+        """Remove the hooks, end the last step and write the report (idempotent); the report."""
+        if self._closed:
+            return None
+        self._closed = True
+        try:
+            self._hooks.remove()
+        except Exception as error:
+            FaultLog().report("detach", error)
+        return self.engine.close()
+
+    def __enter__(self) -> ProfiledLoop:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        if error is not None and not self._closed:
+            self.engine.exception(error)
+        self.close()
+        return False

@@ -1,0 +1,101 @@
+"""``perfhooks.profile``: a hand-written loop with no framework (issue 29, item 3), as nanoGPT's train.py writes it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from perfhooks.runtime.plain_loop import profile
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def tiny_loop(perf_dir: Path | None, steps: int = 6, accumulation: int = 2, fail_at: int | None = None
+              ) -> list[float]:
+    """A loop in nanoGPT's shape: get_batch, micro-steps, clip, optimizer; the losses it saw."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, 64, (2_000,), generator=torch.Generator().manual_seed(1))
+
+    def get_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        ix = torch.randint(len(tokens) - 17, (4,))
+        return torch.stack([tokens[i:i + 16] for i in ix]), torch.stack([tokens[i + 1:i + 17] for i in ix])
+
+    losses: list[float] = []
+
+    def train(perf) -> None:
+        for step in range(steps):
+            for _ in range(accumulation):
+                if perf is not None:
+                    with perf.data_wait():
+                        x, y = get_batch()
+                else:
+                    x, y = get_batch()
+                logits = model(x)
+                loss = torch.nn.functional.cross_entropy(logits.view(-1, 64), y.view(-1)) / accumulation
+                loss.backward()
+                losses.append(loss.item())
+                if fail_at is not None and step == fail_at:
+                    raise RuntimeError("boom")
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    if perf_dir is None:
+        train(None)
+    else:
+        with profile(model, optimizer, output_dir=perf_dir, schedule=None, console=False, wandb=False) as perf:
+            train(perf)
+        assert not model._forward_pre_hooks and not model._forward_hooks  # every hook removed
+        assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
+    return losses
+
+
+def test_a_nanogpt_shaped_loop_is_split_into_phases_and_trains_the_same(tmp_path: Path) -> None:
+    plain = tiny_loop(None)
+    profiled = tiny_loop(tmp_path)
+    assert profiled == plain  # the same losses to the last bit
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["framework"] == "pytorch" and report["status"] == "completed"
+    assert report["steps"] == 6
+    phases = report["phases"]
+    assert all(phases[name]["mean_ms"] > 0 for name in ("data_wait", "forward", "backward", "optimizer"))
+    assert report["coverage"] >= 0.9
+
+
+def test_an_error_in_the_loop_propagates_and_the_report_says_failed(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        tiny_loop(tmp_path, fail_at=2)
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "failed" and report["error"]["type"] == "RuntimeError"
+
+
+def test_bad_arguments_name_the_parameter() -> None:
+    with pytest.raises(TypeError, match=r"profile\(\) model must be a torch.nn.Module"):
+        profile("model")
+    with pytest.raises(TypeError, match=r"profile\(\) optimizer must be an optimizer"):
+        profile(torch.nn.Linear(2, 2), optimizer=3)
+    with pytest.raises(ValueError, match="max_traces"):
+        profile(torch.nn.Linear(2, 2), max_traces=0)
+
+
+def test_nanogpts_train_py_runs_with_the_added_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import nanogpt_train
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    assert nanogpt_train.main(["--max-iters", "24", "--eval-interval", "12", "--output-dir", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 24
+    assert report["run"]["evaluations"] == 1 and report["run"]["checkpoints"] == 1
+    assert report["coverage"] >= 0.9
+    # the batch the first forward after each fetch took: [8, 64] token ids (the example's defaults)
+    assert report["throughput"]["tokens_per_step"] == 2 * 8 * 64
+    added = [line for line in (EXAMPLES / "nanogpt_train.py").read_text().splitlines() if line.endswith("# perfhooks")]
+    assert len(added) == 6  # the import, the with, two fetches, the evaluation and the checkpoint
