@@ -83,3 +83,57 @@ def test_the_nanogpt_example_compiled_on_cpu_reports_what_compiling_cost(tmp_pat
     # the steps neither compiling nor overlapping the window and its export are timed as any eager step
     assert report["steady"]["steps"] >= 5 and report["phases"]["forward"]["mean_ms"] > 0
     assert report["series"]["data_wait"][0] < 0.1 * run["compiling_s"] * 1e3
+
+
+def run_side(label: str, steady_ms: float, shares: dict[str, float], all_step_ms: dict[str, float],
+             operators: list[tuple[str, float]], peak: int) -> dict:
+    """A run's report as the diff reads it: steady step and shares, every step's phase means, a top list."""
+    phases = {name: {"mean_ms": ms, "share": ms / sum(all_step_ms.values())} for name, ms in all_step_ms.items()}
+    report = {"schema_version": 3, "phases": phases, "step_ms": {"mean": sum(all_step_ms.values())},
+              "steady": {"step_ms": {"mean": steady_ms}, "shares": shares}, "diagnoses": [],
+              "memory": {"peak_used_bytes": peak}}
+    metrics = {"steps": 1, "top_operators": [{"name": n, "time_us": us} for n, us in operators],
+               "kernels": {"top": [{"name": "k_" + n, "total_us": us} for n, us in operators]}}
+    return {"label": label, "report": report, "metrics": metrics}
+
+
+def sides() -> tuple[dict, dict]:
+    # before: compiling steps make every-step means (36.3 ms) far larger than the steady step (14.6 ms)
+    before = run_side("before", 14.6, {"data_wait": 0.1, "forward": 0.3, "backward": 0.4, "optimizer": 0.1,
+                                       "other": 0.1},
+                      {"data_wait": 3.0, "forward": 15.0, "backward": 14.3, "optimizer": 2.0, "other": 2.0},
+                      [("aten::mm", 900.0), ("aten::tanh", 158853.9)], 2 << 30)
+    after = run_side("after", 10.0, {"data_wait": 0.1, "forward": 0.25, "backward": 0.45, "optimizer": 0.1,
+                                     "other": 0.1},
+                     {"data_wait": 1.0, "forward": 2.5, "backward": 4.5, "optimizer": 1.0, "other": 1.0},
+                     [("aten::mm", 800.0), ("aten::gelu", 300.0)], 1 << 30)
+    return before, after
+
+
+def test_the_step_and_the_phases_share_one_basis() -> None:
+    """Issue 29, item 11: the 'before' phases added up to 36.3 ms against a 14.6 ms step."""
+    from perfhooks.report.diff import compare, format_text
+
+    result = compare(*sides())
+    assert result["basis"] == "steady steps"
+    assert result["step_ms"]["before"] == 14.6
+    assert sum(row["before_ms"] for row in result["phases"]) == pytest.approx(14.6)
+    assert sum(row["after_ms"] for row in result["phases"]) == pytest.approx(10.0)
+    assert "step and phases: means over steady steps" in format_text(result)
+
+
+def test_an_item_outside_one_sides_top_list_is_not_read_as_zero() -> None:
+    """Issue 29, item 12: 'aten::tanh 158853.9 -> 0.0' for an operator only outside the after side's top 10."""
+    from perfhooks.report.diff import compare, format_html, format_text
+
+    result = compare(*sides())
+    tanh = next(row for row in result["operators"] if row["name"] == "aten::tanh")
+    assert tanh["after_us"] is None and tanh["change_us"] is None
+    text = format_text(result)
+    assert "158853.9 -> not in top 2  aten::tanh" in text and "-> 0.0" not in text
+    mm = next(row for row in result["operators"] if row["name"] == "aten::mm")
+    assert mm["change_us"] == -100.0
+    # item 13: the page has what the text has: operators, kernels and memory
+    page = format_html(result)
+    assert "aten::tanh" in page and "k_aten::gelu" in page and "not in top 2" in page
+    assert "memory peak 2048.0 MiB → 1024.0 MiB (0.50x)" in page

@@ -65,11 +65,19 @@ def _ratio(after: float | None, before: float | None) -> float | None:
     return after / before if after is not None and before else None
 
 
-def _step_ms(side: dict[str, Any]) -> float | None:
+#: The two bases a diff's step and phases can share (``basis`` in the result).
+STEADY, ALL_STEPS = "steady steps", "all steps"
+
+
+def _has_steady(report: dict[str, Any]) -> bool:
+    steady = report.get("steady") or {}
+    return bool((steady.get("step_ms") or {}).get("mean")) and bool(steady.get("shares"))
+
+
+def _step_ms(side: dict[str, Any], basis: str) -> float | None:
     report, metrics = side["report"], side["metrics"]
-    steady = (report.get("steady") or {}).get("step_ms") or {}
-    if steady.get("mean"):
-        return steady["mean"]
+    if basis == STEADY:
+        return report["steady"]["step_ms"]["mean"]
     if (report.get("step_ms") or {}).get("mean"):
         return report["step_ms"]["mean"]
     return metrics["step_us"] / 1e3 if metrics and metrics.get("step_us") else None
@@ -80,14 +88,24 @@ def _has_phases(report: dict[str, Any]) -> bool:
     return any((phases.get(name) or {}).get("mean_ms") for name in PHASE_NAMES if name != "other")
 
 
-def _phase_rows(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+def _phase(report: dict[str, Any], name: str, basis: str) -> tuple[float | None, float | None]:
+    """A phase's ms per step and share, on ``basis``: the steady steps' shares of their mean step, or every step's
+    phase means (the two add up to the step of the same basis)."""
+    if basis == STEADY:
+        share = report["steady"]["shares"].get(name)
+        return (None if share is None else share * report["steady"]["step_ms"]["mean"]), share
+    phase = report["phases"].get(name) or {}
+    return phase.get("mean_ms"), phase.get("share")
+
+
+def _phase_rows(before: dict[str, Any], after: dict[str, Any], basis: str) -> tuple[str, list[dict[str, Any]]]:
     if _has_phases(before["report"]) and _has_phases(after["report"]):
         rows = []
         for name in PHASE_NAMES:
-            b, a = before["report"]["phases"].get(name) or {}, after["report"]["phases"].get(name) or {}
-            rows.append({"name": name, "before_ms": b.get("mean_ms"), "after_ms": a.get("mean_ms"),
-                         "ratio": _ratio(a.get("mean_ms"), b.get("mean_ms")),
-                         "before_share": b.get("share"), "after_share": a.get("share")})
+            (b_ms, b_share), (a_ms, a_share) = (_phase(before["report"], name, basis),
+                                                _phase(after["report"], name, basis))
+            rows.append({"name": name, "before_ms": b_ms, "after_ms": a_ms, "ratio": _ratio(a_ms, b_ms),
+                         "before_share": b_share, "after_share": a_share})
         return "phases", rows
     b_metrics, a_metrics = before["metrics"] or {}, after["metrics"] or {}
     b_roles, a_roles = b_metrics.get("breakdown") or {}, a_metrics.get("breakdown") or {}
@@ -101,9 +119,10 @@ def _phase_rows(before: dict[str, Any], after: dict[str, Any]) -> tuple[str, lis
     return "breakdown", rows
 
 
-def _per_step(metrics: dict[str, Any] | None, key: str, name_key: str, time_key: str) -> dict[str, float]:
-    if not metrics:
-        return {}
+def _per_step(metrics: dict[str, Any] | None, key: str, name_key: str, time_key: str) -> dict[str, float] | None:
+    """Time per step (µs) of each item of a side's top list; ``None`` when the side has no such list."""
+    if not metrics or not metrics.get(key):
+        return None
     steps = max(metrics.get("steps") or 1, 1)
     items = metrics.get(key) or []
     if isinstance(items, dict):  # kernels: {"top": [...]}
@@ -114,31 +133,45 @@ def _per_step(metrics: dict[str, Any] | None, key: str, name_key: str, time_key:
     return out
 
 
-def _changes(before: dict[str, float], after: dict[str, float]) -> list[dict[str, Any]]:
-    rows = [{"name": name, "before_us": before.get(name, 0.0), "after_us": after.get(name, 0.0),
-             "change_us": after.get(name, 0.0) - before.get(name, 0.0)} for name in dict.fromkeys([*before, *after])]
-    return sorted(rows, key=lambda row: -abs(row["change_us"]))[:TOP]
+def _changes(before: dict[str, float] | None, after: dict[str, float] | None) -> list[dict[str, Any]]:
+    """The items whose time per step changed most. A side holds only its top list: an item missing from one side's
+    list is ``None`` there ("not in its top N"), never 0, and its change is unknown (``None``); such rows rank by the
+    time the other side gives."""
+    if before is None or after is None:
+        return []
+    rows = []
+    for name in dict.fromkeys([*before, *after]):
+        b, a = before.get(name), after.get(name)
+        rows.append({"name": name, "before_us": b, "after_us": a,
+                     "change_us": a - b if a is not None and b is not None else None})
+    return sorted(rows, key=lambda row: -abs(row["change_us"] if row["change_us"] is not None
+                                             else (row["after_us"] or row["before_us"] or 0.0)))[:TOP]
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The comparison of two sides from :func:`load_side` (see the module docstring)."""
-    b_step, a_step = _step_ms(before), _step_ms(after)
-    kind, phases = _phase_rows(before, after)
+    basis = STEADY if _has_steady(before["report"]) and _has_steady(after["report"]) else ALL_STEPS
+    b_step, a_step = _step_ms(before, basis), _step_ms(after, basis)
+    kind, phases = _phase_rows(before, after, basis)
+    b_ops = _per_step(before["metrics"], "top_operators", "name", "time_us")
+    a_ops = _per_step(after["metrics"], "top_operators", "name", "time_us")
     b_ids = [d["id"] for d in before["report"].get("diagnoses") or []]
     a_ids = [d["id"] for d in after["report"].get("diagnoses") or []]
     b_peak = (before["report"].get("memory") or {}).get("peak_used_bytes")
     a_peak = (after["report"].get("memory") or {}).get("peak_used_bytes")
-    operators = _changes(_per_step(before["metrics"], "top_operators", "name", "time_us"),
-                         _per_step(after["metrics"], "top_operators", "name", "time_us"))
+    b_kernels = _per_step(before["metrics"], "kernels", "name", "total_us")
+    a_kernels = _per_step(after["metrics"], "kernels", "name", "total_us")
     return {
         "before": before["label"], "after": after["label"],
+        "basis": basis if kind == "phases" else "the trace's steps",
         "step_ms": {"before": b_step, "after": a_step, "ratio": _ratio(a_step, b_step)},
         "phase_source": kind, "phases": phases,
         "diagnoses": {"resolved": [i for i in b_ids if i not in a_ids], "new": [i for i in a_ids if i not in b_ids],
                       "unchanged": [i for i in a_ids if i in b_ids]},
-        "operators": operators,
-        "kernels": _changes(_per_step(before["metrics"], "kernels", "name", "total_us"),
-                            _per_step(after["metrics"], "kernels", "name", "total_us")),
+        "operators": _changes(b_ops, a_ops),
+        "top_n": {"operators": [len(b_ops or {}), len(a_ops or {})],
+                  "kernels": [len(b_kernels or {}), len(a_kernels or {})]},
+        "kernels": _changes(b_kernels, a_kernels),
         "memory": {"before_peak_bytes": b_peak, "after_peak_bytes": a_peak, "ratio": _ratio(a_peak, b_peak)},
         "throughput": _throughput_rows(before["report"].get("throughput"), after["report"].get("throughput")),
     }
@@ -178,7 +211,8 @@ def _pct(value: float | None) -> str:
 def format_text(result: dict[str, Any]) -> str:
     step = result["step_ms"]
     lines = [f"before: {result['before']}", f"after:  {result['after']}",
-             f"step time  {_ms(step['before'])} ms -> {_ms(step['after'])} ms  ({_x(step['ratio'])})",
+             f"step time  {_ms(step['before'])} ms -> {_ms(step['after'])} ms  ({_x(step['ratio'])}; step and phases: "
+             f"means over {result.get('basis', ALL_STEPS)})",
              *(f"{row['label']:<10} {_figure(row, row['before'])} -> {_figure(row, row['after'])}  ({_x(row['ratio'])})"
                for row in result.get("throughput") or []), "",
              f"  {'phase' if result['phase_source'] == 'phases' else 'role':<14}{'before ms':>11}{'after ms':>11}"
@@ -191,13 +225,25 @@ def format_text(result: dict[str, Any]) -> str:
     for key, title in (("operators", "operators"), ("kernels", "kernels")):
         if result[key]:
             lines += ["", f"{title} whose time per step changed most (us):"]
-            lines += [f"  {row['change_us']:+12.1f}  {row['before_us']:10.1f} -> {row['after_us']:10.1f}  "
-                      f"{row['name'][:80]}" for row in result[key]]
+            lines += [f"  {_change(row):>12}  {_us(row['before_us'], result, key, 0):>10} -> "
+                      f"{_us(row['after_us'], result, key, 1):>10}  {row['name'][:80]}" for row in result[key]]
     memory = result["memory"]
     if memory["before_peak_bytes"] or memory["after_peak_bytes"]:
         lines += ["", f"memory peak {_bytes(memory['before_peak_bytes'])} -> {_bytes(memory['after_peak_bytes'])} "
                       f"({_x(memory['ratio'])})"]
     return "\n".join(lines)
+
+
+def _change(row: dict[str, Any]) -> str:
+    return "?" if row["change_us"] is None else f"{row['change_us']:+.1f}"
+
+
+def _us(value: float | None, result: dict[str, Any], key: str, side: int) -> str:
+    """µs per step, or where the item is outside that side's top list."""
+    if value is not None:
+        return f"{value:.1f}"
+    count = (result.get("top_n") or {}).get(key, [0, 0])[side]
+    return f"not in top {count}" if count else "n/a"
 
 
 def _bytes(value: int | None) -> str:
@@ -216,7 +262,8 @@ def format_html(result: dict[str, Any]) -> str:
 
     parts = [f"<h1>perfhooks diff</h1><p>before: <code>{e(result['before'])}</code><br>after: "
              f"<code>{e(result['after'])}</code></p>",
-             f"<p id='step'>step time {_ms(step['before'])} ms → {_ms(step['after'])} ms ({_x(step['ratio'])})"
+             f"<p id='step'>step time {_ms(step['before'])} ms → {_ms(step['after'])} ms ({_x(step['ratio'])}; "
+             f"step and phases: means over {e(result.get('basis', ALL_STEPS))})"
              + "".join(f"<br>{e(row['label'])} {_figure(row, row['before'])} → {_figure(row, row['after'])} "
                        f"({_x(row['ratio'])})" for row in result.get("throughput") or []) + "</p>",
              table([result["phase_source"], "before ms", "after ms", "ratio", "before share", "after share"],
@@ -225,9 +272,14 @@ def format_html(result: dict[str, Any]) -> str:
              table(["diagnoses", "ids"], [[k, ", ".join(v) or "-"] for k, v in result["diagnoses"].items()])]
     for key in ("operators", "kernels"):
         if result[key]:
-            parts.append(table([key, "before µs/step", "after µs/step", "change"],
-                               [[r["name"], f"{r['before_us']:.1f}", f"{r['after_us']:.1f}", f"{r['change_us']:+.1f}"]
-                                for r in result[key]]))
+            parts.append(f"<h2>{e(key)} whose time per step changed most</h2>" + table(
+                [key, "before µs/step", "after µs/step", "change"],
+                [[r["name"], _us(r["before_us"], result, key, 0), _us(r["after_us"], result, key, 1), _change(r)]
+                 for r in result[key]]))
+    memory = result["memory"]
+    if memory["before_peak_bytes"] or memory["after_peak_bytes"]:
+        parts.append(f"<p id='memory'>memory peak {_bytes(memory['before_peak_bytes'])} → "
+                     f"{_bytes(memory['after_peak_bytes'])} ({_x(memory['ratio'])})</p>")
     style = ("body{font:14px system-ui,sans-serif;margin:24px;max-width:1100px}table{border-collapse:collapse;"
              "margin:12px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>perfhooks diff</title><style>{style}</style>" \
