@@ -62,3 +62,25 @@ def test_summary_keys_and_empty() -> None:
                                                "max_ms": 0.0}
     with pytest.raises(ValueError, match="quantile q"):
         StreamingStats().quantile(1.5)
+
+
+def test_a_diagnosis_has_one_title_in_a_run_and_in_analyze() -> None:
+    """Issue 29, item 4: dataloader_bound read 'The training loop waits for data' in a run and 'Input pipeline holds
+    the step back' in perfhooks analyze."""
+    from perfhooks.report.statistics import PhaseStatistics, StepTiming
+    from perfhooks.rules.live import diagnose_live
+    from perfhooks.rules.trace import diagnose_trace
+
+    stats = PhaseStatistics()
+    for step in range(30):  # data wait 40% of each step, and every fifth step three times as long
+        scale = 3.0 if step % 5 == 0 else 1.0
+        stats.add(StepTiming(step, 10.0 * scale, {"data_wait": 4.0 * scale, "forward": 3.0 * scale,
+                                                  "backward": 2.0 * scale, "optimizer": 1.0 * scale}, 1))
+    live = {d["id"]: d["title"] for d in diagnose_live(stats)}
+    spans = [10_000.0] * 9 + [40_000.0] * 3
+    trace = {d["id"]: d["title"] for d in diagnose_trace({
+        "steps": 12, "step_us": sum(spans) / 12, "breakdown": {"dataloader": 6_000.0},
+        "step_us_p50": 10_000.0, "step_us_p95_over_p50": 4.0, "compile": {"compiling_in_window": True}})}
+    assert {"dataloader_bound", "step_time_variance"} <= set(live) & set(trace)
+    for rule in ("dataloader_bound", "step_time_variance"):
+        assert live[rule] == trace[rule], rule

@@ -190,3 +190,22 @@ def test_a_small_window_is_analysed_in_process_as_the_child_would() -> None:
     finally:
         window_job.IN_PROCESS_MAX_BYTES = original
     assert here == child
+
+
+@pytest.mark.parametrize(("level", "usdt_lines"), [(None, 2), ("5", 2), ("6", 0)])
+def test_kineto_prints_its_usdt_lines_unless_its_log_level_is_6(level: str | None, usdt_lines: int) -> None:
+    """Issue 29, item 18 (docs, Known limits): each window's two `USDT: ... profiler_start/stop` lines are Kineto's
+    highest log level; only KINETO_LOG_LEVEL=6, which silences all of Kineto's own messages, hides them. A print of
+    the program's own still shows."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    if level is not None:
+        env["KINETO_LOG_LEVEL"] = level
+    code = ("import sys, torch\nfrom torch.profiler import profile\nwith profile():\n    torch.ones(3) + 1\n"
+            "print('mine', file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                          check=True)
+    assert sum(line.startswith("USDT:") for line in done.stderr.splitlines()) == usdt_lines
+    assert "mine" in done.stderr

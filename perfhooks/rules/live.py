@@ -7,7 +7,7 @@ from typing import Any
 
 from perfhooks.rules.run import diagnose_run
 from perfhooks.rules.thresholds import Thresholds
-from perfhooks.rules.verdicts import make, pct
+from perfhooks.rules.verdicts import TITLES, make, pct
 
 
 def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
@@ -25,7 +25,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if wait >= t.dataloader_share and _share_without_the_longest(stats.recent, "data_wait") >= t.dataloader_share:
         out.append(make(
             "dataloader_bound", "critical" if wait >= t.dataloader_critical_share else "warning",
-            "The training loop waits for data",
+            TITLES["dataloader_bound"],
             f"waiting for the next batch holds {pct(wait)} of step time (mean {stats.steady_mean('data_wait'):.2f} ms "
             f"a step; the fetches took {stats.fetch.mean:.2f} ms a step on the host, of which a GPU sees only "
             f"what no queued work hides); threshold {pct(t.dataloader_share)}",
@@ -51,7 +51,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
         out.append(make(
             "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
-            "Some steps take much longer than the rest",
+            TITLES["step_time_variance"],
             f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steps "
             f"({own} steps that overlapped perfhooks' own work left out); threshold {t.step_p95_over_p50:g}×",
             max(0.0, 1 - p50 / statistics.fmean(steady)),
@@ -66,7 +66,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
         slow = statistics.fmean(first) >= t.warmup_slowdown * steady_ms
         if steady_ms > 0 and slow and excess / total >= t.warmup_share:
             out.append(make(
-                "compile_warmup", "info", "torch.compile compiled during the first steps",
+                "compile_warmup", "info", TITLES["compile_warmup"],
                 f"torch.compile compiled graphs in this run; the first 3 steps average {statistics.fmean(first):.1f} "
                 f"ms vs a steady {steady_ms:.1f} ms ({excess / total:.1%} of the run's step time); thresholds "
                 f"{t.warmup_slowdown:g}× and {pct(t.warmup_share)}",

@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from perfhooks.rules.thresholds import Thresholds
-from perfhooks.rules.verdicts import make, pct
+from perfhooks.rules.verdicts import TITLES, make, pct
 
 #: Speed-up assumed for Tensor-Core-eligible FP32 work under bf16 autocast (conservative; up to ~8x on A100).
 BF16_SPEEDUP = 3.0
@@ -48,7 +48,7 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     if dataloader >= t.dataloader_share:
         out.append(make(
             "dataloader_bound", "critical" if dataloader >= t.dataloader_critical_share else "warning",
-            "Input pipeline holds the step back",
+            TITLES["dataloader_bound"],
             f"DataLoader takes {pct(dataloader)} of the step ({breakdown['dataloader'] / 1e3:.1f} ms of "
             f"{step_us / 1e3:.1f} ms); threshold {pct(t.dataloader_share)}",
             dataloader,
@@ -221,7 +221,7 @@ def _steady_state_rules(metrics: dict[str, Any], step_us: float, breakdown: dict
     compiled = metrics.get("compile") or {}
     if compiled.get("compiling_in_window"):
         out.append(make(
-            "compile_warmup", "info", "torch.compile was compiling inside the captured window",
+            "compile_warmup", "info", TITLES["compile_warmup"],
             "compiler events (dynamo/inductor) inside the window: the window's timings include compilation",
             0.0,
             "Capture after warm-up (a larger Schedule(skip_first=...)); if it recompiles every step, check "
@@ -254,7 +254,7 @@ def _steady_state_rules(metrics: dict[str, Any], step_us: float, breakdown: dict
     variance = metrics.get("step_us_p95_over_p50")
     if variance is not None and variance >= t.step_p95_over_p50:
         out.append(make(
-            "step_time_variance", "info", "Step times vary within the window",
+            "step_time_variance", "info", TITLES["step_time_variance"],
             f"p95/p50 of step time {variance:.2f} over {metrics.get('steps')} steps; threshold "
             f"{t.step_p95_over_p50:g}",
             # what the steps above the median cost: the mean step brought down to the median

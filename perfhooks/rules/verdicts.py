@@ -39,6 +39,14 @@ DOCS = {
 }
 
 
+#: One title per diagnosis that more than one source fires (a run's live figures and a trace), so that a verdict
+#: reads the same in a run's table and in ``perfhooks analyze``.
+TITLES = {
+    "dataloader_bound": "The training loop waits for data",
+    "step_time_variance": "Some steps take much longer than the rest",
+    "compile_warmup": "torch.compile was compiling during the measured steps",
+}
+
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
