@@ -96,8 +96,8 @@ def test_a_plain_loop_gets_one_notice_and_no_harm(tmp_path: Path) -> None:
     done = launch(str(SCRIPTS / "plain_train.py"))
     assert done.returncode == 0 and done.stdout == plain(str(SCRIPTS / "plain_train.py")).stdout
     assert own_lines(done.stderr) == ["perfhooks run: no Lightning Trainer, transformers Trainer or Accelerator "
-                                      "was built; nothing was profiled (a plain PyTorch loop needs perfhooks' "
-                                      "API, see the README)"]
+                                      "was built; nothing was profiled (a plain PyTorch loop adds `with "
+                                      "perfhooks.profile(model, optimizer) as perf:`; docs/plain-loop.md)"]
 
 
 def test_settings_come_from_the_environment_and_bad_ones_are_refused(tmp_path: Path) -> None:

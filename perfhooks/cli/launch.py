@@ -274,7 +274,8 @@ class Launcher:
         self.undo.clear()
         if not self.attached and not isinstance(error, KeyboardInterrupt):
             print("perfhooks run: no Lightning Trainer, transformers Trainer or Accelerator was built; nothing was "
-                  "profiled (a plain PyTorch loop needs perfhooks' API, see the README)", file=sys.stderr)
+                  "profiled (a plain PyTorch loop adds `with perfhooks.profile(model, optimizer) as perf:`; "
+                  "docs/plain-loop.md)", file=sys.stderr)
 
 
 def _check_version(distribution: str, tested: tuple[tuple[int, int], tuple[int, int]]) -> None:

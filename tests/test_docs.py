@@ -1,0 +1,47 @@
+"""The README a newcomer reads first, and the documentation site beside it (issue 29, item 1)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_the_readme_is_short_and_starts_with_both_commands_and_the_quickstart() -> None:
+    lines = README.splitlines()
+    assert len(lines) <= 200
+    head = "\n".join(lines[:40])
+    assert "examples/lightning_example.py" in head and ".venv/bin/pytest" in head
+    assert "## Quickstart" in head and "report.html" in head
+
+
+def test_the_readmes_test_command_is_what_ci_runs() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    command = next(line for line in README.splitlines() if line.endswith(".venv/bin/pytest"))
+    assert command in ci
+
+
+def test_every_docs_link_in_the_readme_and_every_nav_page_exists() -> None:
+    for target in re.findall(r"\]\((docs/[^)#]+)", README):
+        assert (ROOT / target).is_file(), target
+    nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
+    assert nav and all((ROOT / "docs" / page).is_file() for page in nav)
+    assert sorted(nav) == sorted(p.name for p in (ROOT / "docs").glob("*.md"))  # no page left out of the nav
+
+
+@pytest.mark.skipif(shutil.which("mkdocs", path=str(Path(sys.executable).parent)) is None,
+                    reason="needs the docs extra (pip install -e '.[docs]')")
+def test_the_site_builds_strictly(tmp_path: Path) -> None:
+    done = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "--quiet",
+                           "--site-dir", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert "max_traces" in api and "PerfCallback" in api and "data_wait" in api  # rendered from the docstrings
