@@ -41,6 +41,7 @@ optimization, everything in ``training_step`` outside backward and the optimizer
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,18 @@ from perfhooks.sinks.wandb import RunSource
 
 #: The step metric WandbLogger logs with every row.
 WANDB_STEP_KEY = "trainer/global_step"
+#: The prefix of the action Lightning reports to the trainer's profiler around each callback hook.
+CALLBACK_ACTION = "[Callback]"
+
+
+def callback_hook_name(action_name: str) -> str | None:
+    """``[Callback]ModelCheckpoint{'monitor': None, ...}.on_train_batch_end`` -> ``ModelCheckpoint.on_train_batch_end``
+    (a callback's ``state_key`` carries its settings); ``None`` for perfhooks' own callback."""
+    key, _, hook = action_name[len(CALLBACK_ACTION):].rpartition(".")
+    name = key.split("{", 1)[0].rpartition(".")[2]  # the state key is the class's qualname (``f.<locals>.Name``)
+    if not name or name == PerfCallback.__name__:
+        return None
+    return f"{name}.{hook}"
 #: The action Lightning's training data fetcher reports to the trainer's profiler around ``next()``.
 FETCH_ACTION = "train_dataloader_next"
 
@@ -112,6 +125,7 @@ class PerfCallback(Callback):
         engine.watch_model(pl_module)
         self._wrap_fetch(trainer, engine)
         self._wrap_checkpoint(trainer, engine)
+        self._time_callbacks(trainer, engine)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._finish()
@@ -221,6 +235,32 @@ class PerfCallback(Callback):
             start(action_name)
 
         self._patches.set(profiler, "start", start_action)
+
+    def _time_callbacks(self, trainer: Trainer, engine: Engine) -> None:
+        """Each callback hook Lightning reports to ``trainer.profiler`` (``[Callback]Name.hook``, around every
+        callback call) is timed on the host and named to the engine: who ran inside the steps."""
+        profiler = trainer.profiler
+        start, stop = getattr(profiler, "start", None), getattr(profiler, "stop", None)
+        if not callable(start) or not callable(stop) or "start" in vars(profiler):  # the fetch fallback has it
+            return
+        began: dict[str, int] = {}
+        clock = time.perf_counter_ns
+
+        def start_action(action_name: str) -> None:
+            if action_name.startswith(CALLBACK_ACTION):
+                began[action_name] = clock()
+            start(action_name)
+
+        def stop_action(action_name: str) -> None:
+            stop(action_name)
+            at = began.pop(action_name, None) if began else None
+            if at is not None:
+                name = callback_hook_name(action_name)
+                if name is not None:
+                    engine.named(name, (clock() - at) / 1e6)
+
+        self._patches.set(profiler, "start", start_action)
+        self._patches.set(profiler, "stop", stop_action)
 
     def _wrap_checkpoint(self, trainer: Trainer, engine: Engine) -> None:
         """``trainer.save_checkpoint`` (what users call) and each checkpoint callback's ``_save_checkpoint`` (the

@@ -27,7 +27,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  started_at: float | None = None,
                  compile: dict[str, Any] | None = None,
                  unfinished_steps: int = 0,
-                 throughput: dict[str, Any] | None = None) -> dict[str, Any]:
+                 throughput: dict[str, Any] | None = None,
+                 named_work: dict[str, float] | None = None) -> dict[str, Any]:
     step = stats.step.summary()
     steady = stats.steady_step.summary("_ms")
     phases = {}
@@ -64,6 +65,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
     }
     if throughput is not None:
         report["throughput"] = throughput
+    if named_work:
+        report["named_work_ms"] = named_work
     if run is not None:
         report["run"] = run
     if memory is not None:

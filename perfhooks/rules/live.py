@@ -11,7 +11,8 @@ from perfhooks.rules.verdicts import TITLES, make, pct
 
 
 def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
-                  run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+                  run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None
+                  ) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
@@ -42,6 +43,9 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
             "Use a fused or foreach optimizer: torch.optim.AdamW(params, lr=..., fused=True) (CUDA), or "
             "foreach=True.",
             optimizer_share=optimizer))
+    other = _other_heavy(stats, t, named_work or {})
+    if other is not None:
+        out.append(other)
     recent = list(stats.recent)
     own = sum(1 for timing in recent if timing.own)
     # steady state only: the first steps are warm-up, and perfhooks' own steps are not the user's
@@ -87,3 +91,38 @@ def _share_without_the_longest(recent: Any, phase: str) -> float:
     total = sum(timing.step_ms for timing in steady) - longest.step_ms
     spent = sum(timing.phase_ms.get(phase, 0.0) for timing in steady) - longest.phase_ms.get(phase, 0.0)
     return spent / total if total > 0 else 0.0
+
+
+#: Named work below this (ms per step) is not listed as a cause.
+NAMED_WORK_MIN_MS = 0.05
+#: ``other`` below this (ms per step) is no verdict whatever its share: a tiny step's bookkeeping.
+OTHER_MIN_MS = 0.5
+
+
+def _other_heavy(stats: Any, t: Thresholds, named_work: dict[str, float]) -> dict[str, Any] | None:
+    """``other_heavy``: the steady step's time outside the four phases, with who ran in it where the framework
+    named it (Lightning's callback hooks, ``Name.hook``; ms per step)."""
+    other = stats.steady_share("other")
+    if other < t.other_share or _share_without_the_longest(stats.recent, "other") < t.other_share:
+        return None
+    other_ms = stats.steady_mean("other")
+    if other_ms < OTHER_MIN_MS:
+        return None
+    # a cause is named when it is at least a tenth of the time outside the phases
+    named = [(name, ms) for name, ms in sorted(named_work.items(), key=lambda item: -item[1])
+             if ms >= max(NAMED_WORK_MIN_MS, 0.1 * other_ms)][:3]
+    evidence = (f"time outside data wait, forward, backward and optimizer takes {pct(other)} of the step "
+                f"({other_ms:.2f} ms a step); threshold {pct(t.other_share)}")
+    if named:
+        evidence += "; the framework names who ran in the steps: " + ", ".join(
+            f"{name} {ms:.2f} ms a step" for name, ms in named)
+        owners = sorted({name.split(".")[0] for name, _ in named})
+        them = "it" if len(owners) == 1 else "them"
+        fix = (f"Make {' and '.join(owners)} cheaper or run {them} less often: in the hook, return early unless "
+               "trainer.global_step % 50 == 0; avoid .item(), print and file writes there on every step.")
+    else:
+        fix = ("Find the per-step host work after the optimizer step (callbacks, logging, metrics): log every N "
+               "steps (Trainer(log_every_n_steps=50), TrainingArguments(logging_steps=50)), and avoid .item() and "
+               "print in the step.")
+    return make("other_heavy", "warning", "Work outside the training phases holds each step back", evidence,
+                other, fix, other_share=other, named_work_ms=dict(named))

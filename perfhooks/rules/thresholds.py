@@ -26,6 +26,8 @@ class Thresholds:
     pageable_share: float = 0.50
     memcpy_share: float = 0.01
     optimizer_share: float = 0.15
+    #: Share 0..1 of the steady step outside the four phases (callbacks, logging) for ``other_heavy``.
+    other_share: float = 0.15
     communication_exposed_share: float = 0.05
     straggler_spread: float = 0.10
     step_p95_over_p50: float = 1.5

@@ -35,6 +35,7 @@ DOCS = {
     "startup_in_window": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "graph_capture_in_window": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
     "device_queued": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
+    "other_heavy": "https://lightning.ai/docs/pytorch/stable/tuning/profiler_basic.html",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
 

@@ -64,6 +64,8 @@ from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.sinks.wandb import RunSource, WandbSink
 
 _PHASE_NAMES = frozenset(PHASES)
+#: Names kept in ``Engine.named_work`` (a framework names a fixed set of hooks; this bounds a pathological one).
+MAX_NAMED_WORK = 256
 
 
 class Engine:
@@ -104,6 +106,8 @@ class Engine:
         on_cuda = self.room.is_cuda
         self.clock: HostClock = clock or (DeviceClock(self.room) if self.room.timed else HostClock())
         self.account = RunAccount(time.perf_counter_ns if self.clock.device_timed else self.clock.mark)
+        #: Host work the framework named while a step was open (a Lightning callback's hooks): name -> ms in all.
+        self.named_work: dict[str, float] = {}
         self.stats = PhaseStatistics()
         self.pending = PendingSteps(self.clock)
         self.nvtx = NvtxRanges(enabled=config.nvtx)
@@ -280,6 +284,24 @@ class Engine:
                 self.token_source = counted.token_source
         except Exception as error:
             self.faults.report("batch", error)
+
+    def named(self, name: str, ms: float) -> None:
+        """Host work the framework named (a Lightning callback's hook, ``Name.hook``) took ``ms`` while a training
+        step was open (not in an evaluation or a checkpoint write): who ran in ``other`` and the phases."""
+        try:
+            if self._record is None or self.account.innermost is not None:
+                return
+            work = self.named_work
+            if name in work or len(work) < MAX_NAMED_WORK:
+                work[name] = work.get(name, 0.0) + ms
+        except Exception as error:
+            self.faults.report("named", error)
+
+    def named_work_per_step(self) -> dict[str, float]:
+        """The largest named work, ms per step over every step (the 10 largest)."""
+        steps = max(self.stats.steps, 1)
+        ranked = sorted(self.named_work.items(), key=lambda item: -item[1])[:10]
+        return {name: round(ms / steps, 4) for name, ms in ranked}
 
     def note_flops(self, per_step: float, source: str) -> None:
         """The framework's own count of one step's training FLOPs (used unless the user gave one)."""
@@ -610,7 +632,8 @@ class Engine:
                             run=self.account.section(self.stats.training_ms), global_step=self.global_step,
                             run_id=self.run_id, started_at=self.started_at,
                             compile=self.guarded_call("compile_report", self.compile_section),
-                            unfinished_steps=self.pending.unfinished)
+                            unfinished_steps=self.pending.unfinished,
+                            named_work=self.named_work_per_step() or None)
 
     def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         """End of training (once): the report, the table, every resource released (``lifecycle.close``).
@@ -695,7 +718,8 @@ class Engine:
 
         try:
             run = self.account.section(self.stats.training_ms)
-            live = diagnose_live(self.stats, self.config.thresholds, compiled=self.compiled_in_run(), run=run)
+            live = diagnose_live(self.stats, self.config.thresholds, compiled=self.compiled_in_run(), run=run,
+                                 named_work=self.named_work_per_step())
             live += diagnose_compile(self.compile_section(), run, self.config.thresholds)
             if self.memory is not None:
                 live += self.memory.diagnoses(self.config.thresholds)
@@ -782,6 +806,9 @@ class NullEngine:
         pass
 
     def expect_framework_flops(self) -> None:
+        pass
+
+    def named(self, name: str, ms: float) -> None:
         pass
 
     def batch(self, batch: Any) -> None:

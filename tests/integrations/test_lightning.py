@@ -12,6 +12,7 @@ import torch
 
 from helpers import (
     annotation_names,
+    default_trainer,
     lightning_mlp,
     load_trace,
     longest_step_after_the_first_ms,
@@ -418,3 +419,27 @@ def test_the_fetch_falls_back_to_the_profilers_action_where_the_loop_has_no_fetc
     callback._unwrap()
     assert "start" not in profiler.__dict__
     engine.close()
+
+
+def test_a_slow_callback_is_named_as_what_holds_the_step_back(tmp_path: Path) -> None:
+    """Issue 29, item 10: a slow callback made `other` a quarter of the step and no diagnosis named it. With
+    Lightning's defaults on (logger, checkpoint, progress bar, summary), the callback's own hook is named."""
+    import lightning as L
+
+    class SlowLogger(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            time.sleep(0.02)
+
+    out = tmp_path / "perf"
+    trainer = default_trainer(tmp_path, max_steps=30, callbacks=[PerfCallback(output_dir=out, schedule=None,
+                                                                             console=False), SlowLogger()])
+    trainer.fit(lightning_mlp(), random_loader(30))
+    report = read_report(out)
+    named = report["named_work_ms"]
+    assert named["SlowLogger.on_train_batch_end"] >= 20.0  # 30 sleeps of at least 20 ms over 30 steps
+    assert not any(name.startswith("PerfCallback") for name in named)  # perfhooks' own hooks are not the user's
+    assert "ModelCheckpoint.on_train_batch_end" in named  # a state key's settings are not part of the name
+    [verdict] = [d for d in report["diagnoses"] if d["id"] == "other_heavy"]
+    assert "SlowLogger.on_train_batch_end 2" in verdict["evidence"]
+    assert verdict["recommendation"].startswith("Make SlowLogger cheaper")
+    assert verdict["measured"]["other_share"] >= 0.15
