@@ -395,7 +395,9 @@ def test_gan_with_two_optimizers_counts_batches_and_keeps_lightnings_step(tmp_pa
     assert report["steps"] == 20 and report["global_step"] == 40
     assert report["series"]["global_step"][:3] == [2, 4, 6]
     assert report["coverage"] >= 0.95
-    assert report["phases"]["forward"]["mean_ms"] > report["phases"]["optimizer"]["mean_ms"]
+    # the typical step, not the mean: with both cores busy the means over these 20 steps (about 10 ms each when
+    # idle) once read 146.5 ms forward and 180.5 ms optimizer: a few preempted steps move a mean
+    assert report["phases"]["forward"]["p50_ms"] > report["phases"]["optimizer"]["p50_ms"]
 
 
 def test_the_fetch_falls_back_to_the_profilers_action_where_the_loop_has_no_fetch_hook(tmp_path: Path) -> None:
