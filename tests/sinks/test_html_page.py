@@ -134,3 +134,24 @@ def test_rendered_second_labels_are_not_clipped_and_the_memory_line_uses_the_hei
     line = [y for y in range(image.size[1]) for x in range(LEFT, 1000, 7)
             if max(abs(a - b) for a, b in zip(pixels[x, y], (0x2C, 0x3E, 0x50), strict=True)) <= 40]
     assert line and max(line) - min(line) >= 30  # before: a flat line within 5 px of the bottom
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium-headless-shell (apt-get install chromium-headless-shell)")
+def test_a_failed_runs_status_box_is_painted_above_the_diagnoses(tmp_path: Path) -> None:
+    engine = Engine(PerfConfig(console=False, on_demand=False, schedule=None), tmp_path / "run", "test")
+    plain_loop(engine, steps=3)
+    engine.exception(KeyboardInterrupt())
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert "Run INTERRUPTED at step 3" in page
+    import subprocess
+
+    from PIL import Image
+
+    shot = tmp_path / "page.png"
+    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1100,600", f"--screenshot={shot}", (tmp_path / "run" / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    image = Image.open(shot).convert("RGB")
+    pixels = image.load()
+    fill = [y for y in range(600) for x in range(0, 1100, 5) if pixels[x, y] == (0xFD, 0xEC, 0xEA)]
+    assert len(fill) > 200 and max(fill) < 300  # the box's pink fill, in the first screen's upper half
