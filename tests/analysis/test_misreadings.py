@@ -296,7 +296,7 @@ def test_device_work_queued_behind_unrecorded_work_is_queueing_not_idle(tmp_path
 def test_the_profilers_own_closing_sync_does_not_stretch_a_window_without_step_markers(tmp_path: Path) -> None:
     # in these real GPU traces, after the last host event comes one device sync: the profiler's own at stop
     # (torch.autograd.profiler.profile.__exit__ synchronizes the device)
-    from tests.analysis.fixtures import TRACES
+    from fixtures import TRACES
 
     for real in ("hta/a100_80gb_rank0_of16.json.gz", "hta/a100_nccl_rank0_of2.json.gz",
                  "hta/v100_rank1_of2_test.json.gz", "hta/mi250_minitoy_train.json.gz"):
