@@ -51,7 +51,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -62,6 +61,7 @@ from perfhooks.faults import FaultLog
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
 from perfhooks.runtime.precision import matmul_dtype
+from perfhooks.runtime.session import LoopSession
 from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
 from perfhooks.sinks.wandb import RunSource
 
@@ -120,7 +120,7 @@ def _wandb_tracker_run(accelerator: Any) -> Any | None:
     return None
 
 
-class PerfSession:
+class PerfSession(LoopSession):
     """The wiring ``attach`` made; ``close()`` (idempotent) unwires it and writes the report."""
 
     def __init__(self, accelerator: Any, models: list[Any], optimizers: list[Any], dataloaders: list[Any],
@@ -359,28 +359,11 @@ class PerfSession:
             _set_class(loader, base)
 
     # --------------------------------------------------------------- end
-    def close(self) -> dict[str, Any] | None:
-        """Unwire the loop, end the last step and write the report (idempotent)."""
-        if self._closed:
-            return None
-        self._closed = True
+    def _detach(self) -> None:
         try:
             self._unwire()
-        except Exception as error:
-            FaultLog().report("detach", error)
-        # the session keeps none of the loop's objects
-        self.accelerator, self.models, self._optimizers, self._iterating = None, [], [], None
-        return self.engine.close()
-
-    def __enter__(self) -> PerfSession:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> bool:
-        if error is not None and not self._closed:
-            self.engine.exception(error)
-        self.close()
-        return False
+        finally:  # the session keeps none of the loop's objects
+            self.accelerator, self.models, self._optimizers, self._iterating = None, [], [], None
 
 
 # ----------------------------------------------------------------------------- perfhooks run

@@ -21,15 +21,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from types import TracebackType
 from typing import Any
 
 import torch
 
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
-from perfhooks.faults import FaultLog
 from perfhooks.runtime.engine import Engine, NullEngine
+from perfhooks.runtime.session import LoopSession
 from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps, watch_training_forward
 
 
@@ -81,7 +80,7 @@ def _device_of(models: list[torch.nn.Module]) -> torch.device | None:
     return None
 
 
-class ProfiledLoop:
+class ProfiledLoop(LoopSession):
     """The hooks :func:`profile` added; ``close()`` (idempotent) removes them and writes the report."""
 
     def __init__(self, models: list[torch.nn.Module], optimizers: list[Any], config: PerfConfig) -> None:
@@ -192,23 +191,5 @@ class ProfiledLoop:
             self.engine.end_aside(kind)
 
     # --------------------------------------------------------------- end
-    def close(self) -> dict[str, Any] | None:
-        """Remove the hooks, end the last step and write the report (idempotent); the report."""
-        if self._closed:
-            return None
-        self._closed = True
-        try:
-            self._hooks.remove()
-        except Exception as error:
-            FaultLog().report("detach", error)
-        return self.engine.close()
-
-    def __enter__(self) -> ProfiledLoop:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 tb: TracebackType | None) -> bool:
-        if error is not None and not self._closed:
-            self.engine.exception(error)
-        self.close()
-        return False
+    def _detach(self) -> None:
+        self._hooks.remove()
