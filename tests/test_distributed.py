@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,16 @@ def _run(command: list[str], out: Path, timeout: int = 240, **env: str) -> subpr
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     done = subprocess.run([*command, str(out)], capture_output=True, text=True, timeout=timeout, env=environment,
                           cwd=out.parent)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, _failure(done.stderr)
     return done
+
+
+def _failure(stderr: str) -> str:
+    """What a failed launch said: the other ranks' lines first, so that a rank that died is not hidden behind rank
+    0's traceback about the lost connection (the tail alone once showed only that), then the tail."""
+    others = [line for line in stderr.splitlines()
+              if re.match(r"\[rank[1-9]", line) or "terminate called" in line or "what():" in line]
+    return "\n".join(others[-40:]) + "\n---- tail ----\n" + stderr[-2000:]
 
 
 def _torchrun(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
