@@ -61,7 +61,7 @@ from perfhooks.faults import FaultLog
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
 from perfhooks.runtime.precision import matmul_dtype
-from perfhooks.runtime.session import LoopSession
+from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
 from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
 from perfhooks.sinks.wandb import RunSource
 
@@ -81,26 +81,14 @@ def attach(accelerator: Any, model: Any = None, optimizer: Any = None, dataloade
     config = PerfConfig.from_kwargs("attach", {"output_dir": output_dir, **settings})
     if not callable(getattr(accelerator, "backward", None)) or not hasattr(accelerator, "gradient_state"):
         raise TypeError(f"attach() accelerator must be an accelerate.Accelerator, got {type(accelerator).__name__}")
-    models = _listed(model, getattr(accelerator, "_models", []))
-    optimizers = _listed(optimizer, getattr(accelerator, "_optimizers", []))
-    dataloaders = _listed(dataloader, getattr(accelerator, "_dataloaders", []))
-    for item in models:
-        if not isinstance(item, torch.nn.Module):
-            raise TypeError(f"attach() model must be a torch.nn.Module or a list of them, got {type(item).__name__}")
-    for item in optimizers:
-        if not callable(getattr(item, "step", None)):
-            raise TypeError(f"attach() optimizer must be an optimizer (with a step method) or a list of them, "
-                            f"got {type(item).__name__}")
+    models = listed(model, getattr(accelerator, "_models", []))
+    optimizers = listed(optimizer, getattr(accelerator, "_optimizers", []))
+    dataloaders = listed(dataloader, getattr(accelerator, "_dataloaders", []))
+    check_models_and_optimizers("attach", models, optimizers)
     for loader in dataloaders:
         if not hasattr(type(loader), "__iter__"):
             raise TypeError(f"attach() dataloader must be iterable, got {type(loader).__name__}")
     return PerfSession(accelerator, models, optimizers, dataloaders, config)
-
-
-def _listed(given: Any, prepared: list[Any]) -> list[Any]:
-    if given is None:
-        return list(prepared)
-    return list(given) if isinstance(given, (list, tuple)) else [given]
 
 
 def _set_class(instance: Any, cls: type) -> None:

@@ -22,6 +22,7 @@ from functools import lru_cache
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
+from perfhooks.analysis.host import SYNC_RUNTIME
 from perfhooks.analysis.trace import Event, Trace
 
 ROLES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec",
@@ -120,7 +121,7 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
     if rule == "host_window":
         # a synchronization at either edge (the profiler's own at stop: torch.autograd.profiler's __exit__ calls
         # the device's synchronize()) waits for the window's work: it is not work of its own
-        runtimes = [r for r in trace.runtimes if not _is_synchronization(r.name)]
+        runtimes = [r for r in trace.runtimes if not (r.name or "").startswith(SYNC_RUNTIME)]
         host = [events for events in (trace.cpu_ops, trace.python, trace.annotations, runtimes) if events]
         if not host:
             host = [trace.runtimes]
@@ -130,11 +131,6 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
         device = trace.device_events
         return [(0, device[0].ts, max(e.ts + e.dur for e in device))]
     return []
-
-
-def _is_synchronization(name: str | None) -> bool:
-    """``cudaDeviceSynchronize``, ``cudaStreamSynchronize``, ``cudaEventSynchronize`` and their HIP twins."""
-    return name is not None and name.endswith("Synchronize")
 
 
 def device_steps(trace: Trace) -> list[tuple[int, float, float]]:

@@ -28,7 +28,7 @@ import torch
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.runtime.engine import Engine, NullEngine
-from perfhooks.runtime.session import LoopSession
+from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
 from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps, watch_training_forward
 
 
@@ -55,22 +55,9 @@ def profile(model: torch.nn.Module | None = None, optimizer: Any = None, *,
                 optimizer.zero_grad(set_to_none=True)
     """
     config = PerfConfig.from_kwargs("profile", {"output_dir": output_dir, **settings})
-    models = _listed(model)
-    optimizers = _listed(optimizer)
-    for item in models:
-        if not isinstance(item, torch.nn.Module):
-            raise TypeError(f"profile() model must be a torch.nn.Module or a list of them, got {type(item).__name__}")
-    for item in optimizers:
-        if not callable(getattr(item, "step", None)):
-            raise TypeError(f"profile() optimizer must be an optimizer (with a step method) or a list of them, got "
-                            f"{type(item).__name__}")
+    models, optimizers = listed(model), listed(optimizer)
+    check_models_and_optimizers("profile", models, optimizers)
     return ProfiledLoop(models, optimizers, config)
-
-
-def _listed(given: Any) -> list[Any]:
-    if given is None:
-        return []
-    return list(given) if isinstance(given, (list, tuple)) else [given]
 
 
 def _device_of(models: list[torch.nn.Module]) -> torch.device | None:

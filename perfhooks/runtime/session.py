@@ -4,10 +4,31 @@ for the report and goes on unchanged."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
+import torch
+
 from perfhooks.faults import FaultLog
+
+
+def listed(given: Any, default: Iterable[Any] = ()) -> list[Any]:
+    """``given`` as a list (one object, a list or a tuple of them); ``default`` when it is ``None``."""
+    if given is None:
+        return list(default)
+    return list(given) if isinstance(given, (list, tuple)) else [given]
+
+
+def check_models_and_optimizers(caller: str, models: list[Any], optimizers: list[Any]) -> None:
+    """A ``TypeError`` naming ``caller``'s parameter for anything that is not a module or an optimizer."""
+    for item in models:
+        if not isinstance(item, torch.nn.Module):
+            raise TypeError(f"{caller}() model must be a torch.nn.Module or a list of them, got {type(item).__name__}")
+    for item in optimizers:
+        if not callable(getattr(item, "step", None)):
+            raise TypeError(f"{caller}() optimizer must be an optimizer (with a step method) or a list of them, "
+                            f"got {type(item).__name__}")
 
 
 class LoopSession:
