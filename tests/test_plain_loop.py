@@ -14,11 +14,13 @@ from perfhooks.runtime.plain_loop import profile
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def tiny_loop(perf_dir: Path | None, steps: int = 6, accumulation: int = 2, fail_at: int | None = None
-              ) -> list[float]:
+def tiny_loop(perf_dir: Path | None, steps: int = 6, accumulation: int = 2, fail_at: int | None = None,
+              compiled: bool = False) -> list[float]:
     """A loop in nanoGPT's shape: get_batch, micro-steps, clip, optimizer; the losses it saw."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+    if compiled:
+        model = torch.compile(model, backend="eager", fullgraph=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     tokens = torch.randint(0, 64, (2_000,), generator=torch.Generator().manual_seed(1))
 
@@ -99,3 +101,20 @@ def test_nanogpts_train_py_runs_with_the_added_lines(tmp_path: Path, capsys: pyt
     assert report["throughput"]["tokens_per_step"] == 2 * 8 * 64
     added = [line for line in (EXAMPLES / "nanogpt_train.py").read_text().splitlines() if line.endswith("# perfhooks")]
     assert len(added) == 6  # the import, the with, two fetches, the evaluation and the checkpoint
+
+
+def test_a_compiled_model_trains_the_same_with_no_graph_break(tmp_path: Path) -> None:
+    """``torch.compile(fullgraph=True)``: the hooks add no graph break and change no loss."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    plain = tiny_loop(None, compiled=True)
+    plain_graphs = int(counters["stats"]["unique_graphs"])
+    torch._dynamo.reset()
+    counters.clear()
+    profiled = tiny_loop(tmp_path, compiled=True)
+    assert profiled == plain
+    assert dict(counters["graph_break"]) == {} and int(counters["stats"]["unique_graphs"]) == plain_graphs
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 6 and report["phases"]["optimizer"]["mean_ms"] > 0
