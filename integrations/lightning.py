@@ -284,8 +284,24 @@ class PerfCallback(Callback):
 def _steps_done(trainer: Trainer) -> int:
     """perfhooks' steps before this fit: batches that stepped an optimizer, from Lightning's loop state (restored
     from a checkpoint), which counts a GAN's batch once where ``global_step`` counts each optimizer's step."""
-    stepped = getattr(getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None), "_batches_that_stepped", None)
-    return stepped if isinstance(stepped, int) else trainer.global_step
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    stepped = getattr(loop, "_batches_that_stepped", None)
+    if not isinstance(stepped, int):
+        return trainer.global_step
+    return stepped + _step_lightning_adds_on_resume(loop)
+
+
+def _step_lightning_adds_on_resume(loop: Any) -> int:
+    """1 when Lightning will count, in ``epoch_loop.reset()`` (after ``on_train_start``), the step that a checkpoint
+    saved in ``on_train_batch_end`` had not counted yet; else 0 (read as Lightning 2.6 does it);
+    an older loop without them gives 0."""
+    try:
+        if (loop.restarting and not loop._should_accumulate()
+                and (loop.restarted_on_train_batch_end or not loop.restarted_on_last)):
+            return 1
+    except AttributeError:
+        return 0
+    return 0
 
 
 def _wandb_source(trainer: Trainer) -> RunSource:

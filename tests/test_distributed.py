@@ -164,3 +164,144 @@ def test_fsdp2_straggler_is_named_by_its_collective_wait(tmp_path: Path) -> None
     assert straggler["measured"]["slowest_rank"] == 1 and straggler["measured"]["rule"] == "collective_wait"
     # the 120 ms rank 1 sleeps, waited for by rank 0: more than nothing, less than a step (load changes the rest)
     assert 0 < straggler["measured"]["excess_ms"] < max(per_rank[r]["step_ms"]["mean"] for r in (0, 1))
+
+
+# ----------------------------------------------------------------------------- one trigger, every rank
+#: Node-local folders, no schedule; rank(s) touch their own folder's TRIGGER at step 6. 20 ms steps at a 0.2 s
+#: poll: the window lands about 46 steps later (2 polls and 0.5 s of slack at the measured step rate).
+TRIGGERED = {"PER_RANK_DIRS": "1", "NO_SCHEDULE": "1", "TRIGGER_STEP": "6", "STEP_MS": "20"}
+
+
+def _profiler_steps(path: Path) -> list[int]:
+    from perfhooks.analysis.trace import load_trace
+
+    return [number for number, _, _ in load_trace(path).steps]
+
+
+def _one_shared_window(out: Path, ranks: int) -> list[int]:
+    """Every rank wrote exactly one trace, of the same window (file name and ProfilerStep numbers): its steps."""
+    traces = [sorted((out / f"rank{r}" / "traces").glob("*.pt.trace.json.gz")) for r in range(ranks)]
+    assert all(len(found) == 1 for found in traces), traces
+    names = {found[0].name.split(".", 1)[1] for found in traces}
+    assert len(names) == 1, names
+    steps = [_profiler_steps(found[0]) for found in traces]
+    assert all(s == steps[0] for s in steps) and len(steps[0]) >= 3, steps
+    assert steps[0][0] > 6 + 2  # ahead of the trigger, so that every rank could learn of it in time
+    return steps[0]
+
+
+def test_a_trigger_in_rank_1s_folder_profiles_every_rank_over_the_same_steps(tmp_path: Path) -> None:
+    """torchrun, node-local folders: TRIGGER touched in rank 1's folder at step 6 opens one window on both
+    ranks, over the same ProfilerStep numbers; the training threads made no store call (a counting store)."""
+    out = tmp_path / "run"
+    _torchrun(out, STEPS="90", TRIGGER_RANKS="1", COUNT_STORE="1", SLOW_RANK="1", SLOW_MS="10", **TRIGGERED)
+    _one_shared_window(out, 2)
+    for rank in (0, 1):
+        calls = json.loads((out / f"rank{rank}" / f"store_calls.rank{rank}.json").read_text())
+        assert calls["training_thread"] == [] and calls["all"].get("perfhooks-trigger", 0) > 0, calls
+    windows = [read_report(out / "rank0")["windows"], json.loads((out / "rank1" / "report.rank1.json").read_text())
+               ["windows"]]
+    assert [[(w["first_step"], w["trigger"]) for w in ws] for ws in windows] == [[(windows[0][0]["first_step"],
+                                                                                 "on_demand")]] * 2
+    # node-local folders: rank 0 cannot merge; its report says how
+    merged = read_report(out / "rank0")["merged_trace"]
+    assert merged["path"] is None and "perfhooks merge-traces" in merged["command"] and "rank(s) 1" in merged["reason"]
+    _check_merge_traces(tmp_path, out)
+
+
+def _check_merge_traces(tmp_path: Path, out: Path) -> None:
+    """perfhooks merge-traces of the two folders: one trace, both ranks' steps, readable by a plain json.load
+    (the Chrome/Perfetto format) and by analyze's trace model; analyze gives the folders' per-rank figures."""
+    import gzip
+
+    from perfhooks.analysis.trace import load_traces
+
+    merged = tmp_path / "merged.json.gz"
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "merge-traces", str(out / "rank0"), str(out / "rank1"),
+                           "-o", str(merged)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(gzip.decompress(merged.read_bytes()))
+    events = document["traceEvents"]
+    assert isinstance(events, list) and all(isinstance(e, dict) and "ph" in e and "pid" in e for e in events)
+    assert all(isinstance(e["ts"], (int, float)) for e in events if e["ph"] == "X")
+    processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(processes) == [0, 1] and all(processes[r].startswith(f"rank {r} (") for r in (0, 1)), processes
+    steps = {(e["pid"], e["name"]) for e in events if e["ph"] == "X" and e["name"].startswith("ProfilerStep#")}
+    assert {pid for pid, _ in steps} == {0, 1} and len(steps) >= 6
+    assert {name for pid, name in steps if pid == 0} == {name for pid, name in steps if pid == 1}
+    assert [t.rank for t in load_traces(merged)] == [0, 1]
+    analysed = {}
+    for name, paths in (("folders", [out / "rank0", out / "rank1"]), ("merged", [merged])):
+        result = subprocess.run([sys.executable, "-m", "perfhooks", "analyze", *map(str, paths), "--format", "json"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        analysed[name] = json.loads(result.stdout)
+    folders, merged_report = analysed["folders"]["ranks"], analysed["merged"]["ranks"]
+    assert merged_report["step_ms"] == folders["step_ms"] and merged_report["count"] == 2
+    assert [s["collective_ms_per_step"] for s in merged_report["per_rank"]] == [
+        s["collective_ms_per_step"] for s in folders["per_rank"]]
+    verdicts = [[(d["id"], d.get("measured", {}).get("slowest_rank")) for d in analysed[k]["diagnoses"]
+                 if d["id"] == "straggler"] for k in ("folders", "merged")]
+    assert verdicts[0] == verdicts[1]
+    # clocks: rank 1's trace moved 250 ms later, as on a node whose clock is off: the merge finds the offset
+    shifted = tmp_path / "node-b"
+    shifted.mkdir()
+    (trace1,) = (out / "rank1" / "traces").glob("*.gz")
+    document = json.loads(gzip.decompress(trace1.read_bytes()))
+    document["host_name"] = "node-b"
+    for event in document["traceEvents"]:
+        if isinstance(event.get("ts"), (int, float)):
+            event["ts"] = round(event["ts"] + 250_000.0, 3)
+    (shifted / trace1.name).write_bytes(gzip.compress(json.dumps(document).encode()))
+    realigned = tmp_path / "realigned.json.gz"
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "merge-traces", str(out / "rank0"), str(shifted),
+                           "-o", str(realigned)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    clock = json.loads(gzip.decompress(realigned.read_bytes()))["perfhooksMerge"]["ranks"][1]["clock"]
+    assert clock["method"] == "collective_end" and clock["matches"] >= 3, clock
+    assert abs(clock["applied_us"] + 250_000.0) < 1000.0, clock  # within 1 ms
+
+
+def test_two_ranks_triggered_at_once_make_one_window_on_each_of_four(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _torchrun4 = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--standalone",
+                  str(HERE / "plain_ddp.py")]
+    _run(_torchrun4, out, STEPS="90", TRIGGER_RANKS="1,2", **TRIGGERED)
+    _one_shared_window(out, 4)
+
+
+def test_lightning_ddp_trigger_in_rank_1s_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _run([sys.executable, str(HERE / "lightning_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", **TRIGGERED)
+    _one_shared_window(out, 2)
+
+
+def test_attach_under_torchrun_trigger_in_rank_1s_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+          str(HERE / "accelerate_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", **TRIGGERED)
+    _one_shared_window(out, 2)
+
+
+def test_hf_trainer_ddp_trigger_in_rank_1s_folder(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+          str(HERE / "hf_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", **TRIGGERED)
+    _one_shared_window(out, 2)
+
+
+@pytest.mark.parametrize("setting", [{"ACCUMULATE": "2"}, {"RESUME": "1", "REPEAT": "0"}], ids=["accumulate", "resume"])
+def test_scheduled_windows_record_the_same_steps_on_every_rank(tmp_path: Path, setting: dict[str, str]) -> None:
+    """The schedule is a pure function of the optimizer step: with gradient accumulation (2 micro-batches per
+    step), and in a run resumed from a step-6 checkpoint, both ranks record the same ProfilerStep numbers."""
+    out = tmp_path / "run"
+    _run([sys.executable, str(HERE / "lightning_ddp.py")], out, STEPS="12", **setting)
+    names = {rank: sorted(p.name.split(".", 1)[1] for p in (out / "traces").glob(f"rank{rank}.*.gz"))
+             for rank in (0, 1)}
+    expected = (["step4.pt.trace.json.gz"] if "ACCUMULATE" in setting else
+                ["step10.pt.trace.json.gz", "step4.pt.trace.json.gz", "step7.pt.trace.json.gz"])
+    assert names[0] == names[1] == expected, names
+    for name in expected:
+        steps = [_profiler_steps(out / "traces" / f"rank{rank}.{name}") for rank in (0, 1)]
+        first = int(name.split(".")[0][4:])
+        assert steps[0] == steps[1] == [first, first + 1], steps

@@ -29,7 +29,7 @@ from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, t
 from perfhooks.analysis.overview import Overview, compute_overview, step_rule
 from perfhooks.analysis.steady import device_queueing, steady_state
 from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
-from perfhooks.analysis.trace import NotATrace, Trace, TraceError, load_trace
+from perfhooks.analysis.trace import NotATrace, Trace, TraceError, load_traces
 from perfhooks.analysis.transfers import communication_summary, memcpy_summary
 from perfhooks.events import PHASES
 from perfhooks.report.build import build_report
@@ -154,9 +154,10 @@ def _coverage_warnings(trace: Trace, metrics: dict[str, Any]) -> list[str]:
     return out
 
 
-def _analyze_file(path: str, thresholds: Thresholds | None = None) -> dict[str, Any]:
+def _analyze_file(path: str, thresholds: Thresholds | None = None) -> list[dict[str, Any]]:
+    """One report per rank in the file: one, or a merged trace's ranks."""
     with _no_cyclic_gc():
-        return analyze_trace(load_trace(path), thresholds)
+        return [analyze_trace(trace, thresholds) for trace in load_traces(path)]
 
 
 @contextlib.contextmanager
@@ -175,8 +176,9 @@ def _no_cyclic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def find_traces(paths: list[str | Path]) -> list[str]:
-    """Trace files named directly or found (recursively) in folders, in a stable order."""
+def find_traces(paths: list[str | Path], step: int | None = None) -> list[str]:
+    """Trace files named directly or found (recursively) in folders, in a stable order: of perfhooks' own, each
+    rank's latest window, or the window that starts at ``step``."""
     found: list[str] = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -186,8 +188,12 @@ def find_traces(paths: list[str | Path]) -> list[str]:
             found.append(str(path))
         else:
             raise TraceError(f"{path}: no such file or folder")
+    if step is not None:
+        found = [name for name in found if (m := _PERFHOOKS_TRACE.match(Path(name).name)) is None
+                 or int(m.group(2)) == step]
     if not found:
-        raise TraceError(f"{', '.join(map(str, paths))}: no trace files (*.json, *.json.gz) found")
+        at = f" of the window at step {step}" if step is not None else ""
+        raise TraceError(f"{', '.join(map(str, paths))}: no trace files{at} (*.json, *.json.gz) found")
     return latest_window_per_rank(found)
 
 
@@ -195,8 +201,9 @@ _REPORT = re.compile(r"^report(\.rank\d+)?\.json$")
 
 
 def _is_perfhooks_output(relative: Path) -> bool:
-    """perfhooks' own JSON beside its traces in an output folder: reports, memory captures, OOM dumps."""
-    return bool(_REPORT.match(relative.name)) or relative.parts[0] in ("memory", "oom")
+    """perfhooks' own JSON beside its traces in an output folder: reports, memory captures, OOM dumps, and the
+    merged trace of the ranks' (whose ranks the folder's own traces already hold)."""
+    return bool(_REPORT.match(relative.name)) or relative.parts[0] in ("memory", "oom", "merged")
 
 
 _PERFHOOKS_TRACE = re.compile(r"^rank(\d+)\.step(\d+)\.pt\.trace\.json(\.gz)?$")
@@ -223,15 +230,18 @@ def analyze_paths(paths: list[str | Path], workers: int | None = None,
     """Analyse files or folders; several traces are one multi-rank run, analysed in parallel processes."""
     files = find_traces(paths)
     if len(files) == 1:
-        return _analyze_file(files[0], thresholds)
-    workers = workers or min(len(files), os.cpu_count() or 1)
-    if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(_analyze_or_skip, files, [thresholds] * len(files)))
+        results = [_analyze_file(files[0], thresholds)]
     else:
-        results = [_analyze_or_skip(f, thresholds) for f in files]
-    reports = [r for r in results if isinstance(r, dict)]
+        workers = workers or min(len(files), os.cpu_count() or 1)
+        if workers > 1:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                results = list(pool.map(_analyze_or_skip, files, [thresholds] * len(files)))
+        else:
+            results = [_analyze_or_skip(f, thresholds) for f in files]
+    reports = [r for result in results if isinstance(result, list) for r in result]
     skipped = [r for r in results if isinstance(r, str)]
+    if len(results) == 1 and len(reports) == 1:
+        return reports[0]
     if not reports:
         raise TraceError(f"{', '.join(map(str, paths))}: no trace among the files found ({skipped[0]})")
     merged = merge_ranks(reports, thresholds) if len(reports) > 1 else reports[0]
@@ -239,7 +249,7 @@ def analyze_paths(paths: list[str | Path], workers: int | None = None,
     return merged
 
 
-def _analyze_or_skip(path: str, thresholds: Thresholds | None = None) -> dict[str, Any] | str:
+def _analyze_or_skip(path: str, thresholds: Thresholds | None = None) -> list[dict[str, Any]] | str:
     """A file's report, or the one-line reason it is not a trace (other JSON in a folder is skipped)."""
     try:
         return _analyze_file(path, thresholds)

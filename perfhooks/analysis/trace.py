@@ -51,7 +51,7 @@ _STEP_PREFIX = "ProfilerStep#"
 #: Complete-event categories that hold no activity of their own: the whole-trace span, the profiler's own
 #: overhead, CUPTI's range-profiler markers.
 IGNORED_CATEGORIES = frozenset({None, "Trace", "overhead", "cuda_profiler_range"})
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
 
 _ABSENT = msgspec.Raw()
@@ -175,6 +175,7 @@ class _Document(msgspec.Struct):
     traceEvents: list[_AnyEvent]  # type: ignore[valid-type]
     distributedInfo: dict[str, Any] | None = None
     deviceProperties: list[Any] | None = None
+    perfhooksMerge: dict[str, Any] | None = None
 
 
 _DECODER = msgspec.json.Decoder(_Document, strict=False, dec_hook=_shared)
@@ -312,25 +313,102 @@ def _checked_int(text: str) -> int:
 
 
 def load_trace(path: str | Path) -> Trace:
-    """Read and parse one trace file (``.json`` or ``.json.gz``)."""
+    """Read and parse one trace file (``.json`` or ``.json.gz``) of one rank."""
+    traces = load_traces(path)
+    if len(traces) != 1:
+        raise TraceError(f"{path}: a merged trace of {len(traces)} ranks; analyse it with perfhooks analyze, which "
+                         "splits it into its ranks")
+    return traces[0]
+
+
+def load_traces(path: str | Path) -> list[Trace]:
+    """One trace file's ranks: one :class:`Trace`, or a merged trace's (``perfhooks merge-traces``) ranks, each
+    with its own events on its own clock, as its own file held them."""
     data = read_trace_bytes(path)
     _check_utf8(path, data)
     try:
         if data[:64].lstrip()[:1] == b"[":
             events = _ARRAY_DECODER.decode(data)
             metadata: dict[str, Any] = {}
+            merge = None
         else:
             document = _DECODER.decode(data)
             events = document.traceEvents
             metadata = {"distributedInfo": document.distributedInfo, "deviceProperties": document.deviceProperties}
+            merge = document.perfhooksMerge
     except (msgspec.DecodeError, msgspec.ValidationError):
-        return parse_trace(read_trace_json(path, data), str(path))
+        return split_document(read_trace_json(path, data), str(path))
     finally:
         _SHARED.clear()  # the strings stay shared in this trace's events; the next trace starts its own table
     del data
+    if isinstance(merge, dict):
+        return [_sort_events(_rank_trace(str(path), entry, len(rank_events)), rank_events)
+                for entry, rank_events in _split_events(merge, events, _restore_struct)]
     trace = Trace(path=str(path), events=len(events))
     _read_metadata(trace, metadata)
-    return _sort_events(trace, events)
+    return [_sort_events(trace, events)]
+
+
+def split_document(document: Any, path: str) -> list[Trace]:
+    """:func:`parse_trace` for a document that may be a merged trace (then one Trace per rank)."""
+    merge = document.get(MERGE_KEY) if isinstance(document, dict) else None
+    if not isinstance(merge, dict):
+        return [parse_trace(document, path)]
+    raw = [e for e in document.get("traceEvents") or [] if type(e) is dict]
+    return [parse_trace({"traceEvents": rank_events, "distributedInfo": _rank_info(entry),
+                         "deviceProperties": entry.get("deviceProperties")}, path)
+            for entry, rank_events in _split_events(merge, raw, _restore_dict)]
+
+
+#: The metadata key of a merged trace (``perfhooks.analysis.merge_traces``).
+MERGE_KEY = "perfhooksMerge"
+
+
+def _rank_info(entry: dict[str, Any]) -> dict[str, Any]:
+    info = entry.get("distributedInfo")
+    info = dict(info) if isinstance(info, dict) else {}
+    info["rank"] = entry.get("rank")
+    if entry.get("world_size") is not None:
+        info["world_size"] = entry["world_size"]
+    return info
+
+
+def _rank_trace(path: str, entry: dict[str, Any], events: int) -> Trace:
+    trace = Trace(path=path, events=events)
+    _read_metadata(trace, {"distributedInfo": _rank_info(entry), "deviceProperties": entry.get("deviceProperties")})
+    return trace
+
+
+def _split_events(merge: dict[str, Any], events: list[Any], restore: Any) -> list[tuple[dict[str, Any], list[Any]]]:
+    """Each rank entry of a merged trace, with its events back on their own pid, tid and clock."""
+    entries = [e for e in merge.get("ranks") or [] if isinstance(e, dict) and isinstance(e.get("pid"), int)]
+    if not entries:
+        raise NotATrace("a merged trace without its ranks' metadata (perfhooksMerge.ranks)")
+    by_pid = {entry["pid"]: (entry, {t[0]: (t[1], t[2]) for t in entry.get("threads") or []}, [])
+              for entry in entries}
+    for event in events:
+        pid = event.get("pid") if type(event) is dict else getattr(event, "pid", None)
+        slot = by_pid.get(pid)  # type: ignore[arg-type]
+        if slot is not None:
+            entry, threads, kept = slot
+            kept.append(restore(event, threads, float(entry.get("shift_us") or 0.0)))
+    return [(entry, kept) for entry, _, kept in by_pid.values()]
+
+
+def _restore_struct(event: Any, threads: dict[int, tuple[Any, Any]], shift_us: float) -> Any:
+    if type(event) is not Event:
+        return event
+    pid, tid = threads.get(event.tid, (event.pid, event.tid))  # type: ignore[arg-type]
+    ts = round(event.ts - shift_us, 3) if shift_us and event.ts is not None else event.ts
+    return msgspec.structs.replace(event, pid=pid, tid=tid, ts=ts)
+
+
+def _restore_dict(event: dict[str, Any], threads: dict[int, tuple[Any, Any]], shift_us: float) -> dict[str, Any]:
+    pid, tid = threads.get(event.get("tid"), (event.get("pid"), event.get("tid")))  # type: ignore[arg-type]
+    restored = {**event, "pid": pid, "tid": tid}
+    if shift_us and isinstance(event.get("ts"), (int, float)):
+        restored["ts"] = round(event["ts"] - shift_us, 3)
+    return restored
 
 
 def _check_utf8(path: str | Path, data: bytes, chunk: int = 1 << 20) -> None:
@@ -475,7 +553,7 @@ def _read_metadata(trace: Trace, document: dict[str, Any]) -> None:
         trace.rank = rank if isinstance(rank, int) else None
         trace.world_size = world if isinstance(world, int) else None
     if trace.rank is None:
-        match = _RANK_IN_NAME.search(Path(trace.path).name)
+        match = RANK_IN_NAME.search(Path(trace.path).name)
         if match:
             trace.rank = int(match.group(1))
     for props in document.get("deviceProperties") or []:

@@ -37,7 +37,7 @@ class OnDemandTrigger:
         self._requested = True
 
     def poll(self) -> bool:
-        """True once per request; removes the trigger file it found."""
+        """True once per request; looks for the file at most every ``poll_s`` seconds (a training-thread call)."""
         if self._requested:
             self._requested = False
             return True
@@ -45,6 +45,13 @@ class OnDemandTrigger:
         if now < self._next_poll_ns:
             return False
         self._next_poll_ns = now + int(self.poll_s * 1e9)
+        return self.take()
+
+    def take(self) -> bool:
+        """True once per request (the signal's flag, or the file, which it removes); no rate limit."""
+        if self._requested:
+            self._requested = False
+            return True
         try:
             self.path.unlink()
         except OSError:  # absent, or the folder is not there/readable: no request

@@ -121,6 +121,20 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--format", choices=("text", "json", "html"), default="text")
     diff.add_argument("--output", "-o", help="write here instead of standard output")
     diff.set_defaults(run=_diff)
+    merge = commands.add_parser(
+        "merge-traces", help="merge the ranks' traces of one window into one timeline (Perfetto, HTA)",
+        description="Merge the ranks' traces of one capture window into one Chrome trace: one process per rank, "
+        "named 'rank N (host)', clocks aligned across hosts from a collective's end (the offsets are in the "
+        "trace's perfhooksMerge metadata). perfhooks analyze reads it as the ranks' own traces.")
+    merge.add_argument("paths", nargs="+", metavar="FOLDER_OR_TRACE", help="each rank's trace file, or folders "
+                       "holding them (perfhooks output folders: each rank's latest window)")
+    merge.add_argument("-o", "--output", required=True, help="the merged trace (.json.gz or .json)")
+    merge.add_argument("--step", type=int, default=None, help="the window that starts at this step "
+                       "(rank<R>.step<N> files); default: each rank's latest")
+    merge.add_argument("--aligned-steps", action="store_true", help="keep only the steps every rank recorded")
+    merge.add_argument("--max-bytes", type=int, default=512 * 2**20, help="the most the output may take; steps "
+                       "are dropped from the end to stay under it (default 512 MiB, as max_trace_bytes)")
+    merge.set_defaults(run=_merge_traces)
     view = commands.add_parser("wandb-workspace", help="save a W&B workspace view of perfhooks' panels "
                                "(needs wandb-workspaces: pip install 'perfhooks[workspace]')")
     view.add_argument("project", metavar="ENTITY/PROJECT")
@@ -160,6 +174,32 @@ def _diff(args: argparse.Namespace) -> int:
     else:
         text = format_text(result)
     return _emit(text, args.output)
+
+
+def _merge_traces(args: argparse.Namespace) -> int:
+    from perfhooks.analysis.merge_traces import merge_traces
+    from perfhooks.analysis.trace import TraceError
+
+    if args.max_bytes <= 0:
+        print(f"perfhooks merge-traces: --max-bytes must be a positive number of bytes, got {args.max_bytes}",
+              file=sys.stderr)
+        return 2
+    try:
+        result = merge_traces(args.paths, args.output, aligned_steps=args.aligned_steps, max_bytes=args.max_bytes,
+                              step=args.step)
+    except TraceError as error:
+        print(f"perfhooks merge-traces: {error}", file=sys.stderr)
+        return 2
+    for warning in result.warnings:
+        print(f"perfhooks merge-traces: {warning}", file=sys.stderr)
+    steps = f"steps {result.steps[0]}-{result.steps[-1]}" if result.steps else "no common step"
+    print(f"{result.path}: ranks {', '.join(map(str, result.ranks))}, {steps}, {result.bytes} bytes")
+    for rank, offset in sorted(result.offsets.items()):
+        if offset.method != "reference":
+            estimate = "unknown" if offset.estimated_us is None else f"{offset.estimated_us / 1e3:+.3f} ms"
+            print(f"  rank {rank}: clock offset {estimate} ({offset.method}, {offset.matches} matches), "
+                  f"applied {offset.applied_us / 1e3:+.3f} ms")
+    return 0
 
 
 def _wandb_workspace(args: argparse.Namespace) -> int:

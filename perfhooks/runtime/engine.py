@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.autograd.profiler as autograd_profiler
 
+from perfhooks.capture.all_ranks import AllRanksTrigger, next_run
 from perfhooks.capture.labels import ProfilerLabels
 from perfhooks.capture.nvtx import NvtxRanges
 from perfhooks.capture.schedule import Action, OnDemandWindow
@@ -43,6 +44,7 @@ from perfhooks.device.room import DeviceRoom
 from perfhooks.events import ASIDES, COMPILING, DATA_WAIT, FORWARD, OPTIMIZER, PHASES
 from perfhooks.faults import FaultLog, Once, guarded
 from perfhooks.memory.monitor import MemoryMonitor
+from perfhooks.report import store as rank_store
 from perfhooks.report.build import build_report
 from perfhooks.report.schema import new_run_id
 from perfhooks.report.statistics import PhaseStatistics
@@ -126,6 +128,10 @@ class Engine:
             self.writer, self.faults, self.once, on_saved=self._save_report_async,
             on_written=self._on_window_written if config.analyze_windows else None)
         self.trigger = OnDemandTrigger(self.output_dir, config.trigger_poll_s) if config.on_demand else None
+        #: With a process group of 2 or more ranks: the trigger that opens a window on every rank (else None).
+        self.all_ranks: AllRanksTrigger | None = None
+        if self.trigger is not None and self.world_size > 1:
+            self.all_ranks = self._all_ranks_trigger(self.trigger)
         self.memory: MemoryMonitor | None = None
         if config.memory:
             try:
@@ -208,6 +214,26 @@ class Engine:
     def defer_windows_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user is configured (e.g. Lightning's PyTorchProfiler): open no window."""
         self.windows.defer_to(owner)
+
+    def _all_ranks_trigger(self, local: OnDemandTrigger) -> AllRanksTrigger | None:
+        """Start the watcher thread that shares on-demand windows through the process group's store."""
+        try:
+            store = rank_store.default_store()
+            if store is None:
+                return None
+            schedule = self.config.schedule
+
+            def is_free(step: int) -> bool:
+                return schedule is None or schedule(step) is Action.NONE
+
+            watcher = AllRanksTrigger(store, next_run(), self.rank, local, self.config.trigger_poll_s,
+                                      lambda: self.step, 1 + self.config.on_demand_active, is_free,
+                                      self.faults, self.once)
+            watcher.start()
+            return watcher
+        except Exception as error:
+            self.faults.report("trigger_store", error)
+            return None
 
     # ----------------------------------------------------------------- schedule
     def action(self, step: int) -> Action:
@@ -700,18 +726,38 @@ class Engine:
     def _drive_windows(self, step: int) -> None:
         trigger = "schedule"
         try:
-            if self.trigger is not None and self.trigger.poll():
+            if self.all_ranks is not None:
+                if self.all_ranks.targets:  # a deque's length: the training thread makes no store call
+                    self._take_shared_windows(step)
+            elif self.trigger is not None and self.trigger.poll():
                 if self.windows.is_open or self.action(step) is not Action.NONE:
                     self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
                 else:
                     self._on_demand = OnDemandWindow(step, warmup=1, active=self.config.on_demand_active)
-                    trigger = "on_demand"
+            if self._on_demand is not None and self._on_demand(step) is not Action.NONE:
+                trigger = "on_demand"
         except Exception as error:
             self.faults.report("trigger", error)
         try:
             self.windows.at_step(step, trigger)
         except Exception as error:
             self.faults.report("window", error)
+
+    def _take_shared_windows(self, step: int) -> None:
+        """Windows every rank agreed on through the store: open each at its step, or say why this rank can't."""
+        targets = self.all_ranks.targets  # type: ignore[union-attr]
+        while targets:
+            target = targets.popleft()
+            asked = f"asked for by rank {target.by_rank}" if target.by_rank >= 0 else "asked for"
+            if target.first_step < step:
+                self.once.warn(f"trigger_missed_{target.index}",
+                               f"the on-demand window at step {target.first_step} ({asked}) is not recorded on "
+                               f"rank {self.rank}: this rank was already at step {step} when it learnt of it "
+                               "(the other ranks record it)")
+            elif self._on_demand is not None and self._on_demand.last_step >= step:
+                self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
+            else:
+                self._on_demand = OnDemandWindow(target.first_step, warmup=1, active=self.config.on_demand_active)
 
     def live_diagnoses(self) -> list[dict[str, Any]]:
         """Diagnoses from phase timings alone (training thread)."""

@@ -39,6 +39,8 @@ import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from perfhooks.analysis.merge_traces import merge_traces
+from perfhooks.capture.windows import trace_name
 from perfhooks.memory.oom import is_cuda_error
 from perfhooks.report import store as rank_store
 from perfhooks.report.merge import merge_rank_reports, merge_summaries, rank_summary
@@ -96,6 +98,8 @@ def _finish(engine: Engine, deadline: Deadline) -> dict[str, Any] | None:
             engine.once.warn("steps_unfinished", f"{engine.pending.unfinished} step(s) had not finished on the device "
                              "by the close's deadline: not counted")
     engine.hooks.remove()
+    if engine.all_ranks is not None:
+        guarded("trigger_close", engine.all_ranks.close)
     if engine.trigger is not None:
         guarded("trigger_close", engine.trigger.close)
     engine.writer.close(deadline.left(WRITER_WAIT_S))
@@ -106,6 +110,8 @@ def _finish(engine: Engine, deadline: Deadline) -> dict[str, Any] | None:
     store = guarded("rank_store", rank_store.default_store) if engine.world_size > 1 else None
     if engine.world_size > 1:
         run_report = guarded("rank_merge", lambda: gather_ranks(engine, report, deadline, store))
+        if run_report is not None:
+            run_report["merged_trace"] = guarded("trace_merge", lambda: merge_rank_traces(engine, report))
     if engine.wandb is not None:
         guarded("wandb_close", lambda: close_wandb(engine, report, deadline, run_report))
     if engine.output_removed():  # never make again a folder the user removed
@@ -116,6 +122,38 @@ def _finish(engine: Engine, deadline: Deadline) -> dict[str, Any] | None:
     if engine.console and engine.rank == 0:
         print(fresh_line() + format_table(with_cross_rank_verdicts(report, run_report)), file=sys.stderr)
     return report
+
+
+#: The ranks' traces rank 0 merges at the close when they are all in its folder, at most this many bytes in all.
+MERGE_AT_CLOSE_BYTES = 64 * 2**20
+
+
+def merge_rank_traces(engine: Engine, report: dict[str, Any]) -> dict[str, Any] | None:
+    """Rank 0, at the close: merge every rank's trace of its latest window when its folder holds them all (a shared
+    folder); else say which command merges them once gathered. None when no window was written."""
+    windows = [w for w in report.get("windows") or [] if not w.get("pruned")]
+    if not windows:
+        return None
+    step = windows[-1]["first_step"]
+    traces = engine.output_dir / "traces"
+    files = [traces / trace_name(r, step) for r in range(engine.world_size)]
+    absent = [r for r, path in enumerate(files) if not path.exists()]
+    command = (f"perfhooks merge-traces <each rank's {engine.output_dir.name}/traces folder> --step {step} "
+               f"-o merged.step{step}.json.gz")
+    if absent:
+        return {"path": None, "first_step": step, "command": command,
+                "reason": f"rank(s) {', '.join(map(str, absent))} wrote no trace of this window in {traces} "
+                          "(node-local folders, or a rank that did not record it)"}
+    size = sum(path.stat().st_size for path in files)
+    if size > MERGE_AT_CLOSE_BYTES:
+        return {"path": None, "first_step": step, "command": command,
+                "reason": f"the ranks' traces take {size} bytes, more than the {MERGE_AT_CLOSE_BYTES} merged at the "
+                          "close; merge them after the run"}
+    result = merge_traces([str(path) for path in files], engine.output_dir / "merged" / f"step{step}.pt.trace.json.gz",
+                          max_bytes=engine.config.max_trace_bytes)
+    return {"path": str(result.path), "first_step": step, "ranks": result.ranks, "steps": result.steps,
+            "clock": {str(rank): offset.as_dict() for rank, offset in result.offsets.items()},
+            "warnings": result.warnings}
 
 
 def with_cross_rank_verdicts(report: dict[str, Any], run_report: dict[str, Any] | None) -> dict[str, Any]:

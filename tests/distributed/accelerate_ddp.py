@@ -1,6 +1,8 @@
 """A hand-written accelerate loop on 2 CPU processes with attach(); started by ``accelerate launch``.
 
     accelerate launch --cpu --num_processes 2 tests/distributed/accelerate_ddp.py OUTPUT_DIR
+
+It runs under torchrun as well. The all-ranks trigger's variables: trigger_env.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from accelerate import Accelerator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import trigger_env
+
 import perfhooks
 from helpers import mlp, random_loader
 from perfhooks.integrations.accelerate import attach
@@ -26,10 +30,15 @@ def main(output_dir: str) -> int:
     torch.manual_seed(0)
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, random_loader(24))
-    with attach(accelerator, model, optimizer, loader, output_dir=output_dir, console=False, analyze_windows=False,
-                schedule=perfhooks.Schedule(skip_first=3, warmup=1, active=2)):
-        for x, y in loader:
+    steps = trigger_env.steps(12)
+    rank = accelerator.process_index
+    folder = trigger_env.rank_folder(output_dir, rank)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, random_loader(2 * steps))
+    with attach(accelerator, model, optimizer, loader, output_dir=folder, console=False, analyze_windows=False,
+                trigger_poll_s=0.2, schedule=trigger_env.schedule(perfhooks.Schedule(skip_first=3, warmup=1,
+                                                                                     active=2))):
+        for step, (x, y) in enumerate(loader):
+            trigger_env.at_step(folder, rank, step)
             if accelerator.process_index == slow_rank:
                 time.sleep(0.03)
             loss = torch.nn.functional.mse_loss(model(x), y)

@@ -1,0 +1,55 @@
+"""A transformers Trainer on 2 CPU processes (gloo) with PerfTrainerCallback; started by torchrun.
+
+    torchrun --nproc-per-node 2 tests/distributed/hf_ddp.py OUTPUT_DIR
+
+The all-ranks trigger's variables: trigger_env.py.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+
+import torch
+import trigger_env
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+import perfhooks
+from hf_trainer_example import SyntheticTokens
+from perfhooks.integrations.transformers import PerfTrainerCallback
+
+
+class TouchTrigger(TrainerCallback):
+    """The user of the test: at an optimizer step on some ranks, touches the TRIGGER file (trigger_env)."""
+
+    def __init__(self, output_dir: str, rank: int) -> None:
+        self.output_dir, self.rank = output_dir, rank
+
+    def on_step_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        trigger_env.at_step(self.output_dir, self.rank, state.global_step)
+
+
+def main(output_dir: str) -> int:
+    rank = int(os.environ["RANK"])
+    folder = trigger_env.rank_folder(output_dir, rank)
+    steps = trigger_env.steps(12)
+    callback = PerfTrainerCallback(output_dir=folder, console=False, analyze_windows=False, trigger_poll_s=0.2,
+                                   schedule=trigger_env.schedule(perfhooks.Schedule(skip_first=3, warmup=1, active=2)))
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=1, n_head=2))
+    args = TrainingArguments(output_dir=str(Path(output_dir) / "hf"), max_steps=steps, per_device_train_batch_size=4,
+                             use_cpu=True, ddp_backend="gloo", disable_tqdm=True, logging_steps=1000,
+                             save_strategy="no", report_to="none")
+    trainer = Trainer(model=model, args=args, callbacks=[callback, TouchTrigger(folder, rank)],
+                      train_dataset=SyntheticTokens(steps * 4 * 2, seq_len=16, vocab=128))
+    trainer.train()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))

@@ -1,0 +1,191 @@
+"""One on-demand trigger for every rank, agreed through a real torch.distributed store (HashStore).
+
+Ranks are simulated as watchers in one process sharing one store, polled by hand with a manual clock, so
+every outcome is exact. The multi-process runs are in test_distributed.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+import perfhooks
+from perfhooks.capture.all_ranks import AllRanksTrigger, StepRate, Target, choose_target, margin_steps
+from perfhooks.capture.trigger import OnDemandTrigger
+from perfhooks.faults import FaultLog, Once
+from perfhooks.report import store as rank_store
+from perfhooks.runtime import lifecycle, ranks
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Rank:
+    """One simulated rank: its folder, its trigger, its step, its watcher."""
+
+    def __init__(self, store: object, rank: int, folder: Path, clock: ManualClock, window_steps: int = 4,
+                 is_free: object = lambda step: True) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.step = 0
+        self.local = OnDemandTrigger(folder, poll_s=1.0, use_signal=False)
+        self.watcher = AllRanksTrigger(store, 0, rank, self.local, 1.0, lambda: self.step, window_steps,
+                                       is_free, FaultLog(), Once(), clock=clock)  # type: ignore[arg-type]
+
+    def touch(self) -> None:
+        (self.folder / "TRIGGER").touch()
+
+
+def _ranks(tmp_path: Path, count: int, **kwargs: object) -> tuple[list[Rank], ManualClock]:
+    store = dist.HashStore()
+    clock = ManualClock()
+    return [Rank(store, r, tmp_path / f"rank{r}", clock, **kwargs) for r in range(count)], clock  # type: ignore[arg-type]
+
+
+def _advance(ranks_: list[Rank], clock: ManualClock, steps: int, seconds: float = 1.0) -> None:
+    """Every rank steps ``steps`` steps in ``seconds``, then polls once."""
+    clock.now += seconds
+    for rank in ranks_:
+        rank.step += steps
+        rank.watcher.poll_once()
+
+
+def test_margin_covers_two_polls_and_slack_at_the_measured_rate() -> None:
+    assert margin_steps(10.0, 1.0) == 26  # 10 steps/s * (2 * 1 s + 0.5 s) + 1
+    assert margin_steps(0.1, 1.0) == 2  # slow steps: at least 2
+    assert choose_target(10, 5, 4, lambda step: True) == 15
+    assert choose_target(10, 5, 4, lambda step: not 16 <= step <= 20) == 21  # past a scheduled window
+
+
+def test_step_rate_needs_two_samples_some_steps_apart() -> None:
+    rate = StepRate()
+    rate.sample(0.0, 0)
+    assert rate.rate() is None
+    rate.sample(1.0, 0)
+    assert rate.rate() is None  # no step in between (a pause): no rate
+    rate.sample(2.0, 20)
+    assert rate.rate() == 10.0
+
+
+def test_a_trigger_on_rank_1_gives_every_rank_the_same_window(tmp_path: Path) -> None:
+    ranks_, clock = _ranks(tmp_path, 2)
+    _advance(ranks_, clock, 10)  # 10 steps/s: the rate is known from the second poll
+    ranks_[1].touch()
+    _advance(ranks_, clock, 10)  # rank 0 polls first: nothing yet; rank 1 publishes step 20 + 26
+    assert [list(r.watcher.targets) for r in ranks_] == [[], [Target(46, 1, 0)]]
+    _advance(ranks_, clock, 10)  # rank 0 learns it at its next poll, at step 30: in time
+    assert [list(r.watcher.targets) for r in ranks_] == [[Target(46, 1, 0)], [Target(46, 1, 0)]]
+    assert not (ranks_[1].folder / "TRIGGER").exists()
+
+
+def test_ranks_triggered_at_once_agree_on_one_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks 1 and 2 both offer window 0 before either has seen the other's offer (rank 2's check of the store
+    came just before rank 1's compare_set): the first offer wins on every rank."""
+    ranks_, clock = _ranks(tmp_path, 4)
+    _advance(ranks_, clock, 10)
+    ranks_[1].touch()
+    ranks_[2].touch()
+    ranks_[2].step += 3  # rank 2 is 3 steps ahead: its own offer would be step 49
+    monkeypatch.setattr(ranks_[2].watcher, "_learn", lambda: None)  # its look at the store found nothing yet
+    _advance(ranks_, clock, 10)
+    monkeypatch.undo()
+    _advance(ranks_, clock, 10)
+    seen = [list(r.watcher.targets) for r in ranks_]
+    assert all(targets == [Target(46, 1, 0)] for targets in seen), seen
+
+
+def test_a_trigger_while_a_window_is_pending_joins_it(tmp_path: Path) -> None:
+    ranks_, clock = _ranks(tmp_path, 2)
+    _advance(ranks_, clock, 10)
+    ranks_[0].touch()
+    _advance(ranks_, clock, 10)
+    ranks_[1].touch()  # before the window at 46 ended: no second window
+    _advance(ranks_, clock, 10)
+    _advance(ranks_, clock, 10)
+    assert [list(r.watcher.targets) for r in ranks_] == [[Target(46, 0, 0)], [Target(46, 0, 0)]]
+    ranks_[1].touch()  # after it ended (step 50 > 49): a second window
+    _advance(ranks_, clock, 10)
+    _advance(ranks_, clock, 10)
+    assert [list(r.watcher.targets)[-1] for r in ranks_] == [Target(76, 1, 1)] * 2  # 50 + 26
+
+
+def test_no_rate_yet_waits_for_the_next_poll(tmp_path: Path) -> None:
+    ranks_, clock = _ranks(tmp_path, 2)
+    ranks_[0].touch()
+    _advance(ranks_, clock, 10)  # one sample only: no rate, the request is kept
+    assert not ranks_[0].watcher.targets
+    _advance(ranks_, clock, 10)
+    assert list(ranks_[0].watcher.targets) == [Target(46, 0, 0)]
+
+
+class CountingStore:
+    """A real HashStore; every call counted with the thread that made it."""
+
+    def __init__(self) -> None:
+        self.store = dist.HashStore()
+        self.calls: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str) -> object:
+        method = getattr(self.store, name)
+
+        def counted(*args: object) -> object:
+            self.calls.append((threading.current_thread().name, name))
+            return method(*args)
+
+        return counted
+
+
+def test_the_engine_opens_the_agreed_window_and_its_training_thread_makes_no_store_call(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recwarn: pytest.WarningsRecorder) -> None:
+    """An engine in a 2-rank run (rank 1 simulated by a watcher on the same store) that rank 1 triggers: the
+    window opens at the agreed step, labelled ProfilerStep#N with N the agreed steps; the training thread made
+    no store call (the watcher thread made them all)."""
+    import torch
+
+    store = CountingStore()
+    monkeypatch.setattr(rank_store, "default_store", lambda: store)
+    monkeypatch.setattr(ranks, "world_size", lambda: 2)
+    config = perfhooks.PerfConfig(schedule=None, console=False, analyze_windows=False, wandb=False, memory=False,
+                                  trigger_poll_s=0.05, on_demand_active=2)
+    engine = perfhooks.Engine(config, tmp_path / "rank0", "test")
+    monkeypatch.setattr(lifecycle, "gather_ranks", lambda *args: None)  # rank 1 is no process: no summary to wait for
+    clock = ManualClock()
+    clock.now = 5.0
+    other = Rank(store.store, 1, tmp_path / "rank1", clock, window_steps=3)  # its calls are not counted
+    model = torch.nn.Linear(8, 8)
+    published = False
+    for step in range(400):
+        if engine.windows.windows:
+            break
+        if step == 5:
+            other.step = step
+            other.watcher.rate.sample(0.0, 0)  # 1 step/s, polls 1 s apart: a margin of 4 steps
+            other.touch()
+            other.watcher.poll_once()
+            published = True
+        engine.phase_start("forward")
+        model(torch.randn(4, 8)).sum().backward()
+        engine.step_end()
+        threading.Event().wait(0.1)  # 4 steps: 8 of the engine's polls
+    engine.all_ranks.targets.append(Target(3, 1, 1))  # a window this rank learns of too late
+    engine.phase_start("forward")
+    engine.step_end()
+    engine.close()
+    assert published
+    (target,) = other.watcher.targets
+    assert target == Target(9, 1, 0)
+    (window,) = engine.windows.windows  # warm-up at step 9, then 2 recorded steps
+    assert (window["first_step"], window["last_step"], window["trigger"]) == (10, 11, "on_demand")
+    said = [str(w.message) for w in recwarn]
+    assert any("window at step 3 (asked for by rank 1) is not recorded on rank 0: this rank was already at step"
+               in message for message in said), said
+    training = threading.main_thread().name
+    assert store.calls and all(thread != training for thread, _ in store.calls), store.calls
