@@ -189,3 +189,28 @@ def test_the_engine_opens_the_agreed_window_and_its_training_thread_makes_no_sto
                in message for message in said), said
     training = threading.main_thread().name
     assert store.calls and all(thread != training for thread, _ in store.calls), store.calls
+
+
+def test_sigusr2_to_one_rank_publishes_for_every_rank(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    store = dist.HashStore()
+    clock = ManualClock()
+    quiet = Rank(store, 0, tmp_path / "rank0", clock)
+    signalled = OnDemandTrigger(tmp_path / "rank1", poll_s=1.0, use_signal=True)
+    step = {"now": 0}
+    watcher = AllRanksTrigger(store, 0, 1, signalled, 1.0, lambda: step["now"], 4, lambda s: True, FaultLog(), Once(),
+                              clock=clock)
+    try:
+        for _ in range(2):
+            clock.now += 1.0
+            step["now"] += 10
+            quiet.step += 10
+            watcher.poll_once()
+            quiet.watcher.poll_once()
+            if _ == 0:
+                os.kill(os.getpid(), signal.SIGUSR2)  # the handler only sets a flag; the watcher publishes
+    finally:
+        signalled.close()
+    assert list(watcher.targets) == [Target(46, 1, 0)] and list(quiet.watcher.targets) == [Target(46, 1, 0)]

@@ -69,6 +69,11 @@ def test_torchrun_writes_per_rank_files_and_names_the_straggler(tmp_path: Path) 
     # rank 0's printed table carries the cross-rank verdict, as report.html does
     assert "Rank 1 is slower than the others" in done.stderr, done.stderr[-3000:]
     assert "Rank 1 is slower than the others" in (out / "report.html").read_text()
+    # a shared folder: rank 0 merged the ranks' traces of the window at the close, and says where
+    timeline = merged["merged_trace"]
+    assert timeline["path"] == str(out / "merged" / "step4.pt.trace.json.gz") and Path(timeline["path"]).exists()
+    assert (timeline["ranks"], timeline["steps"]) == ([0, 1], [4, 5])
+    assert timeline["clock"]["1"]["method"] == "same_host" and timeline["clock"]["1"]["applied_us"] == 0.0
     # perfhooks analyze on the output folder: each rank's trace, per-rank step time, the straggler.
     done = subprocess.run([sys.executable, "-m", "perfhooks", "analyze", str(out), "--format", "json"],
                           capture_output=True, text=True, timeout=120, check=True)
