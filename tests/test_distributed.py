@@ -74,6 +74,7 @@ def test_torchrun_writes_per_rank_files_and_names_the_straggler(tmp_path: Path) 
     assert timeline["path"] == str(out / "merged" / "step4.pt.trace.json.gz") and Path(timeline["path"]).exists()
     assert (timeline["ranks"], timeline["steps"]) == ([0, 1], [4, 5])
     assert timeline["clock"]["1"]["method"] == "same_host" and timeline["clock"]["1"]["applied_us"] == 0.0
+    assert f"all ranks on one timeline: {timeline['path']}" in done.stderr
     # perfhooks analyze on the output folder: each rank's trace, per-rank step time, the straggler.
     done = subprocess.run([sys.executable, "-m", "perfhooks", "analyze", str(out), "--format", "json"],
                           capture_output=True, text=True, timeout=120, check=True)

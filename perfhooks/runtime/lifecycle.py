@@ -157,10 +157,15 @@ def merge_rank_traces(engine: Engine, report: dict[str, Any]) -> dict[str, Any] 
 
 
 def with_cross_rank_verdicts(report: dict[str, Any], run_report: dict[str, Any] | None) -> dict[str, Any]:
-    """This rank's report with the verdicts only the ranks together give (a straggler), from the run's merged
-    report, for the printed table."""
-    cross = [d for d in (run_report or {}).get("diagnoses") or [] if d["id"] in CROSS_RANK]
-    return {**report, "diagnoses": rank_verdicts(cross + list(report["diagnoses"]))} if cross else report
+    """This rank's report with the verdicts only the ranks together give (a straggler), and the ranks' merged
+    trace, from the run's merged report, for the printed table."""
+    run_report = run_report or {}
+    cross = [d for d in run_report.get("diagnoses") or [] if d["id"] in CROSS_RANK]
+    if cross:
+        report = {**report, "diagnoses": rank_verdicts(cross + list(report["diagnoses"]))}
+    if run_report.get("merged_trace"):
+        report = {**report, "merged_trace": run_report["merged_trace"]}
+    return report
 
 
 def _write_reports(engine: Engine, report: dict[str, Any], store: Any, run_report: dict[str, Any] | None) -> None:

@@ -43,6 +43,10 @@ def format_table(report: dict[str, Any]) -> str:
     kept = [w for w in report["windows"] if not w.get("pruned")]
     if kept:
         lines.append(f"  traces: {len(kept)} window(s), latest {kept[-1]['path']}")
+    merged = report.get("merged_trace")
+    if merged:
+        lines.append(f"  all ranks on one timeline: {merged['path']}" if merged.get("path") else
+                     f"  all ranks on one timeline: {merged['command']}")
     for diagnosis in report["diagnoses"][:3]:
         lines.append(f"  [{diagnosis['severity']}] {diagnosis['title']}: {diagnosis['recommendation']}")
     if report["faults"]:
