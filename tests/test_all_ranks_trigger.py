@@ -15,7 +15,7 @@ import torch.distributed as dist
 import perfhooks
 from perfhooks.capture.all_ranks import AllRanksTrigger, StepRate, Target, choose_target, margin_steps
 from perfhooks.capture.trigger import OnDemandTrigger
-from perfhooks.faults import FaultLog, Once
+from perfhooks.faults import Once
 from perfhooks.report import store as rank_store
 from perfhooks.runtime import lifecycle, ranks
 
@@ -38,7 +38,7 @@ class Rank:
         self.step = 0
         self.local = OnDemandTrigger(folder, poll_s=1.0, use_signal=False)
         self.watcher = AllRanksTrigger(store, 0, rank, self.local, 1.0, lambda: self.step, window_steps,
-                                       is_free, FaultLog(), Once(), clock=clock)  # type: ignore[arg-type]
+                                       is_free, Once(), clock=clock)  # type: ignore[arg-type]
 
     def touch(self) -> None:
         (self.folder / "TRIGGER").touch()
@@ -200,7 +200,7 @@ def test_sigusr2_to_one_rank_publishes_for_every_rank(tmp_path: Path) -> None:
     quiet = Rank(store, 0, tmp_path / "rank0", clock)
     signalled = OnDemandTrigger(tmp_path / "rank1", poll_s=1.0, use_signal=True)
     step = {"now": 0}
-    watcher = AllRanksTrigger(store, 0, 1, signalled, 1.0, lambda: step["now"], 4, lambda s: True, FaultLog(), Once(),
+    watcher = AllRanksTrigger(store, 0, 1, signalled, 1.0, lambda: step["now"], 4, lambda s: True, Once(),
                               clock=clock)
     try:
         for _ in range(2):
@@ -214,3 +214,49 @@ def test_sigusr2_to_one_rank_publishes_for_every_rank(tmp_path: Path) -> None:
     finally:
         signalled.close()
     assert list(watcher.targets) == [Target(46, 1, 0)] and list(quiet.watcher.targets) == [Target(46, 1, 0)]
+
+
+def test_a_store_that_stops_answering_falls_back_to_this_ranks_own_trigger(tmp_path: Path) -> None:
+    """Rank 0's process serves the store; when it ends first, the others' watchers lose it: they say so once and
+    stop, and the engine goes back to the rank's own trigger (no fault: this is how jobs end)."""
+
+    class GoneStore:
+        def check(self, keys: list[str]) -> bool:
+            raise RuntimeError("Connection reset by peer")
+
+    local = OnDemandTrigger(tmp_path, poll_s=0.01, use_signal=False)
+    watcher = AllRanksTrigger(GoneStore(), 0, 1, local, 0.01, lambda: 0, 4, lambda s: True, Once())
+    with pytest.warns(UserWarning, match="store stopped answering .RuntimeError: Connection reset by peer.; an on-"
+                                         "demand trigger now opens a window on rank 1 only"):
+        watcher.start()
+        watcher._thread.join(5)  # type: ignore[union-attr]
+    assert watcher.lost
+
+
+def test_the_engine_goes_back_to_its_own_trigger_when_the_store_is_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    class GoneStore:
+        def check(self, keys: list[str]) -> bool:
+            raise RuntimeError("Connection reset by peer")
+
+    monkeypatch.setattr(rank_store, "default_store", lambda: GoneStore())
+    monkeypatch.setattr(ranks, "world_size", lambda: 2)
+    monkeypatch.setattr(lifecycle, "gather_ranks", lambda *args: None)
+    config = perfhooks.PerfConfig(schedule=None, console=False, analyze_windows=False, wandb=False, memory=False,
+                                  trigger_poll_s=0.05, on_demand_active=2)
+    with pytest.warns(UserWarning, match="store stopped answering"):
+        engine = perfhooks.Engine(config, tmp_path, "test")
+        model = torch.nn.Linear(8, 8)
+        for step in range(60):
+            if step == 10:
+                (tmp_path / "TRIGGER").touch()
+            engine.phase_start("forward")
+            model(torch.randn(4, 8)).sum().backward()
+            engine.step_end()
+            threading.Event().wait(0.02)
+        engine.close()
+    assert engine.all_ranks is None
+    (window,) = engine.windows.windows
+    assert window["trigger"] == "on_demand" and window["first_step"] >= 11

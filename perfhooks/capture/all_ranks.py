@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfhooks.capture.trigger import OnDemandTrigger
-from perfhooks.faults import FaultLog, Once
+from perfhooks.faults import Once
 
 PREFIX = "perfhooks/t"
 #: Seconds a rank may be late to see a published window, beyond two poll intervals.
@@ -109,7 +109,7 @@ class AllRanksTrigger:
 
     def __init__(self, store: Any, run: int, rank: int, local: OnDemandTrigger, poll_s: float,
                  current_step: Callable[[], int], window_steps: int, is_free: Callable[[int], bool],
-                 faults: FaultLog, once: Once, clock: Callable[[], float] = time.monotonic) -> None:
+                 once: Once, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.prefix = f"{PREFIX}{run}/window"
         self.rank = rank
@@ -118,7 +118,6 @@ class AllRanksTrigger:
         self.current_step = current_step
         self.window_steps = window_steps
         self.is_free = is_free
-        self.faults = faults
         self.once = once
         self.clock = clock
         #: Windows learnt from the store, oldest first; the training thread pops them (deque: thread-safe).
@@ -129,6 +128,8 @@ class AllRanksTrigger:
         self._asked = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: The store stopped answering: the watcher has stopped, and the engine goes back to this rank's trigger.
+        self.lost = False
 
     def _key(self, index: int) -> str:
         return f"{self.prefix}{index}"
@@ -141,8 +142,11 @@ class AllRanksTrigger:
         while not self._stop.wait(self.poll_s):
             try:
                 self.poll_once()
-            except Exception as error:  # the store went away (a rank or the job ended): stop watching
-                self.faults.report("trigger_store", error)
+            except Exception as error:  # the store stopped answering (rank 0's process, which serves it, ended)
+                self.lost = True
+                self.once.warn("trigger_store_lost", f"the process group's store stopped answering "
+                               f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
+                               f"an on-demand trigger now opens a window on rank {self.rank} only")
                 return
 
     def poll_once(self) -> None:

@@ -227,8 +227,7 @@ class Engine:
                 return schedule is None or schedule(step) is Action.NONE
 
             watcher = AllRanksTrigger(store, next_run(), self.rank, local, self.config.trigger_poll_s,
-                                      lambda: self.step, 1 + self.config.on_demand_active, is_free,
-                                      self.faults, self.once)
+                                      lambda: self.step, 1 + self.config.on_demand_active, is_free, self.once)
             watcher.start()
             return watcher
         except Exception as error:
@@ -726,6 +725,8 @@ class Engine:
     def _drive_windows(self, step: int) -> None:
         trigger = "schedule"
         try:
+            if self.all_ranks is not None and self.all_ranks.lost:
+                self.all_ranks = None  # the store is gone: this rank's own trigger from now on
             if self.all_ranks is not None:
                 if self.all_ranks.targets:  # a deque's length: the training thread makes no store call
                     self._take_shared_windows(step)
