@@ -37,9 +37,11 @@ class PerfConfig:
         module_ranges: also emit an NVTX range per module forward (forward pre/post hooks).
         nsys_capture: call ``torch.cuda.profiler.start()/stop()`` around windows, for
             ``nsys profile --capture-range=cudaProfilerApi``. CUDA only.
-        on_demand: open a window when ``<output_dir>/TRIGGER`` appears or on SIGUSR2.
+        on_demand: open a window when ``<output_dir>/TRIGGER`` appears or on SIGUSR2 (on every rank of a
+            multi-rank run, over the same steps).
         on_demand_active: recorded steps in an on-demand window.
-        trigger_poll_s: seconds between looks for the trigger file.
+        trigger_poll_s: seconds between looks for the trigger file (and, with several ranks, at the process
+            group's store for a window another rank asked for).
         console: print a summary table when training ends (rank 0).
         analyze_windows: analyse each window's trace off the training thread and add its diagnoses.
         thresholds: a :class:`perfhooks.rules.thresholds.Thresholds` for the diagnosis rules.
