@@ -65,14 +65,16 @@ def test_margin_covers_two_polls_and_slack_at_the_measured_rate() -> None:
     assert choose_target(10, 5, 4, lambda step: not 16 <= step <= 20) == 21  # past a scheduled window
 
 
-def test_step_rate_needs_two_samples_some_steps_apart() -> None:
+def test_step_rate_is_the_fastest_between_two_polls() -> None:
     rate = StepRate()
     rate.sample(0.0, 0)
     assert rate.rate() is None
     rate.sample(1.0, 0)
     assert rate.rate() is None  # no step in between (a pause): no rate
     rate.sample(2.0, 20)
-    assert rate.rate() == 10.0
+    assert rate.rate() == 20.0  # the steps after the pause, not the average over it
+    rate.sample(3.0, 25)
+    assert rate.rate() == 20.0
 
 
 def test_a_trigger_on_rank_1_gives_every_rank_the_same_window(tmp_path: Path) -> None:

@@ -7,10 +7,11 @@ thread checks for the next window's key every ``poll_s`` seconds and hands the t
 through a deque. The training thread makes no store call and issues no collective; it reads the deque at each
 step start (one attribute test).
 
-The target is the rank's current step plus the steps that pass in two poll intervals and a second of slack, at
-the step rate this thread measured (at least 2 steps); it is moved past any scheduled window, so that the
-window is the same on every rank whatever the schedule. Ranks count optimizer steps alike (the schedule is a
-pure function of the step), so ``ProfilerStep#N`` is the same N on every rank.
+The target is the rank's current step plus the steps that pass in two poll intervals and half a second of
+slack, at the fastest step rate this thread measured between two polls (at least 2 steps). It is moved past
+any scheduled window, so that the window is the same on every rank whatever the schedule. Ranks count
+optimizer steps alike (the schedule is a pure function of the step), so ``ProfilerStep#N`` is the same N on
+every rank.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def choose_target(step: int, margin: int, window_steps: int, is_free: Callable[[
 
 
 class StepRate:
-    """Steps per second over the last few polls, from ``(time, step)`` samples taken by the watcher."""
+    """The fastest step rate between two consecutive polls of the last few, from ``(time, step)`` samples taken
+    by the watcher: an evaluation or a checkpoint between them slows an average, not the steps that follow."""
 
     def __init__(self, keep: int = 10) -> None:
         self._samples: deque[tuple[float, int]] = deque(maxlen=keep)
@@ -84,13 +86,11 @@ class StepRate:
         self._samples.append((now_s, step))
 
     def rate(self) -> float | None:
-        """Steps per second, or None until two samples some steps apart exist."""
-        if len(self._samples) < 2:
-            return None
-        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
-        if s1 <= s0 or t1 <= t0:
-            return None
-        return (s1 - s0) / (t1 - t0)
+        """Steps per second, or None until two consecutive samples some steps apart exist."""
+        samples = list(self._samples)
+        rates = [(s1 - s0) / (t1 - t0) for (t0, s0), (t1, s1) in itertools.pairwise(samples)
+                 if s1 > s0 and t1 > t0]
+        return max(rates) if rates else None
 
 
 class AllRanksTrigger:
