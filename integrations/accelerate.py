@@ -72,8 +72,10 @@ def attach(accelerator: Any, model: Any = None, optimizer: Any = None, dataloade
 
     Args:
         accelerator: the ``accelerate.Accelerator`` of the loop.
-        model, optimizer, dataloader: what ``accelerator.prepare`` returned, one object or a list of
-            them each; ``None`` (the default) watches every one the accelerator has prepared so far.
+        model: what ``accelerator.prepare`` returned for the model(s), one object or a list; ``None`` (the
+            default) watches every model the accelerator has prepared so far.
+        optimizer: the prepared optimizer(s), likewise; ``None`` watches every one prepared so far.
+        dataloader: the prepared dataloader(s), likewise; ``None`` watches every one prepared so far.
         output_dir: where ``report.json`` and ``traces/`` go; default ``<accelerator.project_dir>/perfhooks``
             or ``./perfhooks``.
         **settings: any :class:`perfhooks.PerfConfig` field (``schedule``, ``max_traces``, ...).

@@ -32,7 +32,9 @@ class PerfConfig:
             (phase timing, NVTX and the on-demand trigger stay on).
         max_traces: most trace files kept per rank; the oldest are deleted first.
         max_trace_bytes: most bytes of traces kept per rank.
-        record_shapes / profile_memory / with_stack: passed to ``torch.profiler.profile``.
+        record_shapes: passed to ``torch.profiler.profile``.
+        profile_memory: passed to ``torch.profiler.profile``.
+        with_stack: passed to ``torch.profiler.profile``.
         nvtx: emit NVTX ranges for phases (free when no NVTX tool is attached).
         module_ranges: also emit an NVTX range per module forward (forward pre/post hooks).
         nsys_capture: call ``torch.cuda.profiler.start()/stop()`` around windows, for
