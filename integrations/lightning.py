@@ -296,12 +296,10 @@ def _step_lightning_adds_on_resume(loop: Any) -> int:
     saved in ``on_train_batch_end`` had not counted yet; else 0 (read as Lightning 2.6 does it);
     an older loop without them gives 0."""
     try:
-        if (loop.restarting and not loop._should_accumulate()
-                and (loop.restarted_on_train_batch_end or not loop.restarted_on_last)):
-            return 1
+        return int(bool(loop.restarting and not loop._should_accumulate()
+                        and (loop.restarted_on_train_batch_end or not loop.restarted_on_last)))
     except AttributeError:
         return 0
-    return 0
 
 
 def _wandb_source(trainer: Trainer) -> RunSource:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import gzip
 import itertools
-import os
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -32,11 +31,11 @@ from typing import Any
 
 import msgspec
 
-from perfhooks.analysis.trace import MERGE_KEY, RANK_IN_NAME, NotATrace, TraceError, read_trace_json
+from perfhooks.analysis.trace import MERGE_KEY, RANK_IN_NAME, STEP_PREFIX, NotATrace, TraceError, read_trace_json
+from perfhooks.report.files import atomic_write_bytes
 
 #: The version of what the merged trace's ``perfhooksMerge`` metadata holds.
 MERGE_VERSION = 1
-_STEP = "ProfilerStep#"
 _HOST_COLLECTIVE_PREFIXES = ("gloo:", "mpi:", "ucc:")
 #: Flow ids are moved into a range per rank: rank * 2**40 + id (ids beyond 2**40 become "rank:id" strings).
 _FLOW_STRIDE = 2**40
@@ -93,10 +92,10 @@ def read_rank_trace(path: str | Path) -> RankTrace:
     for event in document["traceEvents"]:
         if type(event) is dict and event.get("ph") == "X":
             name = event.get("name")
-            if isinstance(name, str) and name.startswith(_STEP) and name[len(_STEP):].isdigit():
+            if isinstance(name, str) and name.startswith(STEP_PREFIX) and name[len(STEP_PREFIX):].isdigit():
                 ts, dur = event.get("ts"), event.get("dur")
                 if isinstance(ts, (int, float)) and isinstance(dur, (int, float)):
-                    trace.steps[int(name[len(_STEP):])] = (ts, ts + dur)
+                    trace.steps[int(name[len(STEP_PREFIX):])] = (ts, ts + dur)
     return trace
 
 
@@ -270,17 +269,7 @@ def _write(traces: list[RankTrace], offsets: dict[int, ClockOffset], output: Pat
         "traceEvents": events,
     }
     data = msgspec.json.encode(document)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    temp = output.with_name(f".{output.name}.{os.getpid()}.tmp")
-    try:
-        if output.name.endswith(".gz"):
-            with gzip.open(temp, "wb", compresslevel=6) as handle:
-                handle.write(data)
-        else:
-            temp.write_bytes(data)
-        os.replace(temp, output)
-    finally:
-        temp.unlink(missing_ok=True)
+    atomic_write_bytes(output, gzip.compress(data, compresslevel=6) if output.name.endswith(".gz") else data)
     return output.stat().st_size
 
 

@@ -47,7 +47,7 @@ CATEGORIES: dict[str, str] = {
     "python_function": PYTHON,
     "cuda_sync": SYNC,
 }
-_STEP_PREFIX = "ProfilerStep#"
+STEP_PREFIX = "ProfilerStep#"
 #: Complete-event categories that hold no activity of their own: the whole-trace span, the profiler's own
 #: overhead, CUPTI's range-profiler markers.
 IGNORED_CATEGORIES = frozenset({None, "Trace", "overhead", "cuda_profiler_range"})
@@ -522,8 +522,8 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
         if dur > IMPLAUSIBLE_US:
             implausible.append(event)
         name = event.name
-        if kind in (CPU_OP, ANNOTATION) and name is not None and name.startswith(_STEP_PREFIX):
-            number = name[len(_STEP_PREFIX):]
+        if kind in (CPU_OP, ANNOTATION) and name is not None and name.startswith(STEP_PREFIX):
+            number = name[len(STEP_PREFIX):]
             if number.isdigit():
                 steps.append((int(number), ts, ts + dur))
                 continue

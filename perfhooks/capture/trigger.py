@@ -38,13 +38,11 @@ class OnDemandTrigger:
 
     def poll(self) -> bool:
         """True once per request; looks for the file at most every ``poll_s`` seconds (a training-thread call)."""
-        if self._requested:
-            self._requested = False
-            return True
-        now = time.monotonic_ns()
-        if now < self._next_poll_ns:
-            return False
-        self._next_poll_ns = now + int(self.poll_s * 1e9)
+        if not self._requested:  # the signal's flag is taken at once; the file at most every poll_s
+            now = time.monotonic_ns()
+            if now < self._next_poll_ns:
+                return False
+            self._next_poll_ns = now + int(self.poll_s * 1e9)
         return self.take()
 
     def take(self) -> bool:
