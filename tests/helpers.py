@@ -72,7 +72,7 @@ def default_trainer(root: Path, **overrides: Any):
     """A CPU Trainer with Lightning's defaults kept on: its logger, checkpointing, progress bar and summary."""
     import lightning as L
 
-    return L.Trainer(accelerator="cpu", devices=1, default_root_dir=str(root), **overrides)
+    return L.Trainer(**{"accelerator": "cpu", "devices": 1, "default_root_dir": str(root), **overrides})
 
 
 def sized_loader(batches: int, batch_size: int = 128, features: int = 256, seed: int = 0) -> DataLoader:

@@ -249,6 +249,13 @@ def _check_merge_traces(tmp_path: Path, out: Path) -> None:
     verdicts = [[(d["id"], d.get("measured", {}).get("slowest_rank")) for d in analysed[k]["diagnoses"]
                  if d["id"] == "straggler"] for k in ("folders", "merged")]
     assert verdicts[0] == verdicts[1]
+    (straggler,) = [d for d in analysed["merged"]["diagnoses"] if d["id"] == "straggler"]
+    assert verdicts[0] == [("straggler", 1)]  # SLOW_RANK=1: the others wait for it
+    # the verdict's evidence, against the merged trace's raw events: rank 0 waits in gloo's all-reduce for rank 1
+    per_step = {rank: sum(e["dur"] for e in events if e["ph"] == "X" and e["pid"] == rank
+                          and str(e["name"]).startswith("gloo:")) / 1e3 / merged_report["per_rank"][rank]["steps"]
+                for rank in (0, 1)}
+    assert abs((per_step[0] - per_step[1]) - straggler["measured"]["excess_ms"]) < 0.5, (per_step, straggler)
     # clocks: rank 1's trace moved 250 ms later, as on a node whose clock is off: the merge finds the offset
     shifted = tmp_path / "node-b"
     shifted.mkdir()
@@ -277,23 +284,30 @@ def test_two_ranks_triggered_at_once_make_one_window_on_each_of_four(tmp_path: P
 
 
 def test_lightning_ddp_trigger_in_rank_1s_folder(tmp_path: Path) -> None:
+    """With Lightning's defaults on: its logger, checkpoints, progress bar, and a validation every 10 steps."""
     out = tmp_path / "run"
-    _run([sys.executable, str(HERE / "lightning_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", **TRIGGERED)
+    _run([sys.executable, str(HERE / "lightning_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", USER_DEFAULTS="1",
+         **TRIGGERED)
     _one_shared_window(out, 2)
+    assert list((out / "lightning").rglob("*.ckpt")) and list((out / "lightning").rglob("metrics.csv")), \
+        sorted((out / "lightning").rglob("*"))
 
 
 def test_attach_under_torchrun_trigger_in_rank_1s_folder(tmp_path: Path) -> None:
     out = tmp_path / "run"
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-          str(HERE / "accelerate_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", **TRIGGERED)
-    _one_shared_window(out, 2)
+          str(HERE / "accelerate_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", COMPILE="1", **TRIGGERED)
+    _one_shared_window(out, 2)  # compiled with fullgraph=True: a graph break would have raised
 
 
 def test_hf_trainer_ddp_trigger_in_rank_1s_folder(tmp_path: Path) -> None:
     out = tmp_path / "run"
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
           str(HERE / "hf_ddp.py")], out, STEPS="90", TRIGGER_RANKS="1", **TRIGGERED)
-    _one_shared_window(out, 2)
+    _one_shared_window(out, 2)  # with evaluation every 10 steps, checkpoints and report_to="wandb" on
+    assert sorted(p.name for p in (out / "hf").glob("checkpoint-*")) == ["checkpoint-30", "checkpoint-60",
+                                                                         "checkpoint-90"]
+    assert list(out.rglob("offline-run-*"))
 
 
 @pytest.mark.parametrize("setting", [{"ACCUMULATE": "2"}, {"RESUME": "1", "REPEAT": "0"}], ids=["accumulate", "resume"])

@@ -2,7 +2,9 @@
 
     accelerate launch --cpu --num_processes 2 tests/distributed/accelerate_ddp.py OUTPUT_DIR
 
-It runs under torchrun as well. The all-ranks trigger's variables: trigger_env.py.
+It runs under torchrun as well. COMPILE: "1" compiles the model before ``prepare`` (``fullgraph=True``, eager
+backend), so any graph break perfhooks added would raise (DDP's own forward can't be traced with
+``fullgraph``). The all-ranks trigger's variables: trigger_env.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ def main(output_dir: str) -> int:
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = mlp()
+    if os.environ.get("COMPILE") == "1":
+        model = torch.compile(model, backend="eager", fullgraph=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     steps = trigger_env.steps(12)
     rank = accelerator.process_index

@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 tests/distributed/hf_ddp.py OUTPUT_DIR
 
-The all-ranks trigger's variables: trigger_env.py.
+The user's defaults are on: the progress bar, logging, evaluation every 10 steps, a checkpoint every 30 and
+``report_to="wandb"`` (offline). The all-ranks trigger's variables: trigger_env.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
@@ -42,11 +44,13 @@ def main(output_dir: str) -> int:
                                    schedule=trigger_env.schedule(perfhooks.Schedule(skip_first=3, warmup=1, active=2)))
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=1, n_head=2))
+    os.environ.setdefault("WANDB_DIR", output_dir)
     args = TrainingArguments(output_dir=str(Path(output_dir) / "hf"), max_steps=steps, per_device_train_batch_size=4,
-                             use_cpu=True, ddp_backend="gloo", disable_tqdm=True, logging_steps=1000,
-                             save_strategy="no", report_to="none")
+                             use_cpu=True, ddp_backend="gloo", logging_steps=10, eval_strategy="steps", eval_steps=10,
+                             save_strategy="steps", save_steps=30, report_to="wandb")
     trainer = Trainer(model=model, args=args, callbacks=[callback, TouchTrigger(folder, rank)],
-                      train_dataset=SyntheticTokens(steps * 4 * 2, seq_len=16, vocab=128))
+                      train_dataset=SyntheticTokens(steps * 4 * 2, seq_len=16, vocab=128),
+                      eval_dataset=SyntheticTokens(2 * 4 * 2, seq_len=16, vocab=128))
     trainer.train()
     return 0
 

@@ -4,7 +4,9 @@
 
 SLOW_RANK: that rank sleeps SLOW_MS in each training step. WANDB: "1" passes wandb=True (offline).
 ACCUMULATE: accumulate_grad_batches. RESUME: fit 6 steps with a checkpoint, then a second Trainer resumes from it
-to STEPS. REPEAT: the schedule's repeat (default 1). The all-ranks trigger's variables: trigger_env.py.
+to STEPS. REPEAT: the schedule's repeat (default 1). USER_DEFAULTS: "1" keeps Lightning's defaults on (its logger,
+checkpointing, progress bar and model summary) and validates every 10 steps. The all-ranks trigger's variables:
+trigger_env.py.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import trigger_env
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import perfhooks
-from helpers import lightning_mlp, quiet_trainer, random_loader
+from helpers import default_trainer, lightning_mlp, quiet_trainer, random_loader
 from perfhooks.integrations.lightning import PerfCallback
 
 
@@ -59,10 +61,17 @@ def main(output_dir: str) -> int:
         if os.environ.get("RESUME"):
             callbacks.append(ModelCheckpoint(dirpath=str(Path(output_dir) / "checkpoints"), every_n_train_steps=6,
                                              save_top_k=-1))
+        train = random_loader(max(24, 2 * steps * accumulate + 4))
+        if os.environ.get("USER_DEFAULTS") == "1":
+            trainer = default_trainer(Path(output_dir) / "lightning", max_steps=max_steps, strategy="ddp", devices=2,
+                                      accumulate_grad_batches=accumulate, callbacks=callbacks, val_check_interval=10,
+                                      limit_val_batches=2)
+            trainer.fit(model, train, random_loader(4, seed=1), ckpt_path=ckpt_path)
+            return
         trainer = quiet_trainer(max_steps=max_steps, strategy="ddp", accelerator="cpu", devices=2,
                                 accumulate_grad_batches=accumulate, enable_checkpointing=bool(os.environ.get("RESUME")),
                                 callbacks=callbacks)
-        trainer.fit(model, random_loader(max(24, 2 * steps * accumulate + 4)), ckpt_path=ckpt_path)
+        trainer.fit(model, train, ckpt_path=ckpt_path)
 
     if os.environ.get("RESUME"):
         fit(6)
