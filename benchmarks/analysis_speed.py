@@ -33,7 +33,7 @@ def peak():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
-from perfhooks.analysis.analyze import analyze_paths
+from perfhooks.offline.analyze import analyze_paths
 if len(sys.argv) > 1:
     analyze_paths([sys.argv[1]])
 print(peak())
@@ -106,7 +106,7 @@ def measure_trace(path: Path, peers: bool = False, peers_python: str | None = No
                   baseline_rss: int | None = None) -> dict[str, Any]:
     """One trace's figures: events, bytes, json.loads and analyze seconds (best of ``repeats``), RSS/JSON,
     and with ``peers`` HTA's and the TensorBoard plugin's seconds."""
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     events, json_bytes, loads = _json_loads_figures(path, repeats)  # the text is freed before analyze runs
     analyze = best_of(lambda: analyze_paths([path]), repeats)

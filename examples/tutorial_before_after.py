@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import perfhooks
 from perfhooks.integrations.lightning import PerfCallback
-from perfhooks.report.diff import compare, format_text, load_side
+from perfhooks.offline.diff import compare, format_text, load_side
 from tutorial_transformer import lightning_module, make_dataloader
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,22 +25,27 @@ def emit(message: str) -> None:
 
 
 class FaultLog:
-    """Counts faults by kind; warns the first time each kind occurs."""
+    """Counts faults by kind; warns the first time each kind occurs. Any thread may report and read (a lock)."""
 
     def __init__(self) -> None:
         self._faults: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
 
     def report(self, kind: str, error: BaseException | str) -> None:
         message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        entry = self._faults.get(kind)
-        if entry is None:
-            self._faults[kind] = {"kind": kind, "count": 1, "message": message}
+        with self._lock:
+            entry = self._faults.get(kind)
+            first = entry is None
+            if entry is None:
+                self._faults[kind] = {"kind": kind, "count": 1, "message": message}
+            else:
+                entry["count"] += 1
+        if first:
             emit(f"perfhooks: {kind} failed and was skipped ({message}); training goes on")
-        else:
-            entry["count"] += 1
 
     def as_list(self) -> list[dict[str, Any]]:
-        return [dict(entry) for entry in self._faults.values()]
+        with self._lock:
+            return [dict(entry) for entry in self._faults.values()]
 
 
 def guarded(kind: str) -> Callable[[F], F]:

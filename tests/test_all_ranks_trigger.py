@@ -13,11 +13,12 @@ import pytest
 import torch.distributed as dist
 
 import perfhooks
-from perfhooks.capture.all_ranks import AllRanksTrigger, StepRate, Target, choose_target, margin_steps
 from perfhooks.capture.trigger import OnDemandTrigger
+from perfhooks.distributed import ranks
+from perfhooks.distributed import store as rank_store
+from perfhooks.distributed.all_ranks import AllRanksTrigger, StepRate, Target, choose_target, margin_steps
 from perfhooks.faults import Once
-from perfhooks.report import store as rank_store
-from perfhooks.runtime import lifecycle, ranks
+from perfhooks.runtime import lifecycle
 
 
 class ManualClock:
@@ -158,7 +159,8 @@ def test_the_engine_opens_the_agreed_window_and_its_training_thread_makes_no_sto
     config = perfhooks.PerfConfig(schedule=None, console=False, analyze_windows=False, wandb=False, memory=False,
                                   trigger_poll_s=0.05, on_demand_active=2)
     engine = perfhooks.Engine(config, tmp_path / "rank0", "test")
-    monkeypatch.setattr(lifecycle, "gather_ranks", lambda *args: None)  # rank 1 is no process: no summary to wait for
+    # rank 1 is no process: no summary to wait for
+    monkeypatch.setattr(lifecycle, "gather_ranks", lambda *args, **kwargs: None)
     clock = ManualClock()
     clock.now = 5.0
     other = Rank(store.store, 1, tmp_path / "rank1", clock, window_steps=3)  # its calls are not counted
@@ -245,7 +247,7 @@ def test_the_engine_goes_back_to_its_own_trigger_when_the_store_is_lost(
 
     monkeypatch.setattr(rank_store, "default_store", lambda: GoneStore())
     monkeypatch.setattr(ranks, "world_size", lambda: 2)
-    monkeypatch.setattr(lifecycle, "gather_ranks", lambda *args: None)
+    monkeypatch.setattr(lifecycle, "gather_ranks", lambda *args, **kwargs: None)
     config = perfhooks.PerfConfig(schedule=None, console=False, analyze_windows=False, wandb=False, memory=False,
                                   trigger_poll_s=0.05, on_demand_active=2)
     with pytest.warns(UserWarning, match="store stopped answering"):

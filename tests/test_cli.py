@@ -126,6 +126,15 @@ def test_perfhooks_report_on_a_folder_without_reports_exits_2(tmp_path: Path,
     assert "no report.json found" in capsys.readouterr().err
 
 
+def test_perfhooks_report_on_a_json_that_is_no_report_exits_2(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "report.json").write_text('{"steps": 3}')
+    assert main(["report", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "\n" not in error and "not a perfhooks report" in error and "missing key 'schema_version'" in error
+    assert not (tmp_path / "report.html").exists()
+
+
 def test_two_traces_of_one_rank_are_an_error_naming_both(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 

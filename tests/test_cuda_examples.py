@@ -10,7 +10,7 @@ import torch
 
 from helpers import train_steps
 from perfhooks import Engine, PerfConfig, Schedule
-from perfhooks.analysis.analyze import analyze_paths
+from perfhooks.offline.analyze import analyze_paths
 
 pytestmark = pytest.mark.cuda
 

@@ -112,7 +112,7 @@ def sides() -> tuple[dict, dict]:
 
 def test_the_step_and_the_phases_share_one_basis() -> None:
     """Issue 29, item 11: the 'before' phases added up to 36.3 ms against a 14.6 ms step."""
-    from perfhooks.report.diff import compare, format_text
+    from perfhooks.offline.diff import compare, format_text
 
     result = compare(*sides())
     assert result["basis"] == "steady steps"
@@ -124,7 +124,7 @@ def test_the_step_and_the_phases_share_one_basis() -> None:
 
 def test_an_item_outside_one_sides_top_list_is_not_read_as_zero() -> None:
     """Issue 29, item 12: 'aten::tanh 158853.9 -> 0.0' for an operator only outside the after side's top 10."""
-    from perfhooks.report.diff import compare, format_html, format_text
+    from perfhooks.offline.diff import compare, format_html, format_text
 
     result = compare(*sides())
     tanh = next(row for row in result["operators"] if row["name"] == "aten::tanh")

@@ -16,7 +16,8 @@ from helpers import mlp, train_steps
 from perfhooks import Engine, PerfConfig, PerfhooksWarning
 from perfhooks.memory.live_tensors import live_tensor_census
 from perfhooks.memory.monitor import cpu_limit, cpu_usage
-from perfhooks.memory.oom import find_oom, oom_recommendations, requested_bytes
+from perfhooks.memory.oom import find_oom, requested_bytes
+from perfhooks.rules.memory import oom_recommendations
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_OOM = ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 4294967296 bytes. "

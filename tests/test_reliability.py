@@ -63,7 +63,7 @@ INJECTIONS = [
     ("analysis", "perfhooks.capture.window_job.analyze_in_process", {"window_analysis"}),
     ("memory", "perfhooks.memory.monitor.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
     ("report", "perfhooks.runtime.lifecycle.write_report", {"report_write"}),
-    ("diagnoses", "perfhooks.runtime.engine.diagnose_live", {"live_diagnoses"}),
+    ("diagnoses", "perfhooks.runtime.reporting.diagnose_live", {"live_diagnoses"}),
     ("trigger", "perfhooks.capture.trigger.OnDemandTrigger.poll", {"trigger"}),
 ]
 
@@ -113,7 +113,7 @@ class _DiskFullFile:
 
 
 class _DiskFullOs:
-    """``os`` as perfhooks.report.files sees it on a full disk."""
+    """``os`` as perfhooks.files.atomic sees it on a full disk."""
 
     def __getattr__(self, name: str) -> Any:
         return getattr(os, name)
@@ -124,9 +124,9 @@ class _DiskFullOs:
 
 
 def test_a_full_disk_warns_and_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import perfhooks.report.files
+    import perfhooks.files.atomic
 
-    monkeypatch.setattr(perfhooks.report.files, "os", _DiskFullOs())
+    monkeypatch.setattr(perfhooks.files.atomic, "os", _DiskFullOs())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer = _fit(tmp_path, steps=10)

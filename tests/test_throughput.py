@@ -302,8 +302,8 @@ def test_gemm_flops_by_hand() -> None:
 
 
 def test_analyze_reports_gemm_efficiency_on_the_h100_trace(capsys: pytest.CaptureFixture[str]) -> None:
-    from perfhooks.analysis.analyze import analyze_paths
     from perfhooks.cli import main
+    from perfhooks.offline.analyze import analyze_paths
 
     path = TRACES / "more" / "tl_h100_qwen05b.json.gz"
     gemm = analyze_paths([path])["metrics"]["gemm"]
@@ -322,7 +322,7 @@ def test_analyze_reports_gemm_efficiency_on_the_h100_trace(capsys: pytest.Captur
     ("tl_sglang_qwen3_prefilldecode.json.gz", "AMD Instinct MI300X", 1307.4),  # kernels on physical device 9
 ])
 def test_gemm_efficiency_on_the_b200_and_mi300x_traces(trace: str, device: str, peak: float) -> None:
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     gemm = analyze_paths([TRACES / "more" / trace])["metrics"]["gemm"]
     assert (gemm["device"], gemm["dtype"], gemm["peak_tflops"]) == (device, "bf16", peak)

@@ -32,7 +32,8 @@ from typing import Any
 import msgspec
 
 from perfhooks.analysis.trace import MERGE_KEY, RANK_IN_NAME, STEP_PREFIX, NotATrace, TraceError, read_trace_json
-from perfhooks.report.files import atomic_write_bytes
+from perfhooks.analysis.trace_files import find_traces
+from perfhooks.files.atomic import atomic_write_bytes
 
 #: The version of what the merged trace's ``perfhooksMerge`` metadata holds.
 MERGE_VERSION = 1
@@ -193,8 +194,6 @@ def merge_traces(paths: list[str | Path], output: str | Path, aligned_steps: boo
         max_bytes: the most the output may take; steps are dropped from the end until it fits (bytes).
         step: take the windows that start at this step (perfhooks' ``rank<R>.step<N>`` file names).
     """
-    from perfhooks.analysis.analyze import find_traces
-
     files = find_traces(paths, step=step)
     traces: list[RankTrace] = []
     for name in files:

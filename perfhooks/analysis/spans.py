@@ -7,7 +7,6 @@ disjoint; measures clip to a few windows (the steps). The precedence breakdown u
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -22,11 +21,6 @@ def of_events(events: list[Any]) -> Spans:
     starts = np.fromiter((e.ts for e in events), dtype=np.float64, count=len(events))
     durations = np.fromiter((e.dur for e in events), dtype=np.float64, count=len(events))
     return starts, starts + durations
-
-
-def of_pairs(pairs: Iterable[tuple[float, float]]) -> Spans:
-    array = np.array(list(pairs), dtype=np.float64).reshape(-1, 2)
-    return array[:, 0], array[:, 1]
 
 
 def concat(*sets: Spans) -> Spans:

@@ -85,8 +85,8 @@ def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: floa
 
 def analyze_in_process(path: Path, thresholds: Any) -> dict[str, Any]:
     """What ``perfhooks analyze PATH --format json`` prints, as JSON reads it back, computed here."""
-    from perfhooks.analysis.analyze import analyze_trace
     from perfhooks.analysis.trace import load_trace
+    from perfhooks.offline.analyze import analyze_trace
 
     return json.loads(json.dumps(analyze_trace(load_trace(path), thresholds)))
 

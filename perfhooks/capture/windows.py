@@ -21,8 +21,8 @@ from perfhooks.capture.labels import profiler_recording
 from perfhooks.capture.schedule import Action
 from perfhooks.device import cuda_extras
 from perfhooks.faults import FaultLog, Once
-from perfhooks.report.files import atomic_gzip_file
-from perfhooks.report.worker import BackgroundWriter
+from perfhooks.files.atomic import atomic_gzip_file
+from perfhooks.files.writer import BackgroundWriter
 
 ActionFn = Callable[[int], Action]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from perfhooks.analysis.analyze import analyze_paths
     from perfhooks.analysis.trace import TraceError
+    from perfhooks.offline.analyze import analyze_paths
     from perfhooks.rules.thresholds import Thresholds
 
     try:
@@ -68,7 +68,7 @@ def _analyze_snapshots(args: argparse.Namespace) -> int:
 
 def _emit(text: str, output: str | None) -> int:
     """``text`` to the ``--output`` file (atomically) or to standard output."""
-    from perfhooks.report.files import atomic_write_bytes
+    from perfhooks.files.atomic import atomic_write_bytes
 
     if output:
         atomic_write_bytes(Path(output), (text + "\n").encode())
@@ -78,8 +78,10 @@ def _emit(text: str, output: str | None) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    """Regenerate ``report.html`` from the ``report*.json`` files in an output folder."""
-    from perfhooks.report.files import atomic_write_bytes
+    """Regenerate ``report.html`` from the ``report*.json`` files in an output folder (each checked against the
+    report's contract first: one that breaks it gets one line and exit 2)."""
+    from perfhooks.files.atomic import atomic_write_bytes
+    from perfhooks.report.schema import validate_report
     from perfhooks.sinks.html import render_html
 
     folder = Path(args.output_dir)
@@ -92,6 +94,10 @@ def _report(args: argparse.Namespace) -> int:
             report = json.loads(path.read_text())
         except (OSError, ValueError) as error:
             print(f"perfhooks: {path}: unreadable report ({error})", file=sys.stderr)
+            return 2
+        problems = validate_report(report) if isinstance(report, dict) else ["not a JSON object"]
+        if problems:
+            print(f"perfhooks: {path}: not a perfhooks report ({'; '.join(problems[:3])})", file=sys.stderr)
             return 2
         atomic_write_bytes(path.with_suffix(".html"),
                            render_html(report, series=report.get("series"), base=path.parent).encode())
@@ -159,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _diff(args: argparse.Namespace) -> int:
     from perfhooks.analysis.trace import TraceError
-    from perfhooks.report.diff import compare, format_html, format_text, load_side
+    from perfhooks.offline.diff import compare, format_html, format_text, load_side
     from perfhooks.report.schema import json_safe
 
     try:

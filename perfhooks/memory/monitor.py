@@ -39,12 +39,10 @@ from typing import Any
 from perfhooks.device import cuda_extras
 from perfhooks.device.room import DeviceRoom
 from perfhooks.faults import FaultLog, Once
+from perfhooks.files.atomic import atomic_write_bytes, atomic_write_json
 from perfhooks.memory.live_tensors import live_tensor_census
-from perfhooks.memory.oom import find_oom, oom_recommendations, requested_bytes
-from perfhooks.report.files import atomic_write_bytes, atomic_write_json
-from perfhooks.rules.memory import diagnose_memory_growth
-from perfhooks.rules.thresholds import Thresholds
-from perfhooks.rules.verdicts import make
+from perfhooks.memory.oom import find_oom, requested_bytes
+from perfhooks.rules.memory import MemoryFigures, oom_recommendations
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: Usage must fall this far (fraction of capacity) below the threshold before the next capture.
@@ -323,36 +321,11 @@ class MemoryMonitor:
             section["census"] = {k: v for k, v in self.census.items() if k.endswith("_bytes")}
         return section
 
-    def diagnoses(self, thresholds: Thresholds) -> list[dict[str, Any]]:
-        """Memory verdicts: near the limit, fragmentation, activations dominating, memory growing every step."""
-        memory_fraction = thresholds.memory_fraction
-        out = diagnose_memory_growth(list(self.step_samples), self.capacity,
-                                     "allocated" if self.cuda else "resident", thresholds)
-        used = self.peak["used_bytes"]
-        if self.capacity and used / self.capacity >= memory_fraction:
-            out.append(make(
-                "memory_near_limit", "warning", "Memory use came close to the limit",
-                f"peak {used / 2**30:.2f} GiB of {self.capacity / 2**30:.2f} GiB ({used / self.capacity:.0%}) at "
-                f"step {self.peak['step']} in {self.peak['phase']}; threshold {memory_fraction:.0%}",
-                0.0, " ".join(oom_recommendations(self.census, self.latest)[:2]),
-                used_fraction=used / self.capacity))
-        reserved, allocated = self.latest.get("reserved_bytes", 0), self.latest.get("allocated_bytes", 0)
-        if allocated and reserved / allocated > 1.5 and self.latest.get("num_alloc_retries", 0) > 0:
-            out.append(make(
-                "memory_fragmentation", "warning", "The caching allocator is fragmented",
-                f"reserved/allocated {reserved / allocated:.2f} with {self.latest['num_alloc_retries']} allocator "
-                "retries; thresholds 1.5 and 0", 0.0,
-                "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and avoid tensors whose size changes "
-                "every step.", reserved_over_allocated=reserved / allocated))
-        census = self.census
-        if census and census.get("total_bytes") and census["activations_other_bytes"] > census["total_bytes"] / 2:
-            share = census["activations_other_bytes"] / census["total_bytes"]
-            out.append(make(
-                "activations_dominate", "info", "Activations hold most of the memory",
-                f"activations and other tensors are {share:.0%} of live tensor bytes; threshold 50%", 0.0,
-                "Activation checkpointing trades recompute for memory: torch.utils.checkpoint.checkpoint(block, x, "
-                "use_reentrant=False).", activations_share=share))
-        return out
+    def figures(self) -> MemoryFigures:
+        """What the memory verdicts read (:func:`perfhooks.rules.memory.diagnose_memory`), copied now (training
+        thread): the step samples, the capacity, the peak, the latest sample and census."""
+        return MemoryFigures(tuple(self.step_samples), self.capacity, self.cuda, dict(self.peak), dict(self.latest),
+                             dict(self.census) if self.census else None)
 
     def stop(self) -> None:
         """End of training: stop the allocation history perfhooks started (a user's is left as it is)."""

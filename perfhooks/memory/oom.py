@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 _CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 _SIZE = re.compile(r"(?:allocate|alloc)[^0-9]*([0-9][0-9.,]*)\s*(bytes|[KMGT]i?B)\b", re.IGNORECASE)
@@ -41,29 +40,6 @@ def requested_bytes(error: BaseException) -> int | None:
         return None
     number = float(match.group(1).replace(",", ""))
     return int(number * _UNITS.get(match.group(2).lower(), 1))
-
-
-def oom_recommendations(census: dict[str, Any] | None, memory: dict[str, Any]) -> list[str]:
-    """The fixes, in the order the evidence suggests."""
-    fixes = {
-        "batch": "Lower the per-device batch size (keep the global batch with gradient accumulation).",
-        "checkpointing": "Recompute activations in backward: torch.utils.checkpoint.checkpoint(block, x, "
-                         "use_reentrant=False) per block (HF: model.gradient_checkpointing_enable()).",
-        "bf16": "Train in bf16: with torch.autocast(\"cuda\", dtype=torch.bfloat16): ... (Lightning: "
-                "precision=\"bf16-mixed\"; HF: bf16=True); it halves activation memory.",
-        "expandable": "Reduce fragmentation: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
-    }
-    order = ["batch", "checkpointing", "bf16"]
-    if census:
-        total = census.get("total_bytes") or 1
-        if census.get("activations_other_bytes", 0) > total / 2:
-            order = ["checkpointing", "batch", "bf16"]
-        elif census.get("parameters_bytes", 0) + census.get("optimizer_state_bytes", 0) > total / 2:
-            order = ["bf16", "batch", "checkpointing"]
-    reserved, allocated = memory.get("reserved_bytes") or 0, memory.get("allocated_bytes") or 0
-    if allocated and reserved / allocated > 1.5 and memory.get("num_alloc_retries", 0) > 0:
-        order.insert(0, "expandable")
-    return [fixes[key] for key in order]
 
 
 def is_cuda_error(error: BaseException) -> bool:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfhooks.rules.pipeline import merge_verdicts
 from perfhooks.rules.ranks import diagnose_stragglers
 from perfhooks.rules.thresholds import Thresholds
-from perfhooks.rules.verdicts import rank
 
 
 def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None, source: str = "folder",
@@ -28,7 +28,8 @@ def merge_summaries(base: dict[str, Any], summaries: list[dict[str, Any]], thres
     merged = dict(base)
     merged["ranks"] = ranks_section(summaries, expected or len(summaries), source)
     cross = diagnose_stragglers(summaries, thresholds or Thresholds())
-    merged["diagnoses"] = rank(list(base.get("diagnoses") or [] if diagnoses is None else diagnoses) + cross)
+    merged["diagnoses"] = merge_verdicts(live=base.get("diagnoses") or [] if diagnoses is None else diagnoses,
+                                         ranks=cross)
     if any(s.get("status") == "failed" for s in summaries):
         merged["status"] = "failed"
     if base.get("throughput"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from perfhooks.events import OTHER, PHASES
 
@@ -93,6 +94,11 @@ class StreamingStats:
         self.total, self.maximum, self.minimum = total, maximum, minimum
         self._keep(values_ms)
 
+    def copy(self) -> StreamingStats:
+        """An independent copy (the buckets and kept values are copied)."""
+        return StreamingStats(self.count, self.total, self.maximum, self.minimum, dict(self._buckets),
+                              None if self._values is None else list(self._values))
+
     def merge(self, other: StreamingStats) -> None:
         if other._values is None:
             self._values = None
@@ -164,11 +170,36 @@ class StepTiming:
     tokens: int = 0
 
 
+class StatsSnapshot(NamedTuple):
+    """The statistics at one moment, safe to read on any thread: the folded part is a private copy that is never
+    mutated after it is published, and the steps added since are a tuple. :meth:`thaw` gives a reader its own
+    :class:`PhaseStatistics` to compute from (folding it mutates only that copy)."""
+
+    folded: PhaseStatistics
+    tail: tuple[StepTiming, ...]
+
+    @property
+    def steps(self) -> int:
+        """Steps resolved so far (no copy)."""
+        return self.folded._step.count + len(self.tail)
+
+    def thaw(self) -> PhaseStatistics:
+        """A new, independent :class:`PhaseStatistics` equal to the one this snapshot was taken of."""
+        stats = self.folded.copy()
+        for timing in self.tail:
+            stats.add(timing)
+        stats._fold()
+        return stats
+
+
 class PhaseStatistics:
     """Streaming per-phase and per-step statistics over every resolved step, in bounded memory.
 
     Steps are folded into the histograms in batches of ``fold_every`` (one tight loop per
     series instead of six method calls per step); every read folds what is waiting first.
+
+    Threading: one thread (the training thread) adds and reads; any other thread reads a :meth:`snapshot` that
+    thread published, never this object (a read folds, which mutates).
     """
 
     def __init__(self, history: int = 2048, fold_every: int = 64) -> None:
@@ -191,6 +222,36 @@ class PhaseStatistics:
         self._fold_every = fold_every
         #: The most recent resolved steps, for time series and live diagnoses.
         self.recent: deque[StepTiming] = deque(maxlen=history)
+        #: A copy of the folded state since the last fold (made by the first :meth:`snapshot` after it).
+        self._folded_copy: PhaseStatistics | None = None
+
+    def snapshot(self) -> StatsSnapshot:
+        """The statistics now, for other threads: a copy of the folded state (made once per fold, so about one
+        step in ``fold_every`` pays for it) and the steps added since, as a tuple."""
+        folded = self._folded_copy
+        if folded is None:
+            folded = self._folded_copy = self._copy_folded()
+        return StatsSnapshot(folded, tuple(self._unfolded))
+
+    def copy(self) -> PhaseStatistics:
+        """An independent copy, folded."""
+        self._fold()
+        return self._copy_folded()
+
+    def _copy_folded(self) -> PhaseStatistics:
+        """A copy of everything folded so far (the steps waiting to be folded are left out)."""
+        copy = PhaseStatistics.__new__(PhaseStatistics)
+        copy.__dict__.update(self.__dict__)
+        copy._step, copy._fetch, copy._steady_step = self._step.copy(), self._fetch.copy(), self._steady_step.copy()
+        copy._phases = {name: stats.copy() for name, stats in self._phases.items()}
+        copy._steady_phase_total = dict(self._steady_phase_total)
+        recent = list(self.recent)
+        if self._unfolded:
+            del recent[-len(self._unfolded):]
+        copy.recent = deque(recent, maxlen=self.recent.maxlen)
+        copy._unfolded = []
+        copy._folded_copy = None
+        return copy
 
     def add(self, timing: StepTiming) -> None:
         self._unfolded.append(timing)
@@ -202,6 +263,7 @@ class PhaseStatistics:
         batch, self._unfolded = self._unfolded, []
         if not batch:
             return
+        self._folded_copy = None
         self._step.add_many([timing.step_ms for timing in batch])
         for name, stats in self._phases.items():
             stats.add_many([timing.phase_ms.get(name, 0.0) for timing in batch])

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfhooks.analysis.peaks import find_peak
-
 #: Verdicts that explain a waterfall part, most specific first.
 EXPLAINED_BY = {
     "data_wait_ms": ("dataloader_bound",),
@@ -22,10 +20,12 @@ EXPLAINED_BY = {
 
 def throughput_section(stats: Any, flops: dict[str, Any], device: dict[str, Any], dtype: tuple[str, str],
                        peak_flops: float | None, window: dict[str, Any] | None,
-                       diagnoses: list[dict[str, Any]], token_source: str | None = None) -> dict[str, Any]:
+                       diagnoses: list[dict[str, Any]], token_source: str | None = None,
+                       device_peak: tuple[float, str] | None = None) -> dict[str, Any]:
     """``stats``: :class:`~perfhooks.report.statistics.PhaseStatistics`; ``flops``: ``{"per_step", "source"}`` or
     ``{"missing"}``; ``dtype``: ``(matmul dtype, where it came from)``; ``peak_flops``: the user's peak (FLOP/s);
-    ``window``: the latest analysed window's metrics (GPU busy share)."""
+    ``window``: the latest analysed window's metrics (GPU busy share); ``device_peak``: the CUDA device's dense
+    peak for ``dtype`` from perfhooks' table, ``(FLOP/s, its source)``, or None when the table has none."""
     samples_per_s, tokens_per_s, steps = stats.throughput()
     step_ms = stats.steady_step.mean if stats.steady_step.count else stats.step.mean
     section: dict[str, Any] = {
@@ -57,11 +57,8 @@ def throughput_section(stats: Any, flops: dict[str, Any], device: dict[str, Any]
     if peak_flops:
         section["peak_flops_per_s"], section["peak_source"] = float(peak_flops), "user: peak_flops"
     elif device.get("type") == "cuda":
-        peak = find_peak(device.get("name"))
-        value = peak.tflops.get(dtype[0]) if peak is not None else None
-        if value:
-            section["peak_flops_per_s"] = value * 1e12
-            section["peak_source"] = f"{peak.source} ({peak.device}, {dtype[0]}, dense)"  # type: ignore[union-attr]
+        if device_peak is not None:
+            section["peak_flops_per_s"], section["peak_source"] = device_peak
         else:
             missing.append(f"peak: no {dtype[0]} peak for {device.get('name')!r} in perfhooks' table; pass "
                            "peak_flops")

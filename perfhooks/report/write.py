@@ -1,20 +1,26 @@
 """Writing reports, in one place: ``report.json`` and ``report.html`` atomically, a newer report never
 overwritten by an older one, and the merged report of several ranks from the output folder.
+
+The page is rendered by the function the caller passes (``render``: the HTML sink's ``render_html``), so this
+layer imports no sink.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from perfhooks.report.files import atomic_write_bytes, atomic_write_json
+from perfhooks.files.atomic import atomic_write_bytes, atomic_write_json
 from perfhooks.report.merge import merge_rank_reports
 from perfhooks.report.schema import REPORT_FILE, report_path
-from perfhooks.sinks.html import render_html
+
+#: ``render(report, series=..., base=folder) -> str``: a report as a self-contained HTML page.
+Render = Callable[..., str]
 
 
-def write_report(output_dir: Path, report: dict[str, Any]) -> Path | None:
-    """``report.json`` and, beside it, the same content as a self-contained ``report.html``.
+def write_report(output_dir: Path, report: dict[str, Any], render: Render | None = None) -> Path | None:
+    """``report.json`` and, beside it (with ``render``), the same content as a self-contained ``report.html``.
 
     A write loses (nothing is written, ``None``) when the file on disk is newer: a later run's
     report (a retry, the next run of a sweep), or this run's final report when ``report`` was
@@ -23,7 +29,7 @@ def write_report(output_dir: Path, report: dict[str, Any]) -> Path | None:
     path = report_path(output_dir, report["rank"], report["world_size"])
     if not supersedes(report, _read_json(path)):
         return None
-    _write_json_and_html(path, report)
+    _write_json_and_html(path, report, render)
     return path
 
 
@@ -47,14 +53,15 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _write_json_and_html(path: Path, report: dict[str, Any]) -> None:
-
+def _write_json_and_html(path: Path, report: dict[str, Any], render: Render | None) -> None:
     atomic_write_json(path, report)
-    atomic_write_bytes(path.with_suffix(".html"), render_html(report, series=report.get("series"),
-                                                                base=path.parent).encode())
+    if render is not None:
+        atomic_write_bytes(path.with_suffix(".html"), render(report, series=report.get("series"),
+                                                             base=path.parent).encode())
 
 
-def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = None) -> Path | None:
+def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = None,
+                        render: Render | None = None) -> Path | None:
     """Once every rank's final ``report.rank{R}.json`` is there, ``report.json`` (and ``.html``) for the whole run.
 
     Each rank calls this after writing its own report; the last to finish sees them all. No
@@ -67,16 +74,16 @@ def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = Non
     merged = merge_rank_reports(reports, thresholds)
     if not supersedes(merged, _read_json(target)):
         return None
-    _write_json_and_html(target, merged)
+    _write_json_and_html(target, merged, render)
     return target
 
 
-def write_run_report(output_dir: Path, merged: dict[str, Any]) -> Path | None:
+def write_run_report(output_dir: Path, merged: dict[str, Any], render: Render | None = None) -> Path | None:
     """Rank 0's merged report (from the store) as ``report.json`` (and ``.html``), unless a newer one is there."""
     target = output_dir / REPORT_FILE
     if not supersedes(merged, _read_json(target)):
         return None
-    _write_json_and_html(target, merged)
+    _write_json_and_html(target, merged, render)
     return target
 
 

@@ -1,11 +1,12 @@
-"""Memory that grows: bytes in use at the same point of each step, rising on a sustained linear trend."""
+"""Memory verdicts: near the limit, a fragmented allocator, activations dominating, and memory that grows (bytes in
+use at the same point of each step, rising on a sustained linear trend); the fixes an OOM dump suggests."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from perfhooks.rules.thresholds import Thresholds
-from perfhooks.rules.verdicts import make
+from perfhooks.rules.verdicts import Diagnosis, make
 
 MIB = 2**20
 #: Fewest samples after warm-up that a trend is fitted on.
@@ -28,7 +29,7 @@ def linear_fit(points: list[tuple[int, int]]) -> tuple[float, float]:
 
 
 def diagnose_memory_growth(samples: list[tuple[int, int]], limit_bytes: int | None, what: str,
-                           t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
+                           t: Thresholds = Thresholds()) -> list[Diagnosis]:
     """``memory_growth`` when the bytes in use at each step's start (``samples``: ``(step, bytes)``) keep rising.
 
     The first half of the samples is warm-up (caches filling, the optimizer's state appearing) and is not fitted.
@@ -60,3 +61,91 @@ def diagnose_memory_growth(samples: list[tuple[int, int]], limit_bytes: int | No
         "by shape. Record the allocation history (memory_history=True) and read the stacks of the allocations that "
         "stay alive in the capture's snapshot.",
         growth_mib_per_step=per_step_mib, r2=r2, fill_step=fill_step, first_step=first_step, last_step=last_step)]
+
+
+class MemoryFigures(NamedTuple):
+    """What the memory verdicts read, copied out of the monitor on the training thread (never mutated after)."""
+
+    #: ``(step, bytes in use)`` at steps' starts.
+    step_samples: tuple[tuple[int, int], ...]
+    #: The limit the used bytes count against (bytes), or None when unknown.
+    capacity_bytes: int | None
+    #: True on CUDA (allocated bytes are sampled), False on the CPU (resident bytes).
+    cuda: bool
+    #: ``{used_bytes, step, phase}`` of the highest sample.
+    peak: dict[str, Any]
+    #: The latest sample's figures (``reserved_bytes``, ``allocated_bytes``, ``num_alloc_retries``, ...).
+    latest: dict[str, Any]
+    #: The latest live-tensor census (``total_bytes``, ``activations_other_bytes``, ...), if one was taken.
+    census: dict[str, Any] | None
+
+
+def diagnose_memory(figures: MemoryFigures, t: Thresholds = Thresholds()) -> list[Diagnosis]:
+    """Memory verdicts: memory growing every step, near the limit, fragmentation, activations dominating."""
+    out = diagnose_memory_growth(list(figures.step_samples), figures.capacity_bytes,
+                                 "allocated" if figures.cuda else "resident", t)
+    for check in (_near_limit, _fragmented, _activations_dominate):
+        verdict = check(figures, t)
+        if verdict is not None:
+            out.append(verdict)
+    return out
+
+
+def _near_limit(figures: MemoryFigures, t: Thresholds) -> Diagnosis | None:
+    used, capacity, peak = figures.peak["used_bytes"], figures.capacity_bytes, figures.peak
+    if not capacity or used / capacity < t.memory_fraction:
+        return None
+    return make(
+        "memory_near_limit", "warning", "Memory use came close to the limit",
+        f"peak {used / 2**30:.2f} GiB of {capacity / 2**30:.2f} GiB ({used / capacity:.0%}) at "
+        f"step {peak['step']} in {peak['phase']}; threshold {t.memory_fraction:.0%}",
+        0.0, " ".join(oom_recommendations(figures.census, figures.latest)[:2]),
+        used_fraction=used / capacity)
+
+
+def _fragmented(figures: MemoryFigures, _t: Thresholds) -> Diagnosis | None:
+    latest = figures.latest
+    reserved, allocated = latest.get("reserved_bytes", 0), latest.get("allocated_bytes", 0)
+    if not (allocated and reserved / allocated > 1.5 and latest.get("num_alloc_retries", 0) > 0):
+        return None
+    return make(
+        "memory_fragmentation", "warning", "The caching allocator is fragmented",
+        f"reserved/allocated {reserved / allocated:.2f} with {latest['num_alloc_retries']} allocator "
+        "retries; thresholds 1.5 and 0", 0.0,
+        "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and avoid tensors whose size changes "
+        "every step.", reserved_over_allocated=reserved / allocated)
+
+
+def _activations_dominate(figures: MemoryFigures, _t: Thresholds) -> Diagnosis | None:
+    census = figures.census
+    if not (census and census.get("total_bytes") and census["activations_other_bytes"] > census["total_bytes"] / 2):
+        return None
+    share = census["activations_other_bytes"] / census["total_bytes"]
+    return make(
+        "activations_dominate", "info", "Activations hold most of the memory",
+        f"activations and other tensors are {share:.0%} of live tensor bytes; threshold 50%", 0.0,
+        "Activation checkpointing trades recompute for memory: torch.utils.checkpoint.checkpoint(block, x, "
+        "use_reentrant=False).", activations_share=share)
+
+
+def oom_recommendations(census: dict[str, Any] | None, memory: dict[str, Any]) -> list[str]:
+    """The fixes for memory at or near the limit, in the order the evidence suggests."""
+    fixes = {
+        "batch": "Lower the per-device batch size (keep the global batch with gradient accumulation).",
+        "checkpointing": "Recompute activations in backward: torch.utils.checkpoint.checkpoint(block, x, "
+                         "use_reentrant=False) per block (HF: model.gradient_checkpointing_enable()).",
+        "bf16": "Train in bf16: with torch.autocast(\"cuda\", dtype=torch.bfloat16): ... (Lightning: "
+                "precision=\"bf16-mixed\"; HF: bf16=True); it halves activation memory.",
+        "expandable": "Reduce fragmentation: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.",
+    }
+    order = ["batch", "checkpointing", "bf16"]
+    if census:
+        total = census.get("total_bytes") or 1
+        if census.get("activations_other_bytes", 0) > total / 2:
+            order = ["checkpointing", "batch", "bf16"]
+        elif census.get("parameters_bytes", 0) + census.get("optimizer_state_bytes", 0) > total / 2:
+            order = ["bf16", "batch", "checkpointing"]
+    reserved, allocated = memory.get("reserved_bytes") or 0, memory.get("allocated_bytes") or 0
+    if allocated and reserved / allocated > 1.5 and memory.get("num_alloc_retries", 0) > 0:
+        order.insert(0, "expandable")
+    return [fixes[key] for key in order]

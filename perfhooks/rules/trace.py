@@ -1,12 +1,12 @@
-"""Rules on a profiler window's metrics (:func:`perfhooks.analysis.analyze.trace_metrics`)."""
+"""Rules on a profiler window's metrics (:func:`perfhooks.offline.analyze.trace_metrics`)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, NamedTuple
 
 from perfhooks.rules.thresholds import Thresholds
-from perfhooks.rules.verdicts import TITLES, make, pct
+from perfhooks.rules.verdicts import TITLES, Diagnosis, make, pct
 
 #: Speed-up assumed for Tensor-Core-eligible FP32 work under bf16 autocast (conservative; up to ~8x on A100).
 BF16_SPEEDUP = 3.0
@@ -30,7 +30,7 @@ def _autocast_fix(metrics: dict[str, Any]) -> str:
 
 
 def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
-    """Rules that read one trace's metrics (see :func:`perfhooks.analysis.analyze.trace_metrics`)."""
+    """Rules that read one trace's metrics (see :func:`perfhooks.offline.analyze.trace_metrics`)."""
     out: list[dict[str, Any]] = []
     step_us = metrics.get("step_us") or 0.0
     breakdown = metrics.get("breakdown") or {}
@@ -146,122 +146,186 @@ def _not_steady_state(metrics: dict[str, Any], steady: dict[str, Any], t: Thresh
     return out
 
 
+class _Steady(NamedTuple):
+    """What the steady-state checks read: the window's metrics, the steady step (µs), the step's breakdown by
+    role (µs), the GPU utilization (0..1, None where it is not judged) and the thresholds."""
+
+    metrics: dict[str, Any]
+    step_us: float
+    breakdown: dict[str, Any]
+    utilization: float | None
+    t: Thresholds
+
+    def share(self, role: str) -> float:
+        """Fraction 0..1 of the steady step spent in ``role`` (``kernel``, ``memcpy``, ...)."""
+        return self.breakdown.get(role, 0.0) / self.step_us if self.step_us else 0.0
+
+    @property
+    def steps(self) -> int:
+        return max(self.metrics.get("steps", 1), 1)
+
+
 def _steady_state_rules(metrics: dict[str, Any], step_us: float, breakdown: dict[str, Any],
-                        utilization: float | None, t: Thresholds) -> list[dict[str, Any]]:
+                        utilization: float | None, t: Thresholds) -> list[Diagnosis]:
     """Syncs, precision, attention, occupancy, copies, compilation, communication, alignment, variance; shares are
     of ``step_us`` (µs, the steady-state step)."""
-    out: list[dict[str, Any]] = []
+    steady = _Steady(metrics, step_us, breakdown, utilization, t)
+    verdicts = (check(steady) for check in STEADY_STATE_CHECKS)
+    return [verdict for verdict in verdicts if verdict is not None]
 
-    def share(role: str) -> float:
-        return breakdown.get(role, 0.0) / step_us if step_us else 0.0
 
-    syncs = metrics.get("host_sync") or {}
-    sync_share = syncs.get("time_us_per_step", 0.0) / step_us
+def _host_sync(s: _Steady) -> Diagnosis | None:
+    t = s.t
+    syncs = s.metrics.get("host_sync") or {}
+    sync_share = syncs.get("time_us_per_step", 0.0) / s.step_us
     # a sync is a cost only if the host waited: many syncs that return at once hold nothing back
-    if syncs.get("per_step", 0.0) >= t.syncs_per_step and sync_share >= t.sync_time_share:
-        sites = ", ".join(s["site"] for s in syncs.get("call_sites", [])[:2])
-        kinds = ", ".join(f"{name} {count:.1f}" for name, count in syncs.get("by_kind_per_step", {}).items())
-        out.append(make(
-            "host_sync", "warning", "The host waits for the GPU inside the step",
-            f"{syncs['per_step']:.1f} synchronizations per step ({kinds}) hold the host "
-            f"{syncs['time_us_per_step'] / 1e3:.2f} ms, {pct(sync_share)} of the step; thresholds "
-            f"{t.syncs_per_step:g} and {pct(t.sync_time_share)}" + (f"; from {sites}" if sites else ""),
-            sync_share,
-            "Remove .item(), .cpu(), print(tensor) and torch.cuda.synchronize() from the step; log scalars every "
-            "N steps; copy inputs with pin_memory=True and .to(device, non_blocking=True). "
-            "torch.cuda.set_sync_debug_mode(\"warn\") points at each one.",
-            syncs_per_step=syncs["per_step"], sync_time_share=sync_share))
+    if syncs.get("per_step", 0.0) < t.syncs_per_step or sync_share < t.sync_time_share:
+        return None
+    sites = ", ".join(site["site"] for site in syncs.get("call_sites", [])[:2])
+    kinds = ", ".join(f"{name} {count:.1f}" for name, count in syncs.get("by_kind_per_step", {}).items())
+    return make(
+        "host_sync", "warning", "The host waits for the GPU inside the step",
+        f"{syncs['per_step']:.1f} synchronizations per step ({kinds}) hold the host "
+        f"{syncs['time_us_per_step'] / 1e3:.2f} ms, {pct(sync_share)} of the step; thresholds "
+        f"{t.syncs_per_step:g} and {pct(t.sync_time_share)}" + (f"; from {sites}" if sites else ""),
+        sync_share,
+        "Remove .item(), .cpu(), print(tensor) and torch.cuda.synchronize() from the step; log scalars every "
+        "N steps; copy inputs with pin_memory=True and .to(device, non_blocking=True). "
+        "torch.cuda.set_sync_debug_mode(\"warn\") points at each one.",
+        syncs_per_step=syncs["per_step"], sync_time_share=sync_share)
+
+
+def _fp32_matmul(s: _Steady) -> Diagnosis | None:
+    t, metrics, step_us = s.t, s.metrics, s.step_us
     tensor = metrics.get("tensor_cores") or {}
     precision = metrics.get("eligible_precision") or {}
-    steps = max(metrics.get("steps", 1), 1)
-    eligible_fp32 = max(tensor.get("fp32_simt_gemm_share", 0.0) * share("kernel"),
-                        precision.get("fp32", 0.0) / steps / step_us if step_us else 0.0)
-    tf32 = tensor.get("tf32_share", 0.0) * (breakdown.get("kernel", 0.0) / step_us if step_us else 0.0)
-    if tensor and tensor.get("tensor_core_share", 0.0) - tensor.get("tf32_share", 0.0) < t.tensor_core_share:
-        if eligible_fp32 >= t.fp32_eligible_share:
-            out.append(make(
-                "fp32_matmul", "warning", "Matmuls and convolutions run in FP32 without Tensor Cores",
-                f"{pct(tensor['tensor_core_share'])} of compute-kernel time is on Tensor Cores; FP32 GEMM/conv "
-                f"kernels take {pct(eligible_fp32)} of the step; thresholds {pct(t.tensor_core_share)} and "
-                f"{pct(t.fp32_eligible_share)}",
-                eligible_fp32 * (1 - 1 / BF16_SPEEDUP),
-                _autocast_fix(metrics),
-                tensor_core_share=tensor["tensor_core_share"], fp32_eligible_share=eligible_fp32))
-        elif tf32 >= t.fp32_eligible_share:
-            out.append(make(
-                "fp32_matmul", "info", "Matmuls run in TF32; bf16 would be faster still",
-                f"TF32 Tensor Core kernels take {pct(tf32)} of the step; threshold {pct(t.fp32_eligible_share)}",
-                tf32 * (1 - 1 / TF32_TO_BF16_SPEEDUP),
-                "Use bf16 autocast: with torch.autocast(\"cuda\", dtype=torch.bfloat16): loss = model(batch).",
-                tf32_share=tf32))
-    attention = metrics.get("attention") or {}
+    if not tensor or tensor.get("tensor_core_share", 0.0) - tensor.get("tf32_share", 0.0) >= t.tensor_core_share:
+        return None
+    eligible_fp32 = max(tensor.get("fp32_simt_gemm_share", 0.0) * s.share("kernel"),
+                        precision.get("fp32", 0.0) / s.steps / step_us if step_us else 0.0)
+    tf32 = tensor.get("tf32_share", 0.0) * s.share("kernel")
+    if eligible_fp32 >= t.fp32_eligible_share:
+        return make(
+            "fp32_matmul", "warning", "Matmuls and convolutions run in FP32 without Tensor Cores",
+            f"{pct(tensor['tensor_core_share'])} of compute-kernel time is on Tensor Cores; FP32 GEMM/conv "
+            f"kernels take {pct(eligible_fp32)} of the step; thresholds {pct(t.tensor_core_share)} and "
+            f"{pct(t.fp32_eligible_share)}",
+            eligible_fp32 * (1 - 1 / BF16_SPEEDUP),
+            _autocast_fix(metrics),
+            tensor_core_share=tensor["tensor_core_share"], fp32_eligible_share=eligible_fp32)
+    if tf32 >= t.fp32_eligible_share:
+        return make(
+            "fp32_matmul", "info", "Matmuls run in TF32; bf16 would be faster still",
+            f"TF32 Tensor Core kernels take {pct(tf32)} of the step; threshold {pct(t.fp32_eligible_share)}",
+            tf32 * (1 - 1 / TF32_TO_BF16_SPEEDUP),
+            "Use bf16 autocast: with torch.autocast(\"cuda\", dtype=torch.bfloat16): loss = model(batch).",
+            tf32_share=tf32)
+    return None
+
+
+def _unfused_attention(s: _Steady) -> Diagnosis | None:
+    attention = s.metrics.get("attention") or {}
     slow = attention.get("unfused", 0.0) + attention.get("math", 0.0)
     fast = attention.get("flash", 0.0) + attention.get("memory_efficient", 0.0) + attention.get("cudnn", 0.0)
-    slow_share = slow / max(metrics.get("steps", 1), 1) / step_us if step_us else 0.0
-    if slow_share >= t.unfused_attention_share and slow > fast:
-        out.append(_attention_verdict(metrics, attention, slow_share, t))
-    occupancy = metrics.get("achieved_occupancy")
-    if occupancy is not None and occupancy < t.occupancy_percent and (utilization or 0) >= 0.5:
-        out.append(make(
-            "low_occupancy", "info", "Kernels keep few warps resident per SM",
-            f"estimated achieved occupancy {occupancy:.1f}%; threshold {t.occupancy_percent:g}%",
-            share("kernel") * (1 - occupancy / t.occupancy_percent) * 0.25,
-            "Larger batches or hidden sizes give kernels more blocks; check the top kernels' launch shapes.",
-            achieved_occupancy=occupancy))
-    memcpy = metrics.get("memcpy") or {}
-    if memcpy.get("pageable_share", 0.0) >= t.pageable_share and share("memcpy") >= t.memcpy_share:
-        out.append(make(
-            "memcpy_heavy", "warning" if share("memcpy") >= 0.05 else "info",
-            "Host-to-device copies from pageable memory",
-            f"{pct(memcpy['pageable_share'])} of host-device copy time is from pageable memory and copies take "
-            f"{pct(share('memcpy'))} of the step; thresholds {pct(t.pageable_share)} and {pct(t.memcpy_share)}",
-            share("memcpy"),
-            "Pin and overlap: DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True).",
-            pageable_share=memcpy["pageable_share"], memcpy_share=share("memcpy")))
-    compiled = metrics.get("compile") or {}
-    if compiled.get("compiling_in_window"):
-        out.append(make(
-            "compile_warmup", "info", TITLES["compile_warmup"],
-            "compiler events (dynamo/inductor) inside the window: the window's timings include compilation",
-            0.0,
-            "Capture after warm-up (a larger Schedule(skip_first=...)); if it recompiles every step, check "
-            "torch._dynamo.explain(model)(batch) for graph breaks and dynamic shapes.",
-            compiling_in_window=True))
-    communication = metrics.get("communication") or {}
-    if communication.get("exposed_share", 0.0) >= t.communication_exposed_share:
-        out.append(make(
-            "communication_heavy", "warning", "Communication is not hidden behind compute",
-            f"communication takes {pct(communication['share'])} of the step, {pct(communication['overlap'])} "
-            f"overlapped; {pct(communication['exposed_share'])} exposed; threshold "
-            f"{pct(t.communication_exposed_share)}",
-            communication["exposed_share"],
-            "Overlap gradient all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view=True), "
-            "accumulate gradients with no_sync(), or use a compression hook.",
-            communication_share=communication["share"], overlap=communication["overlap"]))
-    misaligned = metrics.get("misaligned_gemms") or []
-    misaligned_share = sum(m.get("device_us", 0.0) for m in misaligned) / steps / step_us
+    slow_share = slow / s.steps / s.step_us if s.step_us else 0.0
+    if slow_share >= s.t.unfused_attention_share and slow > fast:
+        return _attention_verdict(s.metrics, attention, slow_share, s.t)
+    return None
+
+
+def _low_occupancy(s: _Steady) -> Diagnosis | None:
+    t = s.t
+    occupancy = s.metrics.get("achieved_occupancy")
+    if occupancy is None or occupancy >= t.occupancy_percent or (s.utilization or 0) < 0.5:
+        return None
+    return make(
+        "low_occupancy", "info", "Kernels keep few warps resident per SM",
+        f"estimated achieved occupancy {occupancy:.1f}%; threshold {t.occupancy_percent:g}%",
+        s.share("kernel") * (1 - occupancy / t.occupancy_percent) * 0.25,
+        "Larger batches or hidden sizes give kernels more blocks; check the top kernels' launch shapes.",
+        achieved_occupancy=occupancy)
+
+
+def _memcpy_heavy(s: _Steady) -> Diagnosis | None:
+    t = s.t
+    memcpy = s.metrics.get("memcpy") or {}
+    share = s.share("memcpy")
+    if memcpy.get("pageable_share", 0.0) < t.pageable_share or share < t.memcpy_share:
+        return None
+    return make(
+        "memcpy_heavy", "warning" if share >= 0.05 else "info",
+        "Host-to-device copies from pageable memory",
+        f"{pct(memcpy['pageable_share'])} of host-device copy time is from pageable memory and copies take "
+        f"{pct(share)} of the step; thresholds {pct(t.pageable_share)} and {pct(t.memcpy_share)}",
+        share,
+        "Pin and overlap: DataLoader(..., pin_memory=True) and batch.to(device, non_blocking=True).",
+        pageable_share=memcpy["pageable_share"], memcpy_share=share)
+
+
+def _compiling_in_window(s: _Steady) -> Diagnosis | None:
+    if not (s.metrics.get("compile") or {}).get("compiling_in_window"):
+        return None
+    return make(
+        "compile_warmup", "info", TITLES["compile_warmup"],
+        "compiler events (dynamo/inductor) inside the window: the window's timings include compilation",
+        0.0,
+        "Capture after warm-up (a larger Schedule(skip_first=...)); if it recompiles every step, check "
+        "torch._dynamo.explain(model)(batch) for graph breaks and dynamic shapes.",
+        compiling_in_window=True)
+
+
+def _communication_heavy(s: _Steady) -> Diagnosis | None:
+    t = s.t
+    communication = s.metrics.get("communication") or {}
+    if communication.get("exposed_share", 0.0) < t.communication_exposed_share:
+        return None
+    return make(
+        "communication_heavy", "warning", "Communication is not hidden behind compute",
+        f"communication takes {pct(communication['share'])} of the step, {pct(communication['overlap'])} "
+        f"overlapped; {pct(communication['exposed_share'])} exposed; threshold "
+        f"{pct(t.communication_exposed_share)}",
+        communication["exposed_share"],
+        "Overlap gradient all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view=True), "
+        "accumulate gradients with no_sync(), or use a compression hook.",
+        communication_share=communication["share"], overlap=communication["overlap"])
+
+
+def _tensor_core_alignment(s: _Steady) -> Diagnosis | None:
+    t = s.t
+    misaligned = s.metrics.get("misaligned_gemms") or []
+    misaligned_share = sum(m.get("device_us", 0.0) for m in misaligned) / s.steps / s.step_us
     # Tensor Cores need a GPU (a CPU-only trace has none to align for), and the GEMMs must take real time
-    if misaligned and metrics.get("devices") and misaligned_share >= t.misaligned_gemm_share:
-        out.append(make(
-            "tensor_core_alignment", "info", "Half-precision GEMMs with dimensions not multiples of 8",
-            f"GEMMs whose inner or output dimension is not a multiple of 8 take {pct(misaligned_share)} of the "
-            f"step; threshold {pct(t.misaligned_gemm_share)}: "
-            + "; ".join(f"{m['op']} ×{m['count']}" for m in misaligned[:3]),
-            misaligned_share * 0.5,
-            "Pad hidden sizes, vocabulary and sequence lengths to multiples of 8 (64 is better), e.g. "
-            "model.resize_token_embeddings(n, pad_to_multiple_of=64).",
-            gemms=len(misaligned), misaligned_share=misaligned_share))
+    if not (misaligned and s.metrics.get("devices") and misaligned_share >= t.misaligned_gemm_share):
+        return None
+    return make(
+        "tensor_core_alignment", "info", "Half-precision GEMMs with dimensions not multiples of 8",
+        f"GEMMs whose inner or output dimension is not a multiple of 8 take {pct(misaligned_share)} of the "
+        f"step; threshold {pct(t.misaligned_gemm_share)}: "
+        + "; ".join(f"{m['op']} ×{m['count']}" for m in misaligned[:3]),
+        misaligned_share * 0.5,
+        "Pad hidden sizes, vocabulary and sequence lengths to multiples of 8 (64 is better), e.g. "
+        "model.resize_token_embeddings(n, pad_to_multiple_of=64).",
+        gemms=len(misaligned), misaligned_share=misaligned_share)
+
+
+def _step_time_variance(s: _Steady) -> Diagnosis | None:
+    t, metrics = s.t, s.metrics
     variance = metrics.get("step_us_p95_over_p50")
-    if variance is not None and variance >= t.step_p95_over_p50:
-        out.append(make(
-            "step_time_variance", "info", TITLES["step_time_variance"],
-            f"p95/p50 of step time {variance:.2f} over {metrics.get('steps')} steps; threshold "
-            f"{t.step_p95_over_p50:g}",
-            # what the steps above the median cost: the mean step brought down to the median
-            max(0.0, 1 - (metrics.get("step_us_p50") or step_us) / step_us),
-            "Look for periodic work (logging, checkpointing, GC, data stalls) in the slow steps.",
-            p95_over_p50=variance))
-    return out
+    if variance is None or variance < t.step_p95_over_p50:
+        return None
+    return make(
+        "step_time_variance", "info", TITLES["step_time_variance"],
+        f"p95/p50 of step time {variance:.2f} over {metrics.get('steps')} steps; threshold "
+        f"{t.step_p95_over_p50:g}",
+        # what the steps above the median cost: the mean step brought down to the median
+        max(0.0, 1 - (metrics.get("step_us_p50") or s.step_us) / s.step_us),
+        "Look for periodic work (logging, checkpointing, GC, data stalls) in the slow steps.",
+        p95_over_p50=variance)
+
+
+#: The steady-state checks, in the order their verdicts are listed.
+STEADY_STATE_CHECKS = (_host_sync, _fp32_matmul, _unfused_attention, _low_occupancy, _memcpy_heavy,
+                       _compiling_in_window, _communication_heavy, _tensor_core_alignment, _step_time_variance)
 
 
 #: Query dtypes PyTorch's CPU flash-attention kernel takes (``use_flash_attention_cpp`` in sdp_utils_cpp).

@@ -8,7 +8,8 @@ Every diagnosis is a dict with ``id`` (stable, documented), ``severity`` (``crit
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, TypedDict
 
 DOCS = {
     "dataloader_bound": "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading",
@@ -51,16 +52,44 @@ TITLES = {
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
+class _Verdict(TypedDict):
+    id: str
+    #: ``critical``, ``warning`` or ``info``.
+    severity: str
+    title: str
+    #: The numbers that fired and the thresholds they crossed.
+    evidence: str
+    #: An upper bound on the fraction 0..1 of step time fixing it would save.
+    estimated_gain: float
+    #: A concrete fix for the run at hand.
+    recommendation: str
+    docs: str
+    #: The figures behind the evidence, by name.
+    measured: dict[str, Any]
+
+
+class Diagnosis(_Verdict, total=False):
+    """One verdict, as ``report.json`` carries it (docs/report.md, "diagnoses"): the keys above always, these
+    where they apply."""
+
+    #: The rank whose figures it quotes, in a merged report of several ranks.
+    rank: int
+    #: The other ranks where the same verdict fired.
+    also_ranks: list[int]
+    #: The first step of the capture window whose trace fired it.
+    step: int
+
+
 def make(id: str, severity: str, title: str, evidence: str, gain: float, recommendation: str,
-         **measured: Any) -> dict[str, Any]:
+         **measured: Any) -> Diagnosis:
     return {"id": id, "severity": severity, "title": title, "evidence": evidence,
             "estimated_gain": round(max(0.0, min(1.0, gain)), 4), "recommendation": recommendation,
             "docs": DOCS[id], "measured": measured}
 
 
-def rank(diagnoses: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rank(diagnoses: Iterable[Diagnosis]) -> list[Diagnosis]:
     """Largest estimated gain first; severity breaks ties; one entry per id (the larger gain)."""
-    best: dict[str, dict[str, Any]] = {}
+    best: dict[str, Diagnosis] = {}
     for diagnosis in diagnoses:
         kept = best.get(diagnosis["id"])
         if kept is None or diagnosis["estimated_gain"] > kept["estimated_gain"]:

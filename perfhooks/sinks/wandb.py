@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.faults import FaultLog, Once
+from perfhooks.files.writer import BackgroundWriter
 from perfhooks.report.build import headline_metrics, interval_metrics
-from perfhooks.report.worker import BackgroundWriter
 
 #: The step metric when the framework has none: the optimizer step (0-based count of steps done).
 PERF_STEP = "perf/step"

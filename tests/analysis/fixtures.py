@@ -24,7 +24,7 @@ def path(name: str) -> Path:
 
 @cache
 def report(name: str) -> dict[str, Any]:
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     return analyze_paths([path(name)])
 

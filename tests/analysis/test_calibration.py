@@ -14,7 +14,7 @@ CALIBRATION = json.loads((DATA / "calibration.json").read_text())["traces"]
 
 @pytest.fixture(scope="module")
 def reports():
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     return {name: analyze_paths([TRACES / name]) for name in CALIBRATION}
 

@@ -187,7 +187,7 @@ def tutorial_trace(tmp_path: Path, optimized: bool) -> dict:
     import torch
 
     from perfhooks import Schedule
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
     from tutorial_transformer import OptimizedTransformerLayer, TransformerLayer
 
     torch.manual_seed(0)
@@ -356,7 +356,7 @@ def test_an_implausible_duration_is_a_warning(tmp_path) -> None:
     import json
 
     from fixtures import path
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     document = json.loads(gzip.decompress(path("mi250_minitoy_train.json.gz").read_bytes()))
     kernel = next(e for e in document["traceEvents"] if e.get("cat") == "kernel")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from perfhooks.analysis.analyze import analyze_paths
 from perfhooks.analysis.merge_traces import collective_ends, merge_traces, read_rank_trace
 from perfhooks.analysis.trace import TraceError, load_trace, load_traces
+from perfhooks.offline.analyze import analyze_paths
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces" / "hta"
 NCCL = DATA / "a100_nccl_rank0_of2.json.gz"

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from perfhooks.analysis.analyze import analyze_paths
+from perfhooks.offline.analyze import analyze_paths
 
 
 def write_trace(tmp_path: Path, events: list[dict[str, Any]], name: str = "trace.json",

@@ -122,7 +122,7 @@ def kernel(name: str, ts: float, dur: float, correlation: int) -> dict:
 
 
 def test_tensor_cores_tf32_and_attention_from_kernel_names(tmp_path: Path) -> None:
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "ts": 0, "dur": 1000, "pid": 1,
                "tid": 1},
@@ -141,7 +141,7 @@ def test_tensor_cores_tf32_and_attention_from_kernel_names(tmp_path: Path) -> No
 
 
 def test_compilation_inside_the_window_is_seen(tmp_path: Path) -> None:
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 0, "dur": 100, "pid": 1,
                "tid": 1},
@@ -155,7 +155,7 @@ def test_compilation_inside_the_window_is_seen(tmp_path: Path) -> None:
 
 
 def test_streams_and_python_call_sites_of_syncs(tmp_path: Path) -> None:
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "ts": 0, "dur": 1000, "pid": 1,
                "tid": 1},

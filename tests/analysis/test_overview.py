@@ -108,7 +108,7 @@ def test_a_gpu_only_trace_is_one_step_over_its_device_activity(tmp_path) -> None
     import gzip
     import json
 
-    from perfhooks.analysis.analyze import analyze_paths
+    from perfhooks.offline.analyze import analyze_paths
 
     document = _events("resnet50_num_workers_4.worker0.1623212756351.pt.trace.json.gz")
     device = [e for e in document["traceEvents"]

@@ -30,7 +30,7 @@ import trigger_env
 
 import perfhooks
 from helpers import mlp
-from perfhooks.report import store as rank_store
+from perfhooks.distributed import store as rank_store
 
 
 class CountingStore:

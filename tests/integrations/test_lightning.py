@@ -418,10 +418,10 @@ def test_the_fetch_falls_back_to_the_profilers_action_where_the_loop_has_no_fetc
     callback._wrap_fetch(SimpleNamespace(profiler=profiler), engine)  # a Lightning with no _on_before_fetch
     profiler.start("[Callback]Other.on_train_batch_start")
     profiler.stop("[Callback]Other.on_train_batch_start")
-    assert engine._record is None
+    assert engine.tracker.record is None
     profiler.start("[_TrainingEpochLoop].train_dataloader_next")
     profiler.stop("[_TrainingEpochLoop].train_dataloader_next")
-    assert engine._phase[0] == "data_wait"
+    assert engine.open_phase == "data_wait"
     assert "[_TrainingEpochLoop].train_dataloader_next" in profiler.recorded_durations, "the profiler still sees it"
     callback._unwrap()
     assert "start" not in profiler.__dict__

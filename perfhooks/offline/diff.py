@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from perfhooks.analysis.analyze import analyze_paths
 from perfhooks.analysis.trace import TraceError
+from perfhooks.offline.analyze import analyze_paths
 
 PHASE_NAMES = ("data_wait", "forward", "backward", "optimizer", "other")
 TOP = 10

@@ -6,7 +6,6 @@ import contextlib
 import gc
 import itertools
 import os
-import re
 import statistics
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -30,16 +29,16 @@ from perfhooks.analysis.overview import Overview, compute_overview, step_rule
 from perfhooks.analysis.steady import device_queueing, steady_state
 from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
 from perfhooks.analysis.trace import NotATrace, Trace, TraceError, load_traces
+from perfhooks.analysis.trace_files import find_traces
 from perfhooks.analysis.transfers import communication_summary, memcpy_summary
 from perfhooks.events import PHASES
 from perfhooks.report.build import build_report
 from perfhooks.report.merge import merge_summaries, rank_summary
 from perfhooks.report.statistics import PhaseStatistics, StepTiming
+from perfhooks.rules.pipeline import merge_verdicts, name_ranks
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.trace import diagnose_trace
-from perfhooks.rules.verdicts import rank
-
-TRACE_SUFFIXES = (".json", ".json.gz")
+from perfhooks.rules.verdicts import Diagnosis
 
 
 def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, Any]:
@@ -132,7 +131,7 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
         device = {"type": "cpu", "name": "cpu"}
     report = build_report(framework="trace", status="completed", rank=trace.rank or 0,
                           world_size=trace.world_size or 1, device=device, stats=stats, windows=[],
-                          diagnoses=rank(diagnose_trace(metrics, thresholds or Thresholds())))
+                          diagnoses=merge_verdicts(trace=diagnose_trace(metrics, thresholds or Thresholds())))
     report["source"] = {"path": trace.path, "events": trace.events, "warnings": trace.warnings}
     report["warnings"] = list(trace.warnings) + _coverage_warnings(trace, metrics)
     if not any(t.phase_ms.get("forward") for t in stats.recent):
@@ -174,55 +173,6 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
-
-
-def find_traces(paths: list[str | Path], step: int | None = None) -> list[str]:
-    """Trace files named directly or found (recursively) in folders, in a stable order: of perfhooks' own, each
-    rank's latest window, or the window that starts at ``step``."""
-    found: list[str] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            found += sorted(str(p) for p in path.rglob("*") if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
-                            and not _is_perfhooks_output(p.relative_to(path)))
-        elif path.exists():
-            found.append(str(path))
-        else:
-            raise TraceError(f"{path}: no such file or folder")
-    if step is not None:
-        found = [name for name in found if (m := _PERFHOOKS_TRACE.match(Path(name).name)) is None
-                 or int(m.group(2)) == step]
-    if not found:
-        at = f" of the window at step {step}" if step is not None else ""
-        raise TraceError(f"{', '.join(map(str, paths))}: no trace files{at} (*.json, *.json.gz) found")
-    return latest_window_per_rank(found)
-
-
-_REPORT = re.compile(r"^report(\.rank\d+)?\.json$")
-
-
-def _is_perfhooks_output(relative: Path) -> bool:
-    """perfhooks' own JSON beside its traces in an output folder: reports, memory captures, OOM dumps, and the
-    merged trace of the ranks' (whose ranks the folder's own traces already hold)."""
-    return bool(_REPORT.match(relative.name)) or relative.parts[0] in ("memory", "oom", "merged")
-
-
-_PERFHOOKS_TRACE = re.compile(r"^rank(\d+)\.step(\d+)\.pt\.trace\.json(\.gz)?$")
-
-
-def latest_window_per_rank(files: list[str]) -> list[str]:
-    """Of perfhooks' own traces (``rank{R}.step{N}...``), keep each rank's latest window; others stay."""
-    latest: dict[tuple[str, int], tuple[int, str]] = {}
-    kept: list[str] = []
-    for name in files:
-        match = _PERFHOOKS_TRACE.match(Path(name).name)
-        if match is None:
-            kept.append(name)
-            continue
-        key = (str(Path(name).parent), int(match.group(1)))
-        step = int(match.group(2))
-        if key not in latest or step > latest[key][0]:
-            latest[key] = (step, name)
-    return sorted(kept + [name for _, name in latest.values()])
 
 
 def analyze_paths(paths: list[str | Path], workers: int | None = None,
@@ -271,18 +221,6 @@ def merge_ranks(reports: list[dict[str, Any]], thresholds: Thresholds | None = N
                            diagnoses=ranked_diagnoses(by_rank))
 
 
-def ranked_diagnoses(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every rank's trace diagnoses, each naming the rank whose figures it quotes (``rank``, and the evidence
-    prefixed), and the other ranks where the same verdict fired (``also_ranks``): in a merged report a figure
-    never reads as another rank's."""
-    fired: dict[str, list[int]] = {}
-    for report in reports:
-        for diagnosis in report["diagnoses"]:
-            fired.setdefault(diagnosis["id"], []).append(report["rank"])
-    named = []
-    for report in reports:
-        for diagnosis in report["diagnoses"]:
-            rank = report["rank"]
-            named.append({**diagnosis, "rank": rank, "evidence": f"rank {rank}: {diagnosis['evidence']}",
-                          "also_ranks": [r for r in fired[diagnosis["id"]] if r != rank]})
-    return named
+def ranked_diagnoses(reports: list[dict[str, Any]]) -> list[Diagnosis]:
+    """Every rank's trace diagnoses, each naming the rank whose figures it quotes (:func:`name_ranks`)."""
+    return name_ranks([(report["rank"], report["diagnoses"]) for report in reports])

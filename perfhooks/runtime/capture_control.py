@@ -1,0 +1,150 @@
+"""The capture controller: which step records a ``torch.profiler`` window, and why.
+
+Three sources open windows: the schedule (a pure function of the step), this rank's on-demand trigger
+(``<output_dir>/TRIGGER`` or SIGUSR2), and, with several ranks, the windows every rank agreed on through the
+process group's store (:mod:`perfhooks.distributed.all_ranks`). At each step's start the controller picks the
+action for that step and drives :class:`~perfhooks.capture.windows.CaptureWindows`.
+
+Threading: the training thread drives it; the all-ranks watcher hands targets over through a deque.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from perfhooks.capture.schedule import Action, OnDemandWindow
+from perfhooks.capture.trigger import OnDemandTrigger
+from perfhooks.capture.windows import CaptureWindows, WindowSettings
+from perfhooks.config import PerfConfig
+from perfhooks.distributed import store as rank_store
+from perfhooks.distributed.all_ranks import AllRanksTrigger, next_run
+from perfhooks.faults import FaultLog, Once
+from perfhooks.files.writer import BackgroundWriter
+
+
+class CaptureControl:
+    """Schedule, on-demand and all-ranks windows for one run."""
+
+    def __init__(self, config: PerfConfig, output_dir: Path, rank: int, world_size: int, cuda: bool,
+                 writer: BackgroundWriter, faults: FaultLog, once: Once, current_step: Callable[[], int],
+                 on_saved: Callable[[], None], on_written: Callable[[Path, dict[str, Any]], None] | None) -> None:
+        self.config = config
+        self.rank = rank
+        self.faults = faults
+        self.once = once
+        if config.nsys_capture and not cuda:
+            once.warn("nsys_cpu", "nsys_capture needs CUDA; it is off for this run")
+        self.windows = CaptureWindows(
+            output_dir / "traces", rank, world_size, self.action, WindowSettings(
+                record_shapes=config.record_shapes, profile_memory=config.profile_memory,
+                with_stack=config.with_stack, cuda=cuda, nsys_capture=config.nsys_capture,
+                max_traces=config.max_traces, max_trace_bytes=config.max_trace_bytes),
+            writer, faults, once, on_saved=on_saved, on_written=on_written)
+        self.trigger = OnDemandTrigger(output_dir, config.trigger_poll_s) if config.on_demand else None
+        #: With a process group of 2 or more ranks: the trigger that opens a window on every rank (else None).
+        self.all_ranks: AllRanksTrigger | None = None
+        if self.trigger is not None and world_size > 1:
+            self.all_ranks = self._all_ranks_trigger(self.trigger, current_step)
+        self._on_demand: OnDemandWindow | None = None
+        self._driven_at: int | None = None
+
+    def _all_ranks_trigger(self, local: OnDemandTrigger, current_step: Callable[[], int]) -> AllRanksTrigger | None:
+        """Start the watcher thread that shares on-demand windows through the process group's store."""
+        try:
+            store = rank_store.default_store()
+            if store is None:
+                return None
+            schedule = self.config.schedule
+
+            def is_free(step: int) -> bool:
+                return schedule is None or schedule(step) is Action.NONE
+
+            watcher = AllRanksTrigger(store, next_run(), self.rank, local, self.config.trigger_poll_s,
+                                      current_step, 1 + self.config.on_demand_active, is_free, self.once)
+            watcher.start()
+            return watcher
+        except Exception as error:
+            self.faults.report("trigger_store", error)
+            return None
+
+    def action(self, step: int) -> Action:
+        """The capture action at ``step``: an on-demand window first, then the schedule (pure in the step)."""
+        if self._on_demand is not None:
+            action = self._on_demand(step)
+            if action is not Action.NONE:
+                return action
+        schedule = self.config.schedule
+        return schedule(step) if schedule is not None else Action.NONE
+
+    @property
+    def is_open(self) -> bool:
+        return self.windows.is_open
+
+    def end_step_label(self) -> None:
+        self.windows.end_step_label()
+
+    def defer_to(self, owner: str) -> None:
+        """Another ``torch.profiler`` user is configured (e.g. Lightning's PyTorchProfiler): open no window."""
+        self.windows.defer_to(owner)
+
+    def at_step(self, step: int) -> None:
+        """A step starts: take the triggers, then open, step or close the window (once per step number: a step
+        discarded by ``idle`` has driven the windows already)."""
+        if self._driven_at == step:
+            return
+        self._driven_at = step
+        trigger = "schedule"
+        try:
+            if self._take_triggers(step):
+                trigger = "on_demand"
+        except Exception as error:
+            self.faults.report("trigger", error)
+        try:
+            self.windows.at_step(step, trigger)
+        except Exception as error:
+            self.faults.report("window", error)
+
+    def _take_triggers(self, step: int) -> bool:
+        """True when an on-demand window records at ``step``."""
+        if self.all_ranks is not None and self.all_ranks.lost:
+            self.all_ranks = None  # the store is gone: this rank's own trigger from now on
+        if self.all_ranks is not None:
+            if self.all_ranks.targets:  # a deque's length: the training thread makes no store call
+                self._take_shared_windows(step)
+        elif self.trigger is not None and self.trigger.poll():
+            if self.windows.is_open or self.action(step) is not Action.NONE:
+                self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
+            else:
+                self._on_demand = OnDemandWindow(step, warmup=1, active=self.config.on_demand_active)
+        return self._on_demand is not None and self._on_demand(step) is not Action.NONE
+
+    def _take_shared_windows(self, step: int) -> None:
+        """Windows every rank agreed on through the store: open each at its step, or say why this rank can't."""
+        targets = self.all_ranks.targets  # type: ignore[union-attr]
+        while targets:
+            target = targets.popleft()
+            asked = f"asked for by rank {target.by_rank}" if target.by_rank >= 0 else "asked for"
+            if target.first_step < step:
+                self.once.warn(f"trigger_missed_{target.index}",
+                               f"the on-demand window at step {target.first_step} ({asked}) is not recorded on "
+                               f"rank {self.rank}: this rank was already at step {step} when it learnt of it "
+                               "(the other ranks record it)")
+            elif self._on_demand is not None and self._on_demand.last_step >= step:
+                self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
+            else:
+                self._on_demand = OnDemandWindow(target.first_step, warmup=1, active=self.config.on_demand_active)
+
+    def stop_triggers(self) -> None:
+        """The close: the all-ranks watcher and the local trigger (its signal handler) end."""
+        if self.all_ranks is not None:
+            try:
+                self.all_ranks.close()
+            except Exception as error:
+                self.faults.report("trigger_close", error)
+        if self.trigger is not None:
+            try:
+                self.trigger.close()
+            except Exception as error:
+                self.faults.report("trigger_close", error)

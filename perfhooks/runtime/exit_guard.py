@@ -1,0 +1,97 @@
+"""The exit guard: the process's current run, and its end when the program ends without ending it.
+
+- On an uncaught exception the previous ``sys.excepthook`` prints the user's traceback *first*, then the current
+  run fails within :data:`EXIT_DEADLINE_S`.
+- At interpreter exit a run still open is abandoned within the same deadline (with its table when it saw no
+  error and its framework does not end runs explicitly: an accelerate session never closed).
+
+The traceback, exit status and last stderr line are the program's own. The guard knows a run only through the
+small interface below (:class:`GuardedRun`); it imports nothing of the engine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import weakref
+from types import TracebackType
+from typing import Any, Protocol
+
+#: Seconds perfhooks' exit work may take in total (an uncaught error or interpreter exit).
+EXIT_DEADLINE_S = 5.0
+
+
+class GuardedRun(Protocol):
+    """What the guard needs of a run."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    #: The run saw the user's error (its report's ``error``), and its framework always ends runs explicitly.
+    error: dict[str, Any] | None
+    ends_explicitly: bool
+
+    def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None: ...
+
+    def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None: ...
+
+
+_lock = threading.Lock()
+_current: weakref.ref[Any] | None = None
+_installed = False
+_previous_hook: Any = None
+
+
+def current() -> Any | None:
+    """The run in progress in this process, if any."""
+    return _current() if _current is not None else None
+
+
+def begin(run: GuardedRun) -> None:
+    """``run`` is the process's run from now on; a previous one that never ended is abandoned first (the HF
+    Trainer's ``auto_find_batch_size`` retry, an OOM the caller caught, a notebook cell re-run)."""
+    global _current
+    previous = current()
+    if previous is not None and previous is not run and not previous.closed:
+        previous.abandon(quiet=True)
+    with _lock:
+        _current = weakref.ref(run)
+    _install()
+
+
+def end(run: GuardedRun) -> None:
+    """``run`` closed: it is no longer the current run."""
+    global _current
+    with _lock:
+        if current() is run:
+            _current = None
+
+
+def _install() -> None:
+    global _installed, _previous_hook
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+        _previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+        atexit.register(_at_exit)
+
+
+def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    """The user's traceback first (the hook that was there before), then the run's end."""
+    try:
+        (_previous_hook or sys.__excepthook__)(kind, error, tb)
+    finally:
+        run = current()
+        if run is not None and not run.closed:
+            run.exception(error, deadline_s=EXIT_DEADLINE_S, quiet=True)
+
+
+def _at_exit() -> None:
+    """A run still open at interpreter exit: a loop that never closed its session (``attach`` without ``with``)
+    ends here with its table; one that saw an error, or whose framework always ends its runs, ends quietly."""
+    run = current()
+    if run is not None and not run.closed:
+        run.abandon(deadline_s=EXIT_DEADLINE_S, quiet=run.error is not None or run.ends_explicitly)

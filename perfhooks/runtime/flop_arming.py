@@ -1,0 +1,112 @@
+"""FLOP arming and throughput's inputs: where a step's FLOPs come from, and the dtype whose peak applies.
+
+The count is the user's (``flops_per_step``, ``flops_per_sample``), the framework's (``note_flops``), or one step
+measured with ``FlopCounterMode`` (:class:`~perfhooks.runtime.flops.FlopMeter`): the first capture window's
+warm-up step is armed, the meter starts at that step's first forward and stops at its optimizer.
+
+Threading: the training thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from perfhooks.analysis.peaks import find_peak
+from perfhooks.config import PerfConfig
+from perfhooks.events import FORWARD, OPTIMIZER
+from perfhooks.faults import FaultLog
+from perfhooks.runtime import flops as flops_sources
+from perfhooks.runtime.flops import FlopMeter
+
+
+class FlopArming:
+    """Arms, runs and stops the one-step FLOP measurement; says where the run's FLOPs per step come from."""
+
+    def __init__(self, config: PerfConfig, faults: FaultLog) -> None:
+        self.config = config
+        self.faults = faults
+        self.meter = FlopMeter()
+        #: The framework's count of one step's FLOPs and its source, and the run's matmul dtype and its source.
+        self.framework_flops: tuple[float, str] | None = None
+        self.precision: tuple[str, str] | None = None
+        #: A step's FLOPs may still be measured in this run (nothing the user set gives the count).
+        self.may_count = config.count_flops and not (config.flops_per_step or config.flops_per_sample)
+        #: Armed for the next forward, or counting: the tracker tells this part of phase starts only then.
+        self.watching = False
+        self._armed = False
+
+    def expect_framework_flops(self) -> None:
+        """The framework counts FLOPs itself and will say so (``note_flops``): no step is measured."""
+        self.may_count = False
+
+    def note_flops(self, per_step: float, source: str) -> None:
+        if per_step > 0:
+            self.framework_flops = (float(per_step), source)
+
+    def arm(self, compiled: bool) -> None:
+        """The first capture window's warm-up step opens: count its FLOPs (once per run), unless the model is
+        compiled (``compiled``: counting would recompile its graphs)."""
+        self.may_count = False
+        if compiled:
+            self.meter.skipped = ("the model is torch.compile'd (counting would recompile its graphs); pass "
+                                  "flops_per_step")
+            return
+        self._armed = self.watching = True
+
+    def phase_opening(self, step: int, phase: str) -> None:
+        if self._armed and phase == FORWARD:
+            self._armed = False
+            self.meter.start(step)
+        elif phase == OPTIMIZER and self.meter.counting:
+            self.stop()
+
+    def stop(self, keep: bool = True) -> None:
+        """Stop counting; ``keep`` the count (False: an evaluation or an error cut the step)."""
+        self._armed = self.watching = False
+        try:
+            self.meter.stop(keep)
+        except Exception as error:
+            self.faults.report("flop_count", error)
+        if self.meter.flops_per_step is None and self.meter.skipped is None:  # cut short: the next warm-up tries
+            self.may_count = True
+
+    def flops(self, steps: int, samples: int) -> dict[str, Any]:
+        """FLOPs per step and their source: the user's, the framework's, the measured step's; else why none.
+        ``steps`` and ``samples``: the run's so far (for ``flops_per_sample``)."""
+        config = self.config
+        if config.flops_per_step:
+            return {"per_step": float(config.flops_per_step), "source": flops_sources.USER_STEP}
+        if config.flops_per_sample:
+            if steps and samples:
+                return {"per_step": config.flops_per_sample * (samples / steps), "source": flops_sources.USER_SAMPLE}
+            return {"missing": "flops_per_sample was given but no batch's samples were seen"}
+        if self.framework_flops is not None:
+            return {"per_step": self.framework_flops[0], "source": self.framework_flops[1]}
+        meter = self.meter
+        if meter.flops_per_step is not None:
+            return {"per_step": meter.flops_per_step, "source": f"{flops_sources.COUNTER} (step {meter.step})"}
+        if meter.skipped:
+            return {"missing": meter.skipped}
+        if not config.count_flops:
+            return {"missing": "count_flops=False and no flops_per_step or flops_per_sample given"}
+        return {"missing": "no capture window's warm-up step ran to measure one (the schedule); pass flops_per_step"}
+
+    def matmul_dtype(self, cuda: bool) -> tuple[str, str]:
+        """The dtype whose peak applies: the framework's precision, else TF32 where float32 matmuls may use it on
+        CUDA, else FP32."""
+        if self.precision is not None:
+            return self.precision
+        if cuda and torch.get_float32_matmul_precision() != "highest":
+            return "tf32", f"torch.get_float32_matmul_precision() is {torch.get_float32_matmul_precision()!r}"
+        return "fp32", "no mixed precision setting seen"
+
+
+def device_peak(device: dict[str, Any], dtype: str) -> tuple[float, str] | None:
+    """The device's dense peak for ``dtype`` from perfhooks' table: ``(FLOP/s, its source)``, or None."""
+    peak = find_peak(device.get("name")) if device.get("type") == "cuda" else None
+    value = peak.tflops.get(dtype) if peak is not None else None
+    if not value:
+        return None
+    return value * 1e12, f"{peak.source} ({peak.device}, {dtype}, dense)"  # type: ignore[union-attr]

@@ -1,0 +1,86 @@
+"""Where a run's figures go besides its files: W&B rows, window rows and the last summary, and the printed table.
+
+Only the rank that logs to trackers has a W&B sink (:func:`perfhooks.distributed.ranks.logs_to_trackers`).
+Rows are handed over at step ends (every ``wandb_log_every`` steps) and window ends; the sink's own queue sends
+them off the training thread.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from perfhooks.config import PerfConfig
+from perfhooks.distributed import ranks
+from perfhooks.faults import FaultLog, Once
+from perfhooks.report.statistics import StepTiming
+from perfhooks.rules.pipeline import with_cross_rank
+from perfhooks.rules.ranks import CROSS_RANK
+from perfhooks.sinks.console import format_table, fresh_line
+from perfhooks.sinks.html import render_html
+from perfhooks.sinks.wandb import RunSource, WandbSink
+
+
+class RunOutputs:
+    """The W&B sink (on the logging rank) and the end-of-run table."""
+
+    def __init__(self, config: PerfConfig, rank: int, output_dir: Path, wandb_source: RunSource | None,
+                 faults: FaultLog, once: Once, start_step: int) -> None:
+        self.config = config
+        self.rank = rank
+        self.output_dir = output_dir
+        self.wandb: WandbSink | None = None
+        if config.wandb is not False and ranks.logs_to_trackers(rank):
+            self.wandb = WandbSink(source=wandb_source or RunSource(), explicit_run=config.wandb_run,
+                                   open_if_missing=config.wandb is True, queue=config.wandb_queue,
+                                   output_dir=output_dir, faults=faults, once=once)
+        self._next_rows_at = start_step + config.wandb_log_every
+
+    def step_closed(self, step: int, global_step: int, recent: Any, memory_latest: dict[str, Any] | None) -> None:
+        """A step ended (training thread): every ``wandb_log_every`` steps, the rows of the steps since."""
+        if self.wandb is None or step < self._next_rows_at:
+            return
+        every = self.config.wandb_log_every
+        self._next_rows_at = step + every
+        self.wandb.log_steps(global_step, list(recent)[-every:], memory_latest)
+
+    def window_written(self, global_step: int, report: dict[str, Any]) -> None:
+        """A window's report was written (writer thread): its row and the diagnoses table."""
+        written = [w for w in report["windows"] if not w.get("pruned")]
+        if self.wandb is not None and written:
+            self.wandb.log_window(global_step, written[-1], report["diagnoses"])
+
+    def close(self, global_step: int, report: dict[str, Any], run_report: dict[str, Any] | None,
+              recent: list[StepTiming], memory_latest: dict[str, Any] | None, timeout_s: float) -> None:
+        """The last W&B row, table, summary and files (with the run's merged report on a multi-rank run); the
+        ``wandb`` section of ``report``."""
+        sink = self.wandb
+        if sink is None:
+            return
+        run_report = run_report or report
+        html = render_html(run_report, series=report.get("series"), base=self.output_dir)
+        sink.close(global_step, run_report, recent[-self.config.wandb_log_every:], memory_latest, html,
+                   timeout_s=timeout_s)
+        if sink.run is not None or sink.failed:
+            report["wandb"] = sink.section()
+
+    def print_table(self, report: dict[str, Any], run_report: dict[str, Any] | None) -> None:
+        """The end-of-run table on standard error (rank 0), with the verdicts only the ranks together give."""
+        if self.rank == 0:
+            print(fresh_line() + format_table(with_cross_rank_verdicts(report, run_report)), file=sys.stderr)
+
+    def release(self) -> None:
+        self.wandb = None
+
+
+def with_cross_rank_verdicts(report: dict[str, Any], run_report: dict[str, Any] | None) -> dict[str, Any]:
+    """This rank's report with the verdicts only the ranks together give (a straggler), and the ranks' merged
+    trace, from the run's merged report, for the printed table."""
+    run_report = run_report or {}
+    merged = run_report.get("diagnoses") or []
+    if any(d["id"] in CROSS_RANK for d in merged):
+        report = {**report, "diagnoses": with_cross_rank(report["diagnoses"], merged, CROSS_RANK)}
+    if run_report.get("merged_trace"):
+        report = {**report, "merged_trace": run_report["merged_trace"]}
+    return report

@@ -1,0 +1,162 @@
+"""The parts of a run and what each does at a step's moments (the tracker's
+:class:`~perfhooks.runtime.tracker.StepListener`).
+
+At a step's start the capture controller drives its window, compile tracking looks for dynamo, memory takes a
+sample and FLOP arming decides whether to count the step; at a phase start FLOP arming watches for the forward
+and the optimizer and CUDA allocations are tagged; at a phase end memory samples; at a step's end W&B gets its
+rows and the engine publishes the run's state. The tracker is told of phase moments only while a part needs them
+(:meth:`RunParts.watch_phases`), so the hot path skips the others.
+
+Threading: the training thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from perfhooks.capture.schedule import Action
+from perfhooks.device import cuda_extras
+from perfhooks.events import COMPILING
+from perfhooks.faults import FaultLog
+from perfhooks.files.writer import BackgroundWriter
+from perfhooks.memory.monitor import MemoryMonitor
+from perfhooks.runtime.capture_control import CaptureControl
+from perfhooks.runtime.compile_tracking import CompileTracking
+from perfhooks.runtime.flop_arming import FlopArming, device_peak
+from perfhooks.runtime.outputs import RunOutputs
+from perfhooks.runtime.run_state import ReportParts, TraceVerdicts
+from perfhooks.runtime.tracker import StepTracker
+
+
+class RunParts:
+    """The capture controller, memory, FLOP arming, compile tracking and the outputs, routed at each step."""
+
+    def __init__(self, tracker: StepTracker, capture: CaptureControl, memory: MemoryMonitor | None,
+                 flops: FlopArming, compile: CompileTracking, outputs: RunOutputs, writer: BackgroundWriter,
+                 faults: FaultLog, published: Callable[[], None]) -> None:
+        self.tracker = tracker
+        self.capture = capture
+        self.memory = memory
+        self.flops = flops
+        self.compile = compile
+        self.outputs = outputs
+        self.writer = writer
+        self.faults = faults
+        #: Publish the run's state (the engine's): called at each step's end.
+        self.published = published
+        #: A CUDA error ended the run: no device call from here on (the context may be broken).
+        self.device_broken = False
+        #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
+        self.tag_allocations = memory is not None and memory.cuda and cuda_extras.tags_supported()
+        self._writer_seen = self._captures_seen = 0
+        tracker.listener = self
+        self.watch_phases()
+
+    def watch_phases(self) -> None:
+        """Tell the tracker which phase moments a part needs now."""
+        self.tracker.notify_phases = self.flops.watching or self.tag_allocations
+        self.tracker.observe_phases = self.memory is not None and not self.device_broken
+
+    def stop_flop_count(self, keep: bool) -> None:
+        if self.flops.watching:
+            self.flops.stop(keep)
+            self.watch_phases()
+
+    # ----------------------------------------------------------------- StepListener
+    def step_opening(self, step: int) -> bool:
+        """A step opens: windows, compile watch, memory, FLOPs. True when perfhooks' own work overlaps it."""
+        self.capture.at_step(step)
+        self.compile.step_opening()
+        if self.memory is not None and not self.device_broken:
+            try:
+                self.memory.observe_step_start(step)
+            except Exception as error:
+                self.faults.report("memory_sample", error)
+        flops = self.flops
+        if flops.watching:
+            flops.stop()
+        elif flops.may_count and self.capture.action(step) is Action.WARMUP:
+            flops.arm(compiled=self.compile.model_compiled or self.compile.compiled_in_run())
+        self.watch_phases()
+        writer = self.writer
+        self._writer_seen = writer.started
+        return self.capture.is_open or writer.running
+
+    def phase_opening(self, name: str) -> None:
+        if self.flops.watching:
+            self.flops.phase_opening(self.tracker.step, name)
+            self.watch_phases()
+        if self.tag_allocations and self.memory.history:  # type: ignore[union-attr]
+            cuda_extras.tag_allocations(name)  # the snapshot shows each allocation's phase
+
+    def phase_closed(self, name: str) -> bool:
+        memory = self.memory
+        try:
+            memory.observe(self.tracker.step, name)  # type: ignore[union-attr]
+            if len(memory.captures) != self._captures_seen:  # type: ignore[union-attr]  # a capture paused the step
+                self._captures_seen = len(memory.captures)  # type: ignore[union-attr]
+                return True
+        except Exception as error:
+            self.faults.report("memory_sample", error)
+        return False
+
+    def aside_opening(self, kind: str) -> None:
+        if kind != COMPILING:
+            self.stop_flop_count(keep=False)  # evaluation inside the counted step: no count, not a wrong one
+
+    def step_closing(self) -> bool:
+        writer = self.writer
+        return writer.running or writer.started != self._writer_seen
+
+    def step_closed(self) -> None:
+        tracker = self.tracker
+        self.outputs.step_closed(tracker.step, tracker.global_step, tracker.stats.recent,
+                                 self.memory.latest if self.memory is not None else None)
+        self.published()
+
+    # ----------------------------------------------------------------- the close
+    def settle_device(self, room: Any, deadline: float, once: Any) -> None:
+        """The close: the device gets until ``deadline`` (``time.monotonic()``) to finish its queued work
+        (``query()`` polled, never a blocking sync); then the window stops (``profiler.stop()`` syncs, so not
+        before) and the pending step timings are read. What the device did not finish is said, not waited for."""
+        budget_s = max(0.0, deadline - time.monotonic())
+        if self._guarded("device_drain", lambda: room.drained(deadline)):
+            self._guarded("window_close", self.capture.windows.close)
+        else:
+            once.warn("device_busy", f"the device did not finish its queued work within {budget_s:.0f} s of the "
+                      "close (a hung kernel, or a collective waiting for a peer): the open capture window is not "
+                      "saved")
+            self._guarded("window_abandon", self.capture.windows.abandon)
+        pending, stats = self.tracker.pending, self.tracker.stats
+        self._guarded("flush_timings", lambda: pending.drain(stats, deadline=deadline))
+        if pending.unfinished:
+            once.warn("steps_unfinished", f"{pending.unfinished} step(s) had not finished on the device by the "
+                      "close's deadline: not counted")
+
+    # ----------------------------------------------------------------- the report's slower parts
+    def report_parts(self, device: dict[str, Any], cuda: bool, error: dict[str, Any] | None,
+                     trace: TraceVerdicts) -> ReportParts:
+        """The report's slower-changing parts, taken now (training thread), each guarded."""
+        tracker, memory = self.tracker, self.memory
+        stats = tracker.stats
+        steps = stats.steps  # folds the steps waiting: the totals below are read after
+        dtype = self.flops.matmul_dtype(cuda)
+        return ReportParts(
+            run=tracker.account.section(stats.training_ms), named_work=tracker.named_work_per_step(),
+            compile=self._guarded("compile_report", self.compile.section),
+            compiled_in_run=self.compile.compiled_in_run(),
+            memory=self._guarded("memory_report", memory.section) if memory is not None else None,
+            memory_figures=self._guarded("memory_report", memory.figures) if memory is not None else None,
+            flops=self.flops.flops(steps, stats.samples), matmul_dtype=dtype,
+            device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
+            faults=tuple(self.faults.as_list()), error=dict(error) if error else None,
+            unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()), trace=trace)
+
+    def _guarded(self, kind: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as error:
+            self.faults.report(kind, error)
+            return None

@@ -1,0 +1,71 @@
+"""A run's report from a published :class:`~perfhooks.runtime.run_state.RunState`, on any thread.
+
+The reader thaws the state's statistics into a copy of its own, runs the rules on it through the one pipeline
+(:func:`perfhooks.rules.pipeline.merge_verdicts`) and hands everything to the one builder
+(:func:`perfhooks.report.build.build_report`). Nothing here reads the engine's live objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfhooks.faults import FaultLog
+from perfhooks.report.build import build_report
+from perfhooks.report.statistics import PhaseStatistics
+from perfhooks.report.throughput import throughput_section
+from perfhooks.rules.compile import diagnose_compile
+from perfhooks.rules.live import diagnose_live
+from perfhooks.rules.memory import diagnose_memory
+from perfhooks.rules.pipeline import merge_verdicts
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.rules.verdicts import Diagnosis
+from perfhooks.runtime.run_state import ReportParts, RunFacts, RunState
+
+
+def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds) -> list[Diagnosis]:
+    """The verdicts this rank's own figures give: live phase timings, compile counts, memory (not yet the
+    trace's)."""
+    return [*diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
+                           named_work=parts.named_work),
+            *diagnose_compile(parts.compile, parts.run, thresholds),
+            *(diagnose_memory(parts.memory_figures, thresholds) if parts.memory_figures is not None else [])]
+
+
+def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds, faults: FaultLog
+                 ) -> list[Diagnosis]:
+    """Every verdict of the run so far, merged (a fault in a rule is reported once; the trace's verdicts stand)."""
+    try:
+        local = local_verdicts(stats, parts, thresholds)
+    except Exception as error:
+        faults.report("live_diagnoses", error)
+        local = []
+    return merge_verdicts(live=local, trace=parts.trace.diagnoses, live_steps=stats.steady_step.count,
+                          window_steps=parts.trace.window_steps)
+
+
+def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, peak_flops: float | None,
+                     faults: FaultLog) -> dict[str, Any]:
+    """The report of the run as ``state`` holds it (on any thread)."""
+    stats = state.stats.thaw()
+    parts = state.parts
+    diagnoses = run_verdicts(stats, parts, thresholds, faults)
+    windows = [dict(window) for window in parts.windows]
+    analysed = [w["metrics"] for w in windows if w.get("metrics")]
+    try:
+        throughput = throughput_section(stats, parts.flops or {}, facts.device, parts.matmul_dtype, peak_flops,
+                                        analysed[-1] if analysed else None, diagnoses, parts.token_source,
+                                        parts.device_peak)
+    except Exception as error:
+        faults.report("throughput", error)
+        throughput = None
+    return build_report(framework=facts.framework, status=state.status, rank=facts.rank,
+                        world_size=facts.world_size, device=facts.device, stats=stats, windows=windows,
+                        diagnoses=diagnoses, throughput=throughput, faults=faults.as_list(), error=parts.error,
+                        memory=_copy(parts.memory), run=_copy(parts.run), global_step=state.global_step,
+                        run_id=facts.run_id, started_at=facts.started_at, compile=_copy(parts.compile),
+                        unfinished_steps=parts.unfinished_steps, named_work=dict(parts.named_work or {}) or None)
+
+
+def _copy(section: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A report's own copy of a published section (the report may be changed; the state never is)."""
+    return dict(section) if section is not None else None

@@ -1,0 +1,90 @@
+"""One published state of the run: what every thread other than the training thread reads.
+
+At each step boundary the training thread builds a :class:`RunState` and swaps it in with one assignment
+(:meth:`perfhooks.runtime.engine.Engine.publish`). The report, the background writer, W&B and any watcher read
+the latest state and never the live objects: nothing in a state is mutated after it is published (the dicts it
+holds are built for it, and readers copy what they change). A state is a ``NamedTuple``: a few hundred
+nanoseconds to build, so publishing costs the training thread next to nothing.
+
+The per-step fields (step, phase, statistics) are fresh at every publication; the report's slower parts
+(:class:`ReportParts`: memory, compile counts, the run account, faults, windows) are taken at a *full*
+publication (a window's end, the close) and carried forward in between.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from perfhooks.report.statistics import StatsSnapshot
+from perfhooks.rules.memory import MemoryFigures
+from perfhooks.rules.verdicts import Diagnosis
+
+
+class TraceVerdicts(NamedTuple):
+    """The latest analysed window's verdicts and how many steps it held, swapped in as one value (the writer
+    thread sets it; a reader never sees one without the other)."""
+
+    diagnoses: tuple[Diagnosis, ...] = ()
+    window_steps: int | None = None
+
+
+class RunFacts(NamedTuple):
+    """What does not change during a run."""
+
+    framework: str
+    rank: int
+    world_size: int
+    #: ``{type, name, ...}`` of the device (``DeviceRoom.describe``).
+    device: dict[str, Any]
+    run_id: str
+    #: ``time.time()`` when the engine started (s).
+    started_at: float
+
+
+class ReportParts(NamedTuple):
+    """The report's slower-changing parts, taken on the training thread at a full publication."""
+
+    #: The report's ``run`` section (s), or None before the first step.
+    run: dict[str, Any] | None = None
+    #: Largest named host work, ms per step.
+    named_work: dict[str, float] | None = None
+    #: The report's ``compile`` section, or None when dynamo never loaded.
+    compile: dict[str, Any] | None = None
+    compiled_in_run: bool = False
+    #: The report's ``memory`` section and what the memory verdicts read (None when memory is off).
+    memory: dict[str, Any] | None = None
+    memory_figures: MemoryFigures | None = None
+    #: FLOPs per step and their source (``{"per_step", "source"}`` or ``{"missing"}``), the matmul dtype and its
+    #: source, the device's peak for it, and where the token count came from.
+    flops: dict[str, Any] | None = None
+    matmul_dtype: tuple[str, str] = ("fp32", "no mixed precision setting seen")
+    device_peak: tuple[float, str] | None = None
+    token_source: str | None = None
+    faults: tuple[dict[str, Any], ...] = ()
+    error: dict[str, Any] | None = None
+    unfinished_steps: int = 0
+    #: The capture windows' records, and the latest analysed window's verdicts.
+    windows: tuple[dict[str, Any], ...] = ()
+    trace: TraceVerdicts = TraceVerdicts()
+
+
+class RunState(NamedTuple):
+    """The run at one step boundary."""
+
+    #: perfhooks' optimizer steps so far, and the framework's own counter.
+    step: int
+    global_step: int
+    #: ``running``, ``completed`` or ``failed``.
+    status: str
+    #: The phase open at publication (None between steps) and ``time.monotonic()`` when it started (s).
+    phase: str | None
+    phase_since_s: float | None
+    #: ``time.monotonic()`` at publication (s).
+    published_s: float
+    #: The resolved steps' statistics.
+    stats: StatsSnapshot
+    parts: ReportParts
+
+    def with_parts(self, **changes: Any) -> RunState:
+        """This state with some of its report parts replaced (a new state; this one is unchanged)."""
+        return self._replace(parts=self.parts._replace(**changes))

@@ -1,0 +1,333 @@
+"""The phase and step tracker: which step and phase are open, their clock marks, asides, and the annotations
+(NVTX ranges, profiler labels) that mark them.
+
+The training thread drives it through the engine's events. What the other parts of a run do at these moments
+(open capture windows, sample memory, count FLOPs, log rows) they do through a :class:`StepListener`, so that
+this file holds only the state machine of a step:
+
+- a step opens at its first phase (or ``step_start``), and ends at the next fetch after its optimizer stepped,
+  at ``step_end``, or at an epoch's end (``idle``);
+- phases are exclusive: starting one ends the one open;
+- an aside (evaluation, a checkpoint, compiling) is timed apart and taken out of the step it interrupts.
+
+Threading: the training thread only. Other threads read the engine's published state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch.autograd.profiler as autograd_profiler
+
+from perfhooks.capture.labels import ProfilerLabels
+from perfhooks.capture.nvtx import NvtxRanges
+from perfhooks.device.clock import HostClock
+from perfhooks.events import ASIDES, DATA_WAIT, PHASES
+from perfhooks.faults import FaultLog
+from perfhooks.report.statistics import PhaseStatistics
+from perfhooks.runtime.batches import count_batch
+from perfhooks.runtime.run_account import RunAccount
+from perfhooks.runtime.steps import PendingSteps, StepRecord
+
+_PHASE_NAMES = frozenset(PHASES)
+#: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
+#: pathological one).
+MAX_NAMED_WORK = 256
+
+
+class StepListener(Protocol):
+    """What the rest of a run does at a step's moments (the engine routes each to its part)."""
+
+    def step_opening(self, step: int) -> bool:
+        """A step opens: drive the capture windows, sample memory, arm a FLOP count. True when perfhooks' own
+        work (an open window, the writer) overlaps it."""
+
+    def phase_opening(self, name: str) -> None:
+        """Phase ``name`` starts (called only while :attr:`StepTracker.notify_phases` is set)."""
+
+    def phase_closed(self, name: str) -> bool:
+        """Phase ``name`` ended (called only while :attr:`StepTracker.observe_phases` is set): True when a
+        memory capture paused the step."""
+
+    def aside_opening(self, kind: str) -> None:
+        """An aside begins inside the run."""
+
+    def step_closing(self) -> bool:
+        """A step is ending: True when perfhooks' writer ran during it."""
+
+    def step_closed(self) -> None:
+        """A step ended and was queued (its timings are read once the device is done)."""
+
+
+class StepTracker:
+    """The open step and phase of the run, their marks, and the asides between them."""
+
+    def __init__(self, clock: HostClock, account: RunAccount, nvtx: NvtxRanges, faults: FaultLog,
+                 listener: StepListener, end_step_label: Any, start_step: int = 0,
+                 global_step: int | None = None) -> None:
+        self.clock = clock
+        self.account = account
+        self.nvtx = nvtx
+        self.faults = faults
+        self.listener = listener
+        #: Closes the open ``ProfilerStep#N`` label (the capture windows').
+        self.end_step_label = end_step_label
+        self.stats = PhaseStatistics()
+        self.pending = PendingSteps(clock)
+        self.labels = ProfilerLabels()
+        self.step = start_step
+        #: The framework's own step counter (Lightning ``global_step``, transformers ``state.global_step``, or the
+        #: optimizer steps counted here).
+        self.global_step = start_step if global_step is None else global_step
+        #: Host work the framework named while a step was open (a Lightning callback's hooks): name -> ms in all.
+        self.named_work: dict[str, float] = {}
+        #: The batch's token count's source, once a batch was counted.
+        self.token_source: str | None = None
+        #: No event is taken any more (the run closed).
+        self.closed = False
+        #: Tell the listener of each phase start / phase end (set by the engine while a part needs it).
+        self.notify_phases = False
+        self.observe_phases = False
+        #: ``time.monotonic()`` when the open phase started (None: no phase open), for the published state.
+        self.phase_since_s: float | None = None
+        self.record: StepRecord | None = None
+        self.phase: tuple[str, Any] | None = None
+        self._nvtx_on = nvtx.active
+        self._aside_mark: tuple[str, Any] | None = None  # the outermost aside inside the open step
+        self._aside_labels: list[Any] = []
+
+    @property
+    def open_phase(self) -> str | None:
+        return self.phase[0] if self.phase else None
+
+    # ----------------------------------------------------------------- steps
+    def open_step(self) -> None:
+        step = self.step
+        own = self.listener.step_opening(step)
+        self.account.started()
+        record = StepRecord(step, self.clock.mark())
+        record.own = own
+        self.record = record
+
+    def fetch(self) -> None:
+        """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts."""
+        if self.closed:
+            return
+        record = self.record
+        if record is not None and record.stepped:
+            self.end_step_guarded()
+        self.start_phase_guarded(DATA_WAIT)
+
+    def fetched(self, batches: int) -> None:
+        """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
+        record = self.record
+        if record is not None and batches > 1:
+            record.micro_batches += batches - 1
+
+    def batch(self, batch: Any) -> None:
+        """A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync)."""
+        record = self.record
+        if record is None or self.closed:
+            return
+        counted = count_batch(batch)
+        if counted is None:
+            return
+        record.samples += counted.samples
+        record.tokens += counted.tokens
+        if counted.token_source is not None:
+            self.token_source = counted.token_source
+
+    def named(self, name: str, ms: float) -> None:
+        """Host work the framework named took ``ms`` while a training step was open (not in an aside)."""
+        if self.record is None or self.account.innermost is not None:
+            return
+        work = self.named_work
+        if name in work or len(work) < MAX_NAMED_WORK:
+            work[name] = work.get(name, 0.0) + ms
+
+    def stepped(self, global_step: int | None) -> None:
+        """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
+        record = self.record
+        if record is None or self.closed:
+            return
+        record.stepped = True
+        self.global_step = global_step if global_step is not None else self.global_step + 1
+        record.global_step = self.global_step
+
+    # The three methods below run several times per step: NVTX and label calls are skipped when neither is on.
+    def phase_start(self, name: str) -> None:
+        """Start phase ``name``: ends the open phase, opens a step if none is open."""
+        if self.closed:
+            return
+        if name not in _PHASE_NAMES:
+            raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+        record = self.record
+        if record is None:
+            self.open_step()
+            record = self.record
+            mark = record.start  # type: ignore[union-attr]
+        elif self.phase is not None:
+            if self.phase[0] == name:
+                return
+            mark = self.close_phase()
+        else:
+            mark = self.clock.mark()
+        if name == DATA_WAIT:  # each fetch is one micro-batch (see fetched() for loaders that take several)
+            record.micro_batches += 1  # type: ignore[union-attr]
+        if self.notify_phases:
+            self.listener.phase_opening(name)
+        if self._nvtx_on:
+            self.nvtx.push(name)
+        if autograd_profiler._is_profiler_enabled:
+            self.labels.enter(name)
+        self.phase = (name, mark)
+        self.phase_since_s = time.monotonic()
+
+    def phase_end(self, name: str) -> None:
+        """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
+        if self.phase is not None and self.phase[0] == name:
+            self.close_phase()
+
+    def close_phase(self) -> Any:
+        """Close the open phase; its end mark (which the next phase may start from)."""
+        name, start = self.phase  # type: ignore[misc]
+        self.phase = self.phase_since_s = None
+        if self.labels.is_open:
+            self.labels.exit()
+        if self._nvtx_on:
+            self.nvtx.pop()
+        end = self.clock.mark()
+        self.record.intervals.append((name, start, end))  # type: ignore[union-attr]
+        if self.observe_phases and self.listener.phase_closed(name):
+            self.record.own = True  # type: ignore[union-attr]
+        return end
+
+    def step_end(self) -> None:
+        """End the open step (and its open phase); its timings are read once the device is done."""
+        record = self.record
+        if record is None:
+            return
+        record.end = self.close_phase() if self.phase is not None else self.clock.mark()
+        self.end_step_label()
+        self.record = None
+        if record.global_step is None:
+            record.global_step = self.global_step
+        record.micro_batches = max(1, record.micro_batches)  # a loop that reports no fetch: one batch
+        if self.listener.step_closing():
+            record.own = True
+        self.step += 1
+        self.pending.push(record)
+        self.pending.drain(self.stats)
+        self.listener.step_closed()
+
+    def start_phase_guarded(self, name: str) -> None:
+        """:meth:`phase_start` where another event starts the phase: a fault in it is the phase start's."""
+        try:
+            self.phase_start(name)
+        except Exception as error:
+            self.faults.report("phase_start", error)
+
+    def end_step_guarded(self) -> None:
+        """:meth:`step_end` where another event ends the step: a fault in it is the step end's, reported once,
+        and the event goes on."""
+        try:
+            self.step_end()
+        except Exception as error:
+            self.faults.report("step_end", error)
+
+    def idle(self) -> None:
+        """Time from now until the next phase belongs to no step (an epoch's end, the loader ran out)."""
+        if self.phase is not None:
+            self.close_phase()
+        record = self.record
+        if record is None:
+            return
+        if record.stepped:
+            self.end_step_guarded()
+        elif all(name == DATA_WAIT for name, _, _ in record.intervals):
+            self.drop_record()  # only waited so far: that wait was not for a training batch
+
+    def drop_record(self) -> None:
+        """The open record is no step: close its ``ProfilerStep`` label and return its marks."""
+        record, self.record = self.record, None
+        self.end_step_label()
+        self.pending.discard(record)  # type: ignore[arg-type]
+
+    def end_open_step(self, count_last: bool) -> None:
+        """At close: end an aside cut short, count a last step that stepped (when ``count_last``), drop one cut
+        short."""
+        while self.account.depth:
+            self.end_aside(self.account.innermost)  # type: ignore[arg-type]
+        if self.phase is not None:
+            self.close_phase()
+        if self.record is not None and self.record.stepped and count_last:
+            self.end_step_guarded()  # the last step: its optimizer stepped (an error after that too)
+        if self.record is not None:  # a step cut short (end of data or an error) is not counted
+            self.drop_record()
+
+    # ----------------------------------------------------------------- asides
+    def begin_aside(self, kind: str) -> None:
+        """Evaluation or a checkpoint write starts: timed apart, out of the open step and its ``ProfilerStep``."""
+        if self.closed:
+            return
+        if kind not in ASIDES:
+            raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
+        self.listener.aside_opening(kind)
+        if self.phase is not None:
+            self.close_phase()
+        self.end_step_label()
+        if self.account.depth == 0 and self.record is not None:
+            self._aside_mark = (kind, self.clock.mark())
+        self.account.begin(kind)
+        if self._nvtx_on:
+            self.nvtx.push(kind)
+        label = None
+        if autograd_profiler._is_profiler_enabled:
+            label = autograd_profiler.record_function(kind)
+            label.__enter__()
+        self._aside_labels.append(label)
+
+    def end_aside(self, kind: str) -> None:
+        """The aside ``kind`` (the innermost open one) ends; an unmatched end is ignored."""
+        if not self.account.end(kind):
+            return
+        self._pop_aside_annotations()
+        if self.account.depth == 0 and self._aside_mark is not None:
+            outer, start = self._aside_mark
+            self._aside_mark = None
+            if self.record is not None:
+                self.record.intervals.append((outer, start, self.clock.mark()))
+
+    def retract_aside(self, kind: str) -> None:
+        """The aside ``kind`` (the innermost open one) was not one: it is neither counted nor timed, and what
+        follows belongs to the step that opens next."""
+        if not self.account.retract(kind):
+            return
+        self._pop_aside_annotations()
+        if self.account.depth == 0:
+            self._aside_mark = None
+
+    def _pop_aside_annotations(self) -> None:
+        """Close the innermost aside's profiler label and NVTX range."""
+        label = self._aside_labels.pop() if self._aside_labels else None
+        if label is not None:
+            label.__exit__(None, None, None)
+        if self._nvtx_on:
+            self.nvtx.pop()
+
+    @contextlib.contextmanager
+    def aside(self, kind: str) -> Iterator[None]:
+        self.begin_aside(kind)
+        try:
+            yield
+        finally:
+            self.end_aside(kind)
+
+    def named_work_per_step(self) -> dict[str, float]:
+        """The largest named work, ms per step over every step (the 10 largest)."""
+        steps = max(self.stats.steps, 1)
+        ranked = sorted(self.named_work.items(), key=lambda item: -item[1])[:10]
+        return {name: round(ms / steps, 4) for name, ms in ranked}
