@@ -15,9 +15,7 @@ Threading: the training thread only. Other threads read the engine's published s
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterator
 from typing import Any, Protocol
 
 import torch.autograd.profiler as autograd_profiler
@@ -317,14 +315,6 @@ class StepTracker:
             label.__exit__(None, None, None)
         if self._nvtx_on:
             self.nvtx.pop()
-
-    @contextlib.contextmanager
-    def aside(self, kind: str) -> Iterator[None]:
-        self.begin_aside(kind)
-        try:
-            yield
-        finally:
-            self.end_aside(kind)
 
     def named_work_per_step(self) -> dict[str, float]:
         """The largest named work, ms per step over every step (the 10 largest)."""
