@@ -11,6 +11,10 @@ from perfhooks.capture.schedule import Schedule
 from perfhooks.rules.thresholds import Thresholds
 
 DEFAULT_SCHEDULE = Schedule()
+#: The prefix of the environment variables that give settings.
+ENV_PREFIX = "PERFHOOKS_"
+#: The signals after which a run's report is saved as terminated, unless the ``signals`` setting says otherwise.
+TERMINATING_SIGNALS = ("SIGTERM", "SIGHUP", "SIGINT")
 
 
 class _Default:
@@ -20,6 +24,48 @@ class _Default:
 
 #: Marks "use the default schedule" so that ``schedule=None`` can mean "no scheduled windows".
 DEFAULT: Any = _Default()
+
+
+def _seconds(name: str, value: Any, default: float) -> float:
+    """A number of seconds >= 0: the value given, else the ``PERFHOOKS_<NAME>`` variable, else ``default``."""
+    source = name
+    if value is None:
+        variable = ENV_PREFIX + name.upper()
+        if variable not in os.environ:
+            return default
+        value, source = os.environ[variable], variable
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{source} must be a number of seconds >= 0, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{source} must be a finite number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _signal_names(value: Any) -> tuple[str, ...]:
+    """Signal names (``SIGTERM``), from a sequence, a comma-separated string, or ``PERFHOOKS_SIGNALS``."""
+    import signal
+
+    source = "signals"
+    if value is None:
+        if ENV_PREFIX + "SIGNALS" not in os.environ:
+            return TERMINATING_SIGNALS
+        value, source = os.environ[ENV_PREFIX + "SIGNALS"], ENV_PREFIX + "SIGNALS"
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise TypeError(f"{source} must be signal names or a comma-separated string, got {value!r}")
+    names = []
+    for item in items:
+        text = str(item).strip().upper()
+        if not text or text == "NONE":
+            continue
+        name = text if text.startswith("SIG") else f"SIG{text}"
+        if name not in signal.Signals.__members__ or name in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"{source}: {item!r} is not a signal perfhooks can handle; allowed: names such as "
+                             f"SIGTERM, SIGHUP, SIGINT, SIGUSR1 (not SIGKILL or SIGSTOP)")
+        names.append(name)
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass
@@ -74,6 +120,13 @@ class PerfConfig:
             ``torch.utils.flop_counter.FlopCounterMode`` (once, in the first window's warm-up step).
         peak_flops: the device's peak FLOP/s for this run's matmul dtype, for MFU; default perfhooks' table of
             datasheet peaks (GPUs only).
+        report_every_s: seconds between rewrites of ``report.json`` (and ``report.html``) while the run goes on,
+            off the training thread, with ``status: "running"`` and ``updated_at``; ``0``: only at windows' ends
+            and at the end. Default 60, or the ``PERFHOOKS_REPORT_EVERY_S`` variable.
+        signals: the signals after which the report is saved as ``status: "terminated"`` before the handler that
+            was there runs (or the signal's default action): names, or one comma-separated string
+            (``"SIGTERM,SIGUSR1"`` for SLURM's ``--signal=USR1@90``); ``()`` for none. Default SIGTERM, SIGHUP
+            and SIGINT, or the ``PERFHOOKS_SIGNALS`` variable.
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -108,6 +161,8 @@ class PerfConfig:
     flops_per_sample: float | None = None
     count_flops: bool = True
     peak_flops: float | None = None
+    report_every_s: float | None = None
+    signals: tuple[str, ...] | str | None = None
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -164,6 +219,8 @@ class PerfConfig:
         poll = self.trigger_poll_s
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0:
             raise ValueError(f"trigger_poll_s must be a finite number of seconds > 0, got {poll!r}")
+        self.report_every_s = _seconds("report_every_s", self.report_every_s, 60.0)
+        self.signals = _signal_names(self.signals)
 
     @classmethod
     def from_kwargs(cls, owner: str, kwargs: dict[str, Any]) -> PerfConfig:

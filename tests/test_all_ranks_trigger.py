@@ -264,3 +264,28 @@ def test_the_engine_goes_back_to_its_own_trigger_when_the_store_is_lost(
     assert engine.all_ranks is None
     (window,) = engine.windows.windows
     assert window["trigger"] == "on_demand" and window["first_step"] >= 11
+
+
+def test_a_window_the_run_ends_before_is_said_and_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           recwarn: pytest.WarningsRecorder) -> None:
+    """Rank 1 asks at step 6 for a window every rank agrees to start at step 27; the run ends at step 30 on this
+    rank before recording it (the on-demand window records from its second step): said once, and in the report."""
+    store = dist.HashStore()
+    monkeypatch.setattr(rank_store, "default_store", lambda: store)
+    monkeypatch.setattr(ranks, "world_size", lambda: 2)
+    monkeypatch.setattr(lifecycle, "gather_ranks", lambda *args, **kwargs: None)
+    config = perfhooks.PerfConfig(schedule=None, console=False, analyze_windows=False, wandb=False, memory=False,
+                                  trigger_poll_s=60.0)
+    engine = perfhooks.Engine(config, tmp_path / "rank0", "test")
+    engine.all_ranks.targets.append(Target(29, 1, 0, asked_step=6))
+    for _ in range(30):
+        engine.phase_start("forward")
+        engine.step_end()
+    report = engine.close()
+    assert report is not None and report["windows"] == []
+    assert report["missed_windows"] == [{"first_step": 29, "asked_step": 6, "by_rank": 1, "ended_at_step": 30}]
+    said = [str(w.message) for w in recwarn]
+    assert any("the on-demand window asked for at step 6 by rank 1 was to start at step 29; the run ended at step "
+               "30: nothing was recorded" in message for message in said), said
+    assert Target.decode(Target(29, 1, 0, asked_step=6).encode(), 0).asked_step == 6
+    assert Target.decode("29:1", 0) == Target(29, 1, 0)  # a target offered by an older perfhooks

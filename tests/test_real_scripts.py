@@ -492,7 +492,7 @@ def test_a_window_verdict_the_runs_many_steps_contradict_is_dropped(tmp_path: Pa
                     torch.optim.SGD(model.parameters(), lr=0.1),
                     batches)
         assert "dataloader_bound" not in [d["id"] for d in engine.report()["diagnoses"]]
-        engine.trace = TraceVerdicts((window_verdict,), 3)
+        engine.saving.trace = TraceVerdicts((window_verdict,), 3)
         found = [d for d in engine.report()["diagnoses"] if d["id"] == "dataloader_bound"]
         engine.close()
         assert bool(found) is kept

@@ -148,7 +148,7 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
                 settings[name] = Thresholds(**json.loads(value))
             except (ValueError, TypeError) as error:
                 raise ValueError(f"{source} must be a JSON object of perfhooks.Thresholds fields: {error}") from None
-        elif isinstance(value, bool) or name == "output_dir":
+        elif isinstance(value, bool) or name in ("output_dir", "signals"):
             settings[name] = value
         elif types_[name] in ("bool", "bool | None", bool):
             settings[name] = _boolean(source, value)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from perfhooks.capture.trigger import OnDemandTrigger
@@ -50,15 +50,17 @@ class Target:
     first_step: int
     by_rank: int
     index: int
+    #: The asking rank's step when its trigger was seen (-1: not known).
+    asked_step: int = field(default=-1, compare=False)
 
     def encode(self) -> str:
-        return f"{self.first_step}:{self.by_rank}"
+        return f"{self.first_step}:{self.by_rank}:{self.asked_step}"
 
     @classmethod
     def decode(cls, value: bytes | str, index: int) -> Target:
         text = value.decode() if isinstance(value, bytes) else value
-        first, _, by_rank = text.partition(":")
-        return cls(int(first), int(by_rank or -1), index)
+        first, by_rank, asked, *_ = [*text.split(":"), "-1", "-1"]
+        return cls(int(first), int(by_rank or -1), index, int(asked or -1))
 
 
 def margin_steps(steps_per_s: float, poll_s: float) -> int:
@@ -169,7 +171,7 @@ class AllRanksTrigger:
             return
         self._asked = False
         target = choose_target(step, margin_steps(rate, self.poll_s), self.window_steps, self.is_free)
-        offer = Target(target, self.rank, self._next_index)
+        offer = Target(target, self.rank, self._next_index, step)
         agreed = self.store.compare_set(self._key(offer.index), "", offer.encode())
         self._accept(Target.decode(agreed, offer.index))
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from perfhooks import __version__
@@ -28,7 +29,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  compile: dict[str, Any] | None = None,
                  unfinished_steps: int = 0,
                  throughput: dict[str, Any] | None = None,
-                 named_work: dict[str, float] | None = None) -> dict[str, Any]:
+                 named_work: dict[str, float] | None = None,
+                 signal: str | None = None) -> dict[str, Any]:
     step = stats.step.summary()
     steady = stats.steady_step.summary("_ms")
     phases = {}
@@ -43,6 +45,7 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "framework": framework,
         "run_id": run_id,
         "started_at": started_at,
+        "updated_at": round(time.time(), 3),
         "status": status,
         "rank": rank,
         "world_size": world_size,
@@ -77,6 +80,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         report["unfinished_steps"] = unfinished_steps
     if error is not None:
         report["error"] = error
+    if signal is not None:
+        report["signal"] = signal
     return report
 
 
@@ -162,6 +167,8 @@ def status_line(report: dict[str, Any]) -> str | None:
     error = report.get("error") or {}
     kind = error.get("type")
     word = "INTERRUPTED" if kind == "KeyboardInterrupt" else str(status).upper()
+    if report.get("signal"):
+        word += f" by {report['signal']}"
     where = f" at step {error['step']}" if error.get("step") is not None else ""
     where += f" ({error['phase']})" if error.get("phase") else ""
     message = f": {kind}: {error.get('message', '')}".rstrip(": ") if kind else ""

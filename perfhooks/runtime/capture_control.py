@@ -19,7 +19,7 @@ from perfhooks.capture.trigger import OnDemandTrigger
 from perfhooks.capture.windows import CaptureWindows, WindowSettings
 from perfhooks.config import PerfConfig
 from perfhooks.distributed import store as rank_store
-from perfhooks.distributed.all_ranks import AllRanksTrigger, next_run
+from perfhooks.distributed.all_ranks import AllRanksTrigger, Target, next_run
 from perfhooks.faults import FaultLog, Once
 from perfhooks.files.writer import BackgroundWriter
 
@@ -48,6 +48,10 @@ class CaptureControl:
         if self.trigger is not None and world_size > 1:
             self.all_ranks = self._all_ranks_trigger(self.trigger, current_step)
         self._on_demand: OnDemandWindow | None = None
+        #: The window every rank agreed on that ``_on_demand`` opens, if it came from the store.
+        self._agreed: Target | None = None
+        #: Agreed windows the run ended before recording (:meth:`unreached`), for the report.
+        self.missed: list[dict[str, int]] = []
         self._driven_at: int | None = None
 
     def _all_ranks_trigger(self, local: OnDemandTrigger, current_step: Callable[[], int]) -> AllRanksTrigger | None:
@@ -135,6 +139,25 @@ class CaptureControl:
                 self.once.warn("trigger_busy", "on-demand trigger ignored: a capture window is already open")
             else:
                 self._on_demand = OnDemandWindow(target.first_step, warmup=1, active=self.config.on_demand_active)
+                self._agreed = target
+
+    def unreached(self, step: int) -> list[dict[str, int]]:
+        """At the close (``step``: the steps run): the windows every rank agreed on that recorded nothing here, the
+        run having ended before their first recorded step. Each is said once and kept in :attr:`missed`."""
+        agreed = [self._agreed] if self._agreed is not None else []
+        learnt = list(self.all_ranks.targets) if self.all_ranks is not None else []
+        for target in agreed + learnt:
+            if target.first_step + 1 < step:  # its first recorded step ran
+                continue
+            asked = f" at step {target.asked_step}" if target.asked_step >= 0 else ""
+            by = f" by rank {target.by_rank}" if target.by_rank >= 0 else ""
+            self.once.warn(f"trigger_unreached_{target.index}",
+                           f"the on-demand window asked for{asked}{by} was to start at step {target.first_step}; "
+                           f"the run ended at step {step}: nothing was recorded")
+            self.missed.append({"first_step": target.first_step, "asked_step": target.asked_step,
+                                "by_rank": target.by_rank, "ended_at_step": step})
+        self._agreed = None
+        return self.missed
 
     def stop_triggers(self) -> None:
         """The close: the all-ranks watcher and the local trigger (its signal handler) end."""

@@ -79,7 +79,7 @@ class CompileTracking:
                     self.steps.append(tracker.step)
             resume, self._resume = self._resume, None
             if resume is not None and tracker.record is not None and tracker.account.depth == 0:
-                tracker.start_phase_guarded(resume)
+                tracker.phase_start(resume)
         except Exception as error:
             self.faults.report("compile", error)
 

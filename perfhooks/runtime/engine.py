@@ -28,7 +28,6 @@ import torch
 
 from perfhooks.capture.nvtx import NvtxRanges
 from perfhooks.capture.schedule import Action
-from perfhooks.capture.window_job import analyze_window
 from perfhooks.config import PerfConfig
 from perfhooks.device.clock import DeviceClock, HostClock
 from perfhooks.device.room import DeviceRoom
@@ -47,7 +46,8 @@ from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.parts import RunParts
 from perfhooks.runtime.reporting import build_run_report
 from perfhooks.runtime.run_account import RunAccount
-from perfhooks.runtime.run_state import RunFacts, RunState, TraceVerdicts
+from perfhooks.runtime.run_state import RunFacts, RunState
+from perfhooks.runtime.saving import ReportSaving
 from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.runtime.tracker import StepTracker
 from perfhooks.sinks.wandb import RunSource
@@ -91,32 +91,39 @@ class Engine:
         #: Print the end-of-run table: off on the exit paths, where the user's traceback must stay the last output.
         self.console = config.console
         self.final_report: dict[str, Any] | None = None
-        #: The latest analysed window's verdicts (the writer thread swaps them in, as one value).
-        self.trace = TraceVerdicts()
+        #: The signal that ended the run, once one arrived (the report says ``terminated``).
+        self.signal: str | None = None
         self._closed = False
         self._error_seen: BaseException | None = None
         self._build_parts(start_step, global_step, wandb_source)
         #: The run as last published (every thread but the training thread reads this, never the parts).
         self.state = self.publish()
-        exit_guard.begin(self)
+        exit_guard.begin(self, config.signals)  # type: ignore[arg-type]
 
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
         account = RunAccount(time.perf_counter_ns if self.clock.device_timed else self.clock.mark)
         self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults, None,  # type: ignore[arg-type]
                                    lambda: self.capture.end_step_label(), start_step, global_step)
+        # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
+        self.phase_start, self.phase_end, self.step_end = (self.tracker.phase_start, self.tracker.phase_end,  # type: ignore[method-assign]
+                                                           self.tracker.step_end)
         self.capture = CaptureControl(config, self.output_dir, facts.rank, facts.world_size, self.room.is_cuda,
                                       self.writer, self.faults, self.once, lambda: self.tracker.step,
-                                      on_saved=self._window_saved,
-                                      on_written=self._window_written if config.analyze_windows else None)
+                                      on_saved=lambda: self.saving.window_saved(),
+                                      on_written=(lambda path, window: self.saving.window_written(path, window))
+                                      if config.analyze_windows else None)
         self.memory: MemoryMonitor | None = self._start_memory() if config.memory else None
         self.flops = FlopArming(config, self.faults)
         self.compile = CompileTracking(self.tracker, self.faults)
         self.outputs = RunOutputs(config, facts.rank, self.output_dir, wandb_source, self.faults, self.once,
                                   start_step)
+        self.saving = ReportSaving(self.output_dir, config.report_every_s, config.thresholds, self.writer,  # type: ignore[arg-type]
+                                   self.capture, self.outputs, self.faults, self.publish, self.build_report,
+                                   lifecycle.write_report)
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
-                              self.writer, self.faults, self.publish)
+                              self.writer, self.faults, self.publish, self.saving)
 
     def _start_memory(self) -> MemoryMonitor | None:
         config = self.config
@@ -299,10 +306,10 @@ class Engine:
         """Publish the run's state now (training thread): the steps and phase fresh, the report's slower parts
         taken anew when ``full`` (a window's end, the close), else carried from the last full publication."""
         tracker = self.tracker
-        parts = (self.parts.report_parts(self.facts.device, self.room.is_cuda, self.error, self.trace)
+        parts = (self.parts.report_parts(self.facts.device, self.room.is_cuda, self.error, self.saving.trace)
                  if full or not hasattr(self, "state") else self.state.parts)
         state = RunState(tracker.step, tracker.global_step, self.status, tracker.open_phase, tracker.phase_since_s,
-                         time.monotonic(), tracker.stats.snapshot(), parts)
+                         time.monotonic(), tracker.stats.snapshot(), parts, self.signal)
         self.state = state
         return state
 
@@ -314,30 +321,6 @@ class Engine:
         """The report now (training thread: publishes first)."""
         return self.build_report(self.publish(full=True))
 
-    # ----------------------------------------------------------------- windows (writer thread)
-    def _window_written(self, path: Path, window: dict[str, Any]) -> None:
-        """On the writer thread, after a window's trace is written: its metrics and diagnoses."""
-        try:
-            metrics, diagnoses = analyze_window(path, self.config.thresholds, window["first_step"])
-        except Exception as error:
-            self.faults.report("window_analysis", error)
-            return
-        self.capture.windows.update(window, metrics=metrics)
-        self.trace = TraceVerdicts(tuple(diagnoses), window["last_step"] - window["first_step"] + 1)
-
-    def _window_saved(self) -> None:
-        """At a window's end (training thread): publish the state; the writer builds and writes the report once
-        the window's trace has been written and analysed (it runs jobs in order), with its verdicts."""
-        state = self.publish(full=True)
-
-        def write() -> None:
-            report = self.build_report(state.with_parts(windows=tuple(self.capture.windows.snapshot()),
-                                                        trace=self.trace))
-            lifecycle.write_report(self.output_dir, report)
-            self.outputs.window_written(state.global_step, report)
-
-        self.writer.submit("report_write", write)
-
     # ----------------------------------------------------------------- the run's end (lifecycle)
     def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         """End of training (once): the report, the table, every resource released (``lifecycle.close``).
@@ -345,6 +328,11 @@ class Engine:
         ``deadline_s`` bounds the waits (writer, W&B, other ranks) in total.
         """
         return lifecycle.close(self, deadline_s)
+
+    def terminated(self, name: str) -> None:
+        """A signal that ends the run arrived (in perfhooks' handler, on the main thread): the open window's
+        partial trace and the report as ``terminated`` are saved within a deadline (``lifecycle.terminate``)."""
+        lifecycle.terminate(self, name)
 
     def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
         """The user's error is on its way out: the run closes as ``failed`` (``lifecycle.fail``). Never raises."""
@@ -407,7 +395,12 @@ class Engine:
             self.parts.settle_device(self.room, device_deadline, self.once)
         self.hooks.remove()
         self.capture.stop_triggers()
+        self.guarded_call("trigger_unreached", lambda: self.capture.unreached(self.step))
         self.writer.close(writer_timeout_s)
+
+    def save_window(self, device_deadline: float, writer_timeout_s: float) -> None:
+        """A signal: the open window's partial trace, saved once the device is done (by ``device_deadline``)."""
+        self.parts.save_window(self.room, device_deadline, writer_timeout_s)
 
     def stop_memory(self) -> None:
         """End of training: stop the allocation history perfhooks started."""

@@ -5,6 +5,9 @@
 - At interpreter exit a run still open is abandoned within the same deadline (with its table when it saw no
   error and its framework does not end runs explicitly: an accelerate session never closed).
 
+- On a signal that ends the run (:mod:`perfhooks.runtime.signals`), the current run saves its report as
+  ``terminated``, then the handler that was there before runs, or the signal's default action.
+
 The traceback, exit status and last stderr line are the program's own. The guard knows a run only through the
 small interface below (:class:`GuardedRun`); it imports nothing of the engine.
 """
@@ -17,6 +20,8 @@ import threading
 import weakref
 from types import TracebackType
 from typing import Any, Protocol
+
+from perfhooks.runtime.signals import SignalChain
 
 #: Seconds perfhooks' exit work may take in total (an uncaught error or interpreter exit).
 EXIT_DEADLINE_S = 5.0
@@ -36,6 +41,8 @@ class GuardedRun(Protocol):
 
     def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None: ...
 
+    def terminated(self, name: str) -> None: ...
+
 
 _lock = threading.Lock()
 _current: weakref.ref[Any] | None = None
@@ -48,9 +55,20 @@ def current() -> Any | None:
     return _current() if _current is not None else None
 
 
-def begin(run: GuardedRun) -> None:
+def _on_signal(name: str) -> None:
+    run = current()
+    if run is not None and not run.closed:
+        run.terminated(name)
+
+
+#: perfhooks' handlers for the signals that end a run, chained to the handlers they found (:mod:`signals`).
+_signals = SignalChain(_on_signal)
+
+
+def begin(run: GuardedRun, signals: tuple[str, ...] = ()) -> None:
     """``run`` is the process's run from now on; a previous one that never ended is abandoned first (the HF
-    Trainer's ``auto_find_batch_size`` retry, an OOM the caller caught, a notebook cell re-run)."""
+    Trainer's ``auto_find_batch_size`` retry, an OOM the caller caught, a notebook cell re-run). ``signals``: the
+    names whose arrival saves its report as terminated (installed from the main thread only)."""
     global _current
     previous = current()
     if previous is not None and previous is not run and not previous.closed:
@@ -58,14 +76,18 @@ def begin(run: GuardedRun) -> None:
     with _lock:
         _current = weakref.ref(run)
     _install()
+    _signals.install(signals)
 
 
 def end(run: GuardedRun) -> None:
-    """``run`` closed: it is no longer the current run."""
+    """``run`` closed: it is no longer the current run, and perfhooks' signal handlers are put back."""
     global _current
     with _lock:
-        if current() is run:
+        ended = current() is run
+        if ended:
             _current = None
+    if ended:
+        _signals.remove()
 
 
 def _install() -> None:

@@ -48,6 +48,8 @@ RANK_WAIT_S = 10.0
 WRITER_WAIT_S = 60.0
 #: Seconds W&B gets to take its last rows and files at a normal end.
 WANDB_WAIT_S = 30.0
+#: Seconds a signal's handler may take in all: the device's queue, the open window's partial trace, the report.
+SIGNAL_DEADLINE_S = 10.0
 #: Seconds the device gets to finish the work queued before the close (pending step timings, the open window),
 #: polled: a hung kernel or a collective whose peer died costs this much, never more.
 DEVICE_WAIT_S = 30.0
@@ -64,6 +66,11 @@ class ClosingRun(Protocol):
     output_anchor: Path | None
     outputs: RunOutputs
     status: str
+    #: The signal that ended the run, once one arrived.
+    signal: str | None
+    #: The run as last published, and the part that writes reports during the run.
+    state: RunState
+    saving: Any
     error: dict[str, Any] | None
     ends_explicitly: bool
     console: bool
@@ -86,6 +93,7 @@ class ClosingRun(Protocol):
     def build_report(self, state: RunState) -> dict[str, Any]: ...
     def stop_memory(self) -> None: ...
     def note_error(self, error: BaseException) -> None: ...
+    def save_window(self, device_deadline: float, writer_timeout_s: float) -> None: ...
     def output_removed(self) -> bool: ...
     def guarded_call(self, kind: str, fn: Any) -> Any: ...
     def release(self) -> None: ...
@@ -176,6 +184,23 @@ def write_report(output_dir: Path, report: dict[str, Any]) -> Path | None:
     return write.write_report(output_dir, report, render_html)
 
 
+def terminate(run: ClosingRun, name: str, deadline_s: float = SIGNAL_DEADLINE_S) -> None:
+    """A signal that ends the run arrived (``name``: ``SIGTERM``): the open window's partial trace is saved, and the
+    report of the last published state is written as ``terminated``, naming the signal, both within
+    ``deadline_s``. The run stays open: if the process goes on (Lightning stops at its next step), its close
+    writes the full report, still ``terminated``. Never raises."""
+    try:
+        if run.closed or run.signal is not None:
+            return
+        run.signal, run.status = name, "terminated"
+        deadline = Deadline(deadline_s)
+        run.save_window(time.monotonic() + deadline.left(deadline_s / 2), deadline.left(deadline_s))
+        if not run.output_removed():
+            run.saving.write_now(run.state._replace(status="terminated", signal=name))
+    except Exception as fault:
+        run.faults.report("signal", fault)
+
+
 def fail(run: ClosingRun, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
     """The user's error is on its way out: save the partial window and the report as ``failed``. Never raises."""
     try:
@@ -183,7 +208,8 @@ def fail(run: ClosingRun, error: BaseException, deadline_s: float | None = None,
             _fail_after_close(run, error)
             return
         run.note_error(error)
-        run.status = "failed"
+        if run.signal is None:  # an error a signal caused (KeyboardInterrupt, Lightning's SIGTERMException) ends it
+            run.status = "failed"
         if quiet:
             run.console = False
         close(run, deadline_s)
@@ -196,7 +222,7 @@ def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = Fals
     ``failed`` when it saw an error or its framework always ends runs explicitly."""
     if run.closed:
         return
-    if run.error is not None or run.ends_explicitly:
+    if (run.error is not None or run.ends_explicitly) and run.signal is None:
         run.status = "failed"
         if run.error is None:
             run.error = {"type": "unknown", "message": "the run stopped without ending: an exception that the "
@@ -213,7 +239,7 @@ def error_entry(error: BaseException, step: int, phase: str | None) -> dict[str,
 
 def _fail_after_close(run: ClosingRun, error: BaseException) -> None:
     report = run.final_report
-    if report is None or report.get("status") == "failed":
+    if report is None or report.get("status") in ("failed", "terminated"):
         return
     run.status = report["status"] = "failed"
     run.error = report["error"] = error_entry(error, run.step, "after training")

@@ -27,6 +27,7 @@ from perfhooks.runtime.compile_tracking import CompileTracking
 from perfhooks.runtime.flop_arming import FlopArming, device_peak
 from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.run_state import ReportParts, TraceVerdicts
+from perfhooks.runtime.saving import ReportSaving
 from perfhooks.runtime.tracker import StepTracker
 
 
@@ -35,7 +36,7 @@ class RunParts:
 
     def __init__(self, tracker: StepTracker, capture: CaptureControl, memory: MemoryMonitor | None,
                  flops: FlopArming, compile: CompileTracking, outputs: RunOutputs, writer: BackgroundWriter,
-                 faults: FaultLog, published: Callable[[], None]) -> None:
+                 faults: FaultLog, published: Callable[[], Any], saving: ReportSaving) -> None:
         self.tracker = tracker
         self.capture = capture
         self.memory = memory
@@ -46,6 +47,7 @@ class RunParts:
         self.faults = faults
         #: Publish the run's state (the engine's): called at each step's end.
         self.published = published
+        self.saving = saving
         #: A CUDA error ended the run: no device call from here on (the context may be broken).
         self.device_broken = False
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
@@ -115,6 +117,7 @@ class RunParts:
         self.outputs.step_closed(tracker.step, tracker.global_step, tracker.stats.recent,
                                  self.memory.latest if self.memory is not None else None)
         self.published()
+        self.saving.step_closed()
 
     # ----------------------------------------------------------------- the close
     def settle_device(self, room: Any, deadline: float, once: Any) -> None:
@@ -135,6 +138,20 @@ class RunParts:
             once.warn("steps_unfinished", f"{pending.unfinished} step(s) had not finished on the device by the "
                       "close's deadline: not counted")
 
+    def save_window(self, room: Any, device_deadline: float, writer_timeout_s: float) -> None:
+        """A signal: stop the open window (its partial trace goes to the writer) once the device is done, and give
+        the writer until ``writer_timeout_s`` to write it. The report that usually follows a window is left to the
+        signal's own write."""
+        if not self.capture.is_open or self.device_broken:
+            return
+        self.saving.suspended = True
+        try:
+            if self._guarded("device_drain", lambda: room.drained(device_deadline)):
+                self._guarded("window_close", self.capture.windows.close)
+                self.writer.flush(writer_timeout_s)
+        finally:
+            self.saving.suspended = False
+
     # ----------------------------------------------------------------- the report's slower parts
     def report_parts(self, device: dict[str, Any], cuda: bool, error: dict[str, Any] | None,
                      trace: TraceVerdicts) -> ReportParts:
@@ -152,7 +169,8 @@ class RunParts:
             flops=self.flops.flops(steps, stats.samples), matmul_dtype=dtype,
             device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
             faults=tuple(self.faults.as_list()), error=dict(error) if error else None,
-            unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()), trace=trace)
+            unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()),
+            trace=trace, missed_windows=tuple(dict(m) for m in self.capture.missed))
 
     def _guarded(self, kind: str, fn: Callable[[], Any]) -> Any:
         try:

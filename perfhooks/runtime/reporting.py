@@ -58,12 +58,16 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
     except Exception as error:
         faults.report("throughput", error)
         throughput = None
-    return build_report(framework=facts.framework, status=state.status, rank=facts.rank,
-                        world_size=facts.world_size, device=facts.device, stats=stats, windows=windows,
-                        diagnoses=diagnoses, throughput=throughput, faults=faults.as_list(), error=parts.error,
-                        memory=_copy(parts.memory), run=_copy(parts.run), global_step=state.global_step,
-                        run_id=facts.run_id, started_at=facts.started_at, compile=_copy(parts.compile),
-                        unfinished_steps=parts.unfinished_steps, named_work=dict(parts.named_work or {}) or None)
+    report = build_report(framework=facts.framework, status=state.status, rank=facts.rank,
+                          world_size=facts.world_size, device=facts.device, stats=stats, windows=windows,
+                          diagnoses=diagnoses, throughput=throughput, faults=faults.as_list(), error=parts.error,
+                          memory=_copy(parts.memory), run=_copy(parts.run), global_step=state.global_step,
+                          run_id=facts.run_id, started_at=facts.started_at, compile=_copy(parts.compile),
+                          unfinished_steps=parts.unfinished_steps, named_work=dict(parts.named_work or {}) or None,
+                          signal=state.signal)
+    if parts.missed_windows:
+        report["missed_windows"] = [dict(missed) for missed in parts.missed_windows]
+    return report
 
 
 def _copy(section: dict[str, Any] | None) -> dict[str, Any] | None:

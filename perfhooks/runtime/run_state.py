@@ -66,6 +66,8 @@ class ReportParts(NamedTuple):
     #: The capture windows' records, and the latest analysed window's verdicts.
     windows: tuple[dict[str, Any], ...] = ()
     trace: TraceVerdicts = TraceVerdicts()
+    #: On-demand windows every rank agreed on that the run ended before recording.
+    missed_windows: tuple[dict[str, int], ...] = ()
 
 
 class RunState(NamedTuple):
@@ -74,7 +76,7 @@ class RunState(NamedTuple):
     #: perfhooks' optimizer steps so far, and the framework's own counter.
     step: int
     global_step: int
-    #: ``running``, ``completed`` or ``failed``.
+    #: ``running``, ``completed``, ``failed`` or ``terminated`` (a signal).
     status: str
     #: The phase open at publication (None between steps) and ``time.monotonic()`` when it started (s).
     phase: str | None
@@ -84,6 +86,8 @@ class RunState(NamedTuple):
     #: The resolved steps' statistics.
     stats: StatsSnapshot
     parts: ReportParts
+    #: The signal that ended the run (``SIGTERM``), once one arrived.
+    signal: str | None = None
 
     def with_parts(self, **changes: Any) -> RunState:
         """This state with some of its report parts replaced (a new state; this one is unchanged)."""

@@ -116,8 +116,8 @@ class StepTracker:
             return
         record = self.record
         if record is not None and record.stepped:
-            self.end_step_guarded()
-        self.start_phase_guarded(DATA_WAIT)
+            self.step_end()
+        self.phase_start(DATA_WAIT)
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
@@ -155,39 +155,46 @@ class StepTracker:
         self.global_step = global_step if global_step is not None else self.global_step + 1
         record.global_step = self.global_step
 
-    # The three methods below run several times per step: NVTX and label calls are skipped when neither is on.
+    # The three methods below run several times per step: NVTX and label calls are skipped when neither is on, and
+    # each guards itself (a fault is reported once, under its own name), so the engine hands them out directly.
     def phase_start(self, name: str) -> None:
         """Start phase ``name``: ends the open phase, opens a step if none is open."""
-        if self.closed:
-            return
-        if name not in _PHASE_NAMES:
-            raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
-        record = self.record
-        if record is None:
-            self.open_step()
-            record = self.record
-            mark = record.start  # type: ignore[union-attr]
-        elif self.phase is not None:
-            if self.phase[0] == name:
+        try:
+            if self.closed:
                 return
-            mark = self.close_phase()
-        else:
-            mark = self.clock.mark()
-        if name == DATA_WAIT:  # each fetch is one micro-batch (see fetched() for loaders that take several)
-            record.micro_batches += 1  # type: ignore[union-attr]
-        if self.notify_phases:
-            self.listener.phase_opening(name)
-        if self._nvtx_on:
-            self.nvtx.push(name)
-        if autograd_profiler._is_profiler_enabled:
-            self.labels.enter(name)
-        self.phase = (name, mark)
-        self.phase_since_s = time.monotonic()
+            if name not in _PHASE_NAMES:
+                raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
+            record = self.record
+            if record is None:
+                self.open_step()
+                record = self.record
+                mark = record.start  # type: ignore[union-attr]
+            elif self.phase is not None:
+                if self.phase[0] == name:
+                    return
+                mark = self.close_phase()
+            else:
+                mark = self.clock.mark()
+            if name == DATA_WAIT:  # each fetch is one micro-batch (see fetched() for loaders that take several)
+                record.micro_batches += 1  # type: ignore[union-attr]
+            if self.notify_phases:
+                self.listener.phase_opening(name)
+            if self._nvtx_on:
+                self.nvtx.push(name)
+            if autograd_profiler._is_profiler_enabled:
+                self.labels.enter(name)
+            self.phase = (name, mark)
+            self.phase_since_s = time.monotonic()
+        except Exception as error:
+            self.faults.report("phase_start", error)
 
     def phase_end(self, name: str) -> None:
         """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
-        if self.phase is not None and self.phase[0] == name:
-            self.close_phase()
+        try:
+            if self.phase is not None and self.phase[0] == name:
+                self.close_phase()
+        except Exception as error:
+            self.faults.report("phase_end", error)
 
     def close_phase(self) -> Any:
         """Close the open phase; its end mark (which the next phase may start from)."""
@@ -205,34 +212,22 @@ class StepTracker:
 
     def step_end(self) -> None:
         """End the open step (and its open phase); its timings are read once the device is done."""
-        record = self.record
-        if record is None:
-            return
-        record.end = self.close_phase() if self.phase is not None else self.clock.mark()
-        self.end_step_label()
-        self.record = None
-        if record.global_step is None:
-            record.global_step = self.global_step
-        record.micro_batches = max(1, record.micro_batches)  # a loop that reports no fetch: one batch
-        if self.listener.step_closing():
-            record.own = True
-        self.step += 1
-        self.pending.push(record)
-        self.pending.drain(self.stats)
-        self.listener.step_closed()
-
-    def start_phase_guarded(self, name: str) -> None:
-        """:meth:`phase_start` where another event starts the phase: a fault in it is the phase start's."""
         try:
-            self.phase_start(name)
-        except Exception as error:
-            self.faults.report("phase_start", error)
-
-    def end_step_guarded(self) -> None:
-        """:meth:`step_end` where another event ends the step: a fault in it is the step end's, reported once,
-        and the event goes on."""
-        try:
-            self.step_end()
+            record = self.record
+            if record is None:
+                return
+            record.end = self.close_phase() if self.phase is not None else self.clock.mark()
+            self.end_step_label()
+            self.record = None
+            if record.global_step is None:
+                record.global_step = self.global_step
+            record.micro_batches = max(1, record.micro_batches)  # a loop that reports no fetch: one batch
+            if self.listener.step_closing():
+                record.own = True
+            self.step += 1
+            self.pending.push(record)
+            self.pending.drain(self.stats)
+            self.listener.step_closed()
         except Exception as error:
             self.faults.report("step_end", error)
 
@@ -244,7 +239,7 @@ class StepTracker:
         if record is None:
             return
         if record.stepped:
-            self.end_step_guarded()
+            self.step_end()
         elif all(name == DATA_WAIT for name, _, _ in record.intervals):
             self.drop_record()  # only waited so far: that wait was not for a training batch
 
@@ -262,7 +257,7 @@ class StepTracker:
         if self.phase is not None:
             self.close_phase()
         if self.record is not None and self.record.stepped and count_last:
-            self.end_step_guarded()  # the last step: its optimizer stepped (an error after that too)
+            self.step_end()  # the last step: its optimizer stepped (an error after that too)
         if self.record is not None:  # a step cut short (end of data or an error) is not counted
             self.drop_record()
 

@@ -1,0 +1,91 @@
+"""Reports written while the run goes on: at each capture window's end, every ``report_every_s`` seconds, and at
+once when a signal ends the process.
+
+The training thread only publishes the run's state (:meth:`~perfhooks.runtime.engine.Engine.publish`); the writer
+thread builds the report from that state and writes it, atomically. A window's report waits for the window's
+trace to be written and analysed (the writer runs its jobs in order), so it carries the window's verdicts.
+
+Threading: :meth:`ReportSaving.window_written` runs on the writer thread and swaps in the window's verdicts as
+one value; everything else runs on the training thread (or, for :meth:`ReportSaving.write_now`, in a signal
+handler on the main thread).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from perfhooks.capture.window_job import analyze_window
+from perfhooks.faults import FaultLog
+from perfhooks.files.writer import BackgroundWriter
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.runtime.capture_control import CaptureControl
+from perfhooks.runtime.outputs import RunOutputs
+from perfhooks.runtime.run_state import RunState, TraceVerdicts
+
+Write = Callable[[Path, dict[str, Any]], Any]
+
+
+class ReportSaving:
+    """The report's writes during the run, and the latest analysed window's verdicts."""
+
+    def __init__(self, output_dir: Path, every_s: float, thresholds: Thresholds, writer: BackgroundWriter,
+                 capture: CaptureControl, outputs: RunOutputs, faults: FaultLog,
+                 publish: Callable[[bool], RunState], build: Callable[[RunState], dict[str, Any]],
+                 write: Write) -> None:
+        self.output_dir = output_dir
+        self.thresholds = thresholds
+        self.writer = writer
+        self.capture = capture
+        self.outputs = outputs
+        self.faults = faults
+        self.publish = publish
+        self.build = build
+        self.write = write
+        #: The latest analysed window's verdicts (the writer thread swaps them in, as one value).
+        self.trace = TraceVerdicts()
+        #: A signal's handler saves the window and writes the report itself: no write follows the window.
+        self.suspended = False
+        self.every_ns = int(every_s * 1e9)
+        self._next_ns = time.monotonic_ns() + self.every_ns
+
+    def window_written(self, path: Path, window: dict[str, Any]) -> None:
+        """On the writer thread, after a window's trace is written: its metrics and verdicts."""
+        try:
+            metrics, diagnoses = analyze_window(path, self.thresholds, window["first_step"])
+        except Exception as error:
+            self.faults.report("window_analysis", error)
+            return
+        self.capture.windows.update(window, metrics=metrics)
+        self.trace = TraceVerdicts(tuple(diagnoses), window["last_step"] - window["first_step"] + 1)
+
+    def window_saved(self) -> None:
+        """A window's trace was handed to the writer: the report follows it, with the window's row for W&B."""
+        if not self.suspended:
+            self.save(window=True)
+
+    def step_closed(self) -> None:
+        """A step ended: every ``report_every_s`` seconds, the report is rewritten."""
+        if self.every_ns and time.monotonic_ns() >= self._next_ns:
+            self.save(window=False)
+
+    def save(self, window: bool) -> None:
+        """Publish the state now; the writer builds and writes its report (with the window's verdicts)."""
+        self._next_ns = time.monotonic_ns() + self.every_ns
+        state = self.publish(True)
+
+        def write() -> None:
+            report = self.build(state.with_parts(windows=tuple(self.capture.windows.snapshot()), trace=self.trace))
+            self.write(self.output_dir, report)
+            if window:
+                self.outputs.window_written(state.global_step, report)
+
+        self.writer.submit("report_write", write)
+
+    def write_now(self, state: RunState) -> dict[str, Any]:
+        """Build and write the report of ``state`` here, now (a signal handler's: the process may end next)."""
+        report = self.build(state.with_parts(windows=tuple(self.capture.windows.snapshot()), trace=self.trace))
+        self.write(self.output_dir, report)
+        return report

@@ -1,0 +1,95 @@
+"""A run that a signal ends still tells its story: the report is saved as ``terminated`` with the signal's name
+and the steps so far, then the handler that was there runs (or the default action), so the exit status is the
+script's own. Each script runs as a user runs it, with the framework's defaults on, in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).parent / "scripts" / "terminated.py"
+#: The step at which the test sends its signal (the script prints ``step N`` after each optimizer step).
+SIGNAL_AT = 40
+
+
+def _run(framework: str, perf: bool, out: Path, send: signal.Signals = signal.SIGTERM, after_s: float | None = None,
+         extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> tuple[int, int, str]:
+    """Run the script; signal it at step ``SIGNAL_AT`` (or ``after_s`` seconds after its first step). The exit
+    status, the last step it printed, and its output."""
+    process = subprocess.Popen([sys.executable, str(SCRIPT), framework, "1" if perf else "0", str(out), *extra],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "WANDB_MODE": "disabled", **(env or {})})
+    printed, lines, first = 0, [], None
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith("step "):
+            printed = int(line.split()[1])
+            first = first or time.monotonic()
+            due = printed >= SIGNAL_AT if after_s is None else time.monotonic() - first >= after_s
+            if due:
+                process.send_signal(send)
+                break
+    rest, err = process.communicate(timeout=120)
+    lines += rest.splitlines(keepends=True)
+    printed = max([printed, *(int(x.split()[1]) for x in rest.splitlines() if x.startswith("step "))])
+    return process.returncode, printed, "".join(lines) + err
+
+
+def _report(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "report.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("framework", "folder"), [("plain", "."), ("hf", "_perfhooks"), ("accelerate", "perfhooks")])
+def test_sigterm_saves_a_terminated_report_and_the_default_action_ends_the_process(
+        tmp_path: Path, framework: str, folder: str) -> None:
+    status, printed, output = _run(framework, True, tmp_path)
+    assert status == -signal.SIGTERM, output[-3000:]  # as without perfhooks: no handler, the default action
+    report = _report(tmp_path / folder)
+    assert (report["status"], report["signal"]) == ("terminated", "SIGTERM")
+    assert report["steps"] >= 0.9 * printed, (report["steps"], printed)
+    assert [w["first_step"] for w in report["windows"]] == [6], "the scheduled window was saved before"
+
+
+@pytest.mark.slow
+def test_sigterm_with_the_users_handler_runs_it_and_keeps_its_exit_status(tmp_path: Path) -> None:
+    plain_status, _, plain_output = _run("plain", False, tmp_path / "plain", extra=("--user-handler",))
+    status, printed, output = _run("plain", True, tmp_path / "perf", extra=("--user-handler",))
+    assert plain_status == status == 7, output[-3000:]
+    assert "user handler" in plain_output and "user handler" in output
+    report = _report(tmp_path / "perf")
+    assert (report["status"], report["signal"]) == ("terminated", "SIGTERM")
+    assert report["steps"] >= 0.9 * printed
+
+
+@pytest.mark.slow
+def test_lightning_handles_its_sigterm_as_without_perfhooks(tmp_path: Path) -> None:
+    """Lightning's own handler still runs (``received_sigterm``), stops the fit at its next step and exits as it
+    would; the run's close rewrites the report with every step, still ``terminated``."""
+    plain_status, _, plain_output = _run("lightning", False, tmp_path / "plain")
+    status, printed, output = _run("lightning", True, tmp_path / "perf")
+    assert status == plain_status, output[-3000:]
+    assert "received_sigterm=True" in plain_output and "received_sigterm=True" in output
+    report = _report(tmp_path / "perf" / "perf")
+    assert (report["status"], report["signal"]) == ("terminated", "SIGTERM")
+    assert report["steps"] >= 0.9 * printed
+    assert (tmp_path / "perf" / "lightning_logs").exists(), "the logger wrote as usual"
+
+
+@pytest.mark.slow
+def test_sigkill_leaves_the_last_periodic_report(tmp_path: Path) -> None:
+    status, printed, _ = _run("plain", True, tmp_path, send=signal.SIGKILL, after_s=8.0,
+                              env={"PERFHOOKS_REPORT_EVERY_S": "1"})
+    assert status == -signal.SIGKILL
+    report = _report(tmp_path)
+    assert report["status"] == "running" and report["updated_at"] > report["started_at"]
+    assert report["steps"] >= 0.75 * printed, (report["steps"], printed)
