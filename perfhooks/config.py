@@ -43,6 +43,16 @@ def _seconds(name: str, value: Any, default: float) -> float:
     return float(value)
 
 
+def _console_default() -> float:
+    """300 s of live lines where standard error is a file or a pipe (a SLURM log); none on a terminal."""
+    import sys
+
+    try:
+        return 0.0 if sys.stderr.isatty() else 300.0
+    except (AttributeError, ValueError):
+        return 300.0
+
+
 def _signal_names(value: Any) -> tuple[str, ...]:
     """Signal names (``SIGTERM``), from a sequence, a comma-separated string, or ``PERFHOOKS_SIGNALS``."""
     import signal
@@ -127,6 +137,11 @@ class PerfConfig:
             was there runs (or the signal's default action): names, or one comma-separated string
             (``"SIGTERM,SIGUSR1"`` for SLURM's ``--signal=USR1@90``); ``()`` for none. Default SIGTERM, SIGHUP
             and SIGINT, or the ``PERFHOOKS_SIGNALS`` variable.
+        stall_after_s: seconds a phase may last before the run counts as stalled (its stack, the device and the
+            memory are recorded, a line printed); default the larger of 120 s and 20 x the p95 step, or the
+            ``PERFHOOKS_STALL_AFTER_S`` variable.
+        console_every_s: seconds between two live lines on standard error (rank 0); default 300 when standard error
+            is not a terminal (a SLURM log), off on a terminal, or the ``PERFHOOKS_CONSOLE_EVERY_S`` variable; 0: off.
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -163,6 +178,8 @@ class PerfConfig:
     peak_flops: float | None = None
     report_every_s: float | None = None
     signals: tuple[str, ...] | str | None = None
+    stall_after_s: float | None = None
+    console_every_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -221,6 +238,9 @@ class PerfConfig:
             raise ValueError(f"trigger_poll_s must be a finite number of seconds > 0, got {poll!r}")
         self.report_every_s = _seconds("report_every_s", self.report_every_s, 60.0)
         self.signals = _signal_names(self.signals)
+        stall = _seconds("stall_after_s", self.stall_after_s, 0.0)
+        self.stall_after_s = stall or None  # None: the larger of 120 s and 20 x the p95 step
+        self.console_every_s = _seconds("console_every_s", self.console_every_s, _console_default())
 
     @classmethod
     def from_kwargs(cls, owner: str, kwargs: dict[str, Any]) -> PerfConfig:

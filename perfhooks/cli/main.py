@@ -141,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--max-bytes", type=int, default=512 * 2**20, help="the most the output may take; steps "
                        "are dropped from the end to stay under it (default 512 MiB, as max_trace_bytes)")
     merge.set_defaults(run=_merge_traces)
+    top = commands.add_parser("top", help="a live view of a running job's ranks (their live.rank*.json files)")
+    top.add_argument("folders", nargs="*", default=["."], metavar="DIR", help="output folders (one per node, or a "
+                     "shared one; default: here)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument("--json", action="store_true", help="print one frame as JSON and exit")
+    top.set_defaults(run=_top)
     view = commands.add_parser("wandb-workspace", help="save a W&B workspace view of perfhooks' panels "
                                "(needs wandb-workspaces: pip install 'perfhooks[workspace]')")
     view.add_argument("project", metavar="ENTITY/PROJECT")
@@ -161,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
     launch.set_defaults(run=_run)
     return parser
+
+
+def _top(args: argparse.Namespace) -> int:
+    from perfhooks.cli.top import run
+
+    return run(args.folders, once=args.once, as_json=args.json)
 
 
 def _diff(args: argparse.Namespace) -> int:

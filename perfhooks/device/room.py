@@ -101,6 +101,13 @@ class DeviceRoom:
         self.record(event)
         return self.wait(event, deadline)
 
+    def queue_state(self, wait_s: float = 0.1) -> str:
+        """The device's queue now: ``drained``, ``busy`` (work still queued after ``wait_s`` seconds), or ``none``
+        (no device timing: a CPU). One recorded event, polled; never a synchronize."""
+        if not self.timed:
+            return "none"
+        return "drained" if self.drained(time.monotonic() + wait_s) else "busy"
+
     # ------------------------------------------------------------------ memory
     def memory(self) -> MemoryFigures:
         """The allocator's figures for this device (no sync: counters kept by the caching allocator)."""

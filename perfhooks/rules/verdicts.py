@@ -37,6 +37,7 @@ DOCS = {
     "graph_capture_in_window": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
     "device_queued": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "other_heavy": "https://lightning.ai/docs/pytorch/stable/tuning/profiler_basic.html",
+    "stalled": "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
 

@@ -41,6 +41,7 @@ from perfhooks.runtime import exit_guard, lifecycle
 from perfhooks.runtime.capture_control import CaptureControl
 from perfhooks.runtime.compile_tracking import CompileTracking
 from perfhooks.runtime.flop_arming import FlopArming
+from perfhooks.runtime.live_watch import LiveWatch
 from perfhooks.runtime.null_engine import NullEngine
 from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.parts import RunParts
@@ -99,6 +100,7 @@ class Engine:
         #: The run as last published (every thread but the training thread reads this, never the parts).
         self.state = self.publish()
         exit_guard.begin(self, config.signals)  # type: ignore[arg-type]
+        self.watch.start()
 
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
@@ -121,6 +123,11 @@ class Engine:
         self.saving = ReportSaving(self.output_dir, config.report_every_s, config.thresholds, self.writer,  # type: ignore[arg-type]
                                    self.capture, self.outputs, self.faults, self.publish, self.build_report,
                                    lifecycle.write_report)
+        self.watch = LiveWatch(rank=facts.rank, world_size=facts.world_size, output_dir=self.output_dir,
+                               stall_after_s=config.stall_after_s, console_every_s=config.console_every_s,  # type: ignore[arg-type]
+                               state=lambda: self.state, beacon=lambda: self.tracker.beacon,
+                               device=self.room.queue_state, on_stall=lambda: self.saving.write_now(self.state),
+                               faults=self.faults)
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
                               self.writer, self.faults, self.publish, self.saving)
@@ -149,7 +156,6 @@ class Engine:
             null.faults.report("engine_start", error)
             return null
 
-    # ----------------------------------------------------------------- what the run is
     step = property(lambda self: self.tracker.step)
     global_step = property(lambda self: self.tracker.global_step)
     stats = property(lambda self: self.tracker.stats)
@@ -163,11 +169,7 @@ class Engine:
     def cuda_broken(self) -> bool:
         """A CUDA error ended the run: no CUDA call from here on (the context may be broken)."""
         return self.parts.device_broken
-
-    @property
-    def open_phase(self) -> str | None:
-        """The phase open now, if any."""
-        return self.tracker.open_phase
+    open_phase = property(lambda self: self.tracker.open_phase)  # the phase open now, if any
 
     def output_removed(self) -> bool:
         """The folder the output goes in existed at the start and the user has removed it since."""
@@ -315,7 +317,8 @@ class Engine:
 
     def build_report(self, state: RunState) -> dict[str, Any]:
         """The report of ``state`` (any thread)."""
-        return build_run_report(state, self.facts, self.config.thresholds, self.config.peak_flops, self.faults)
+        return build_run_report(state, self.facts, self.config.thresholds, self.config.peak_flops, self.faults,
+                                self.watch.records())
 
     def report(self) -> dict[str, Any]:
         """The report now (training thread: publishes first)."""
@@ -394,6 +397,7 @@ class Engine:
         if not self.cuda_broken:
             self.parts.settle_device(self.room, device_deadline, self.once)
         self.hooks.remove()
+        self.watch.close()
         self.capture.stop_triggers()
         self.guarded_call("trigger_unreached", lambda: self.capture.unreached(self.step))
         self.writer.close(writer_timeout_s)
@@ -411,6 +415,7 @@ class Engine:
         """Let go of everything that refers to the user's objects and of process-wide state."""
         try:
             self.hooks.remove()
+            self.watch.close()
             self.compile.remove()
             if self.memory is not None:
                 self.memory.release()

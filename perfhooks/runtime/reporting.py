@@ -17,6 +17,7 @@ from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.memory import diagnose_memory
 from perfhooks.rules.pipeline import merge_verdicts
+from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis
 from perfhooks.runtime.run_state import ReportParts, RunFacts, RunState
@@ -31,11 +32,11 @@ def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thres
             *(diagnose_memory(parts.memory_figures, thresholds) if parts.memory_figures is not None else [])]
 
 
-def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds, faults: FaultLog
-                 ) -> list[Diagnosis]:
+def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds, faults: FaultLog,
+                 stalls: list[dict[str, Any]] | None = None) -> list[Diagnosis]:
     """Every verdict of the run so far, merged (a fault in a rule is reported once; the trace's verdicts stand)."""
     try:
-        local = local_verdicts(stats, parts, thresholds)
+        local = local_verdicts(stats, parts, thresholds) + diagnose_stalls(stalls or [])
     except Exception as error:
         faults.report("live_diagnoses", error)
         local = []
@@ -44,11 +45,11 @@ def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresho
 
 
 def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, peak_flops: float | None,
-                     faults: FaultLog) -> dict[str, Any]:
-    """The report of the run as ``state`` holds it (on any thread)."""
+                     faults: FaultLog, stalls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The report of the run as ``state`` holds it (on any thread); ``stalls``: the live watch's records."""
     stats = state.stats.thaw()
     parts = state.parts
-    diagnoses = run_verdicts(stats, parts, thresholds, faults)
+    diagnoses = run_verdicts(stats, parts, thresholds, faults, stalls)
     windows = [dict(window) for window in parts.windows]
     analysed = [w["metrics"] for w in windows if w.get("metrics")]
     try:
@@ -65,6 +66,8 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
                           run_id=facts.run_id, started_at=facts.started_at, compile=_copy(parts.compile),
                           unfinished_steps=parts.unfinished_steps, named_work=dict(parts.named_work or {}) or None,
                           signal=state.signal)
+    if stalls:
+        report["stalls"] = stalls
     if parts.missed_windows:
         report["missed_windows"] = [dict(missed) for missed in parts.missed_windows]
     return report

@@ -91,6 +91,9 @@ class StepTracker:
         self.observe_phases = False
         #: ``time.monotonic()`` when the open phase started (None: no phase open), for the published state.
         self.phase_since_s: float | None = None
+        #: ``(phase or None, time.monotonic() when it started, step)``, one tuple swapped in at each phase change:
+        #: what the live watch reads from its own thread.
+        self.beacon: tuple[str | None, float | None, int] = (None, None, start_step)
         self.record: StepRecord | None = None
         self.phase: tuple[str, Any] | None = None
         self._nvtx_on = nvtx.active
@@ -184,7 +187,8 @@ class StepTracker:
             if autograd_profiler._is_profiler_enabled:
                 self.labels.enter(name)
             self.phase = (name, mark)
-            self.phase_since_s = time.monotonic()
+            self.phase_since_s = now = time.monotonic()
+            self.beacon = (name, now, self.step)
         except Exception as error:
             self.faults.report("phase_start", error)
 
@@ -200,6 +204,7 @@ class StepTracker:
         """Close the open phase; its end mark (which the next phase may start from)."""
         name, start = self.phase  # type: ignore[misc]
         self.phase = self.phase_since_s = None
+        self.beacon = (None, time.monotonic(), self.step)
         if self.labels.is_open:
             self.labels.exit()
         if self._nvtx_on:

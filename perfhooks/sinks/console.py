@@ -106,3 +106,22 @@ def throughput_lines(throughput: dict[str, Any] | None) -> list[str]:
     elif throughput.get("missing"):
         lines.append(f"  no MFU: {'; '.join(throughput['missing'])}")
     return lines
+
+
+def live_line(live: dict[str, Any]) -> str:
+    """One line of a running job's figures (a rank's live file): steps, rate, step p50, phase shares,
+    throughput, memory, verdicts and a stall."""
+    parts = [f"perfhooks: step {live['step']}"]
+    if live.get("steps_per_s"):
+        parts.append(f"{live['steps_per_s']:.2f} steps/s")
+    parts.append(f"step p50 {live['step_p50_ms']:.1f} ms")
+    shares = live.get("shares") or {}
+    parts.append(" ".join(f"{name} {shares.get(name, 0.0):.0%}" for name in (*PHASES, OTHER)))
+    if live.get("samples_per_s"):
+        parts.append(f"{live['samples_per_s']:.1f} samples/s")
+    if live.get("memory_bytes"):
+        parts.append(f"memory {live['memory_bytes'] / 2**30:.2f} GiB")
+    verdicts = list(live.get("verdicts") or []) + (["stalled"] if live.get("stalled") else [])
+    if verdicts:
+        parts.append("verdicts: " + ", ".join(verdicts))
+    return "; ".join(parts)

@@ -1,0 +1,157 @@
+"""The live view: each rank's live file, the live line, and stalls named as they happen (the rank, the phase, the
+seconds, the training thread's stack, the device's queue), read by ``perfhooks top``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from perfhooks.cli.main import main
+from perfhooks.cli.top import read_frame, render, summary
+from perfhooks.report.statistics import PhaseStatistics, StepTiming
+from perfhooks.rules.stalls import diagnose_stalls
+from perfhooks.runtime.live_watch import LiveWatch
+from perfhooks.runtime.run_state import ReportParts, RunState
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _state(steps: int, step_ms: float = 100.0, status: str = "running") -> RunState:
+    stats = PhaseStatistics()
+    for n in range(steps):
+        stats.add(StepTiming(n, step_ms, {"data_wait": 10.0, "forward": 40.0, "backward": 50.0}, 1, samples=8))
+    return RunState(steps, steps, status, None, None, float(steps), stats.snapshot(), ReportParts())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _watch(tmp_path: Path, beacon: list[Any], clock: Clock, stall_after_s: float | None = None,
+           console_every_s: float = 0.0, state: RunState | None = None) -> tuple[LiveWatch, list[int]]:
+    saved: list[int] = []
+    from perfhooks.faults import FaultLog
+
+    watch = LiveWatch(rank=0, world_size=1, output_dir=tmp_path, stall_after_s=stall_after_s,
+                      console_every_s=console_every_s, state=lambda: state or _state(30),
+                      beacon=lambda: tuple(beacon), device=lambda: "none", on_stall=lambda: saved.append(1),
+                      faults=FaultLog(), clock=clock)
+    return watch, saved
+
+
+def test_a_phase_longer_than_the_bound_is_a_stall_with_the_stack_and_its_length_when_it_ends(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    beacon: list[Any] = ["data_wait", clock.now, 30]
+    watch, saved = _watch(tmp_path, beacon, clock, stall_after_s=3.0)
+    clock.now += 2.9
+    watch.tick()
+    assert watch.records() == [] and saved == []
+    clock.now += 0.2  # 3.1 s in data_wait
+    watch.tick()
+    (stall,) = watch.records()
+    assert (stall["rank"], stall["step"], stall["phase"], stall["seconds"], stall["ended"]) == (0, 30, "data_wait",
+                                                                                                  3.1, False)
+    assert stall["device"] == "none" and any("test_live.py" in line for line in stall["stack"])
+    assert "thread" in Path(stall["threads_file"]).read_text()  # every thread's stack, beside the report
+    said = capsys.readouterr().err
+    assert said.startswith("perfhooks: rank 0 stalled in data_wait for 3 s at step 30: ") and saved == [1]
+    live = json.loads((tmp_path / "live.rank0.json").read_text())
+    assert live["stalled"] and live["phase"] == "data_wait" and live["stalls"][0]["seconds"] == 3.1
+    clock.now += 7.0
+    watch.tick()
+    assert watch.records()[0]["seconds"] == 10.1 and not watch.records()[0]["ended"]
+    beacon[:] = ["forward", clock.now + 0.5, 30]  # the fetch returned half a second ago... as the beacon says
+    watch.tick()
+    assert watch.records()[0] | {} == {**stall, "seconds": 10.6, "ended": True}
+    assert not json.loads((tmp_path / "live.rank0.json").read_text())["stalled"] and saved == [1, 1]
+
+
+def test_the_default_bound_is_120_s_or_20_p95_steps(tmp_path: Path) -> None:
+    clock = Clock()
+    watch, _ = _watch(tmp_path, ["forward", clock.now, 30], clock)
+    assert watch.stall_limit(_state(30, step_ms=100.0)) == 120.0
+    assert watch.stall_limit(_state(31, step_ms=9000.0)) == pytest.approx(180.0)  # 20 x 9 s
+
+
+def test_the_live_line_every_console_every_s_on_rank_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clock = Clock()
+    watch, _ = _watch(tmp_path, ["forward", clock.now, 30], clock, stall_after_s=1e6, console_every_s=300.0)
+    watch.tick()
+    assert capsys.readouterr().err == ""
+    clock.now += 300.0
+    watch.tick()
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("perfhooks: step 30; step p50 100.0 ms; data_wait 10% forward 40% backward 50%")
+    assert "\n" not in line and "80.0 samples/s" in line
+
+
+def test_stalled_names_the_rank_the_phase_and_the_line() -> None:
+    (verdict,) = diagnose_stalls([{"rank": 1, "step": 20, "phase": "data_wait", "seconds": 125.0, "ended": False,
+                                   "stack": ["/x/train.py:9 in main", "/x/dataset.py:42 in __getitem__"],
+                                   "device": "drained"}])
+    assert verdict["id"] == "stalled" and verdict["severity"] == "critical"
+    assert "rank 1 spent 125 s in data_wait at step 20" in verdict["evidence"]
+    assert verdict["evidence"].endswith("at /x/dataset.py:42 in __getitem__")
+
+
+def test_top_puts_the_stuck_rank_first_and_says_what_the_others_wait_in(tmp_path: Path) -> None:
+    now = time.time()
+    for rank in range(8):
+        stalled = rank == 1
+        live = {"rank": rank, "updated_at": now, "status": "running", "step": 20, "step_p50_ms": 36.0 + rank,
+                "phase": "data_wait" if stalled else "backward", "in_phase_s": 12.0, "stalled": stalled,
+                "stack": ["/x/dataset.py:42 in __getitem__"] if stalled else [], "shares": {"forward": 0.4},
+                "stalls": [{"rank": rank, "phase": "data_wait", "seconds": 12.0, "ended": False}] if stalled else []}
+        folder = tmp_path / f"node{rank // 4}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"live.rank{rank}.json").write_text(json.dumps(live))
+    frame = read_frame([str(tmp_path / "node0"), str(tmp_path / "node1")], now=now + 1.0)
+    assert [r["rank"] for r in frame["ranks"]][:2] == [1, 7]  # the stuck rank, then the slowest
+    assert frame["summary"] == "rank 1 stalled in data_wait (dataset.py:42 in __getitem__); ranks 0, 2-7 in backward"
+    assert frame["stalls"][0]["rank"] == 1 and frame["ranks"][0]["in_phase_s"] == 13.0
+    render(frame)
+    assert summary([]) == ""
+
+
+def test_top_with_no_live_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["top", "--once", str(tmp_path)]) == 2
+    assert "no live.rank*.json found" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_real_loop_stalled_in_its_dataset_is_named_by_perfhooks_top_during_the_stall(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / "stalls_once.py"), str(tmp_path), "10", "8"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PERFHOOKS_STALL_AFTER_S": "2"})
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("sleeping"):
+            break
+    time.sleep(4.5)  # the watch looks every second: the stall (2 s) is in the live file by now
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "top", "--once", "--json", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-2000:]
+    frame = json.loads(done.stdout)
+    (rank,) = frame["ranks"]
+    assert rank["stalled"] and rank["phase"] == "data_wait", rank
+    assert any("__getitem__" in line for line in rank["stack"]), rank["stack"]
+    assert re.search(r"perfhooks: rank 0 stalled in data_wait for \d+ s at step 10: stalls_once.py:\d+ in __getitem__",
+                     err), err[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    (stall,) = report["stalls"]
+    assert stall["ended"] and stall["seconds"] >= 7.0 and stall["phase"] == "data_wait"
+    assert "stalled" in [d["id"] for d in report["diagnoses"]]
