@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,34 @@ def test_scheduled_windows_record_the_same_steps_on_every_rank(tmp_path: Path, s
         steps = [_profiler_steps(out / "traces" / f"rank{rank}.{name}") for rank in (0, 1)]
         first = int(name.split(".")[0][4:])
         assert steps[0] == steps[1] == [first, first + 1], steps
+
+
+def test_a_rank_stalled_in_its_dataset_is_named_by_perfhooks_top(tmp_path: Path) -> None:
+    """Lightning DDP (gloo, its defaults on), node-local folders, rank 1's __getitem__ sleeps 15 s once with
+    PERFHOOKS_STALL_AFTER_S=3: perfhooks top over both node folders, run during the sleep, shows rank 1 stalled in
+    data_wait with __getitem__ on its stack; the final reports keep the stall with its length."""
+    out = tmp_path / "run"
+    out.mkdir()
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PERFHOOKS_STALL_AFTER_S": "3", "SLEEP_S": "15"}
+    process = subprocess.Popen([sys.executable, str(HERE / "lightning_stall.py"), str(out)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=environment, cwd=tmp_path)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("sleeping"):
+            break
+    time.sleep(7.0)  # past the 3 s bound and the watch's next look and live file
+    top = subprocess.run([sys.executable, "-m", "perfhooks", "top", "--once", "--json", str(out / "node0"),
+                          str(out / "node1")], capture_output=True, text=True, timeout=60, check=False)
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 0, _failure(err)
+    assert top.returncode == 0, top.stderr[-2000:]
+    frame = json.loads(top.stdout)
+    stalled = {r["rank"]: r for r in frame["ranks"] if r["stalled"]}
+    assert 1 in stalled and stalled[1]["phase"] == "data_wait", frame
+    assert any("__getitem__" in line for line in stalled[1]["stack"]), stalled[1]["stack"]
+    assert frame["summary"].startswith("rank 1 stalled in data_wait") or "rank 1 stalled in data_wait" in \
+        frame["summary"], frame["summary"]
+    report = json.loads((out / "node1" / "report.rank1.json").read_text())
+    stall = next(s for s in report["stalls"] if s["phase"] == "data_wait")
+    assert stall["ended"] and stall["seconds"] >= 10.0 and stall["rank"] == 1
+    assert "stalled" in [d["id"] for d in report["diagnoses"]]

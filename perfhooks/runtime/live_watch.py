@@ -84,10 +84,17 @@ class LiveWatch:
         self._thread.start()
 
     def close(self, timeout_s: float = 1.0) -> None:
+        """Stop the thread; a stall whose phase has moved on since its last look gets its length (one last look)."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
+        if self._open is not None:
+            try:
+                phase, since, step = self.beacon()
+                self._follow_stall(self.state(), phase, since, step, 0.0)
+            except Exception as error:
+                self.faults.report("live_watch", error)
 
     def records(self) -> list[dict[str, Any]]:
         """The stalls so far (copies; the open one with its seconds so far)."""
@@ -212,6 +219,8 @@ class LiveWatch:
         }
 
     def write_live(self, state: RunState, phase: str | None, in_phase_s: float, now: float) -> None:
+        if not self.output_dir.is_dir():  # not made yet, or removed by the user: perfhooks never makes it again
+            return
         try:
             atomic_write_json(self.output_dir / live_name(self.rank), self.figures(state, phase, in_phase_s, now))
         except OSError as error:
