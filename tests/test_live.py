@@ -155,3 +155,32 @@ def test_a_real_loop_stalled_in_its_dataset_is_named_by_perfhooks_top_during_the
     (stall,) = report["stalls"]
     assert stall["ended"] and stall["seconds"] >= 7.0 and stall["phase"] == "data_wait"
     assert "stalled" in [d["id"] for d in report["diagnoses"]]
+
+
+@pytest.mark.slow
+def test_a_stall_sends_a_wandb_alert_and_ends_in_the_report(tmp_path: Path, offline_wandb: Path) -> None:
+    """Real wandb offline: a phase held 2.5 s past a 1 s bound is a stall, a W&B alert names it, and the run's
+    report and verdicts keep it with its length."""
+    import wandb
+
+    from perfhooks import Engine, PerfConfig
+    from wandb_records import wandb_records
+
+    run = wandb.init(project="perfhooks-tests")  # the user's run, opened before training
+    engine = Engine(PerfConfig(schedule=None, console=False, wandb_log_every=1, stall_after_s=1.0),
+                    tmp_path / "out", "test")
+    for _ in range(3):
+        engine.phase_start("forward")
+        engine.step_end()
+    engine.phase_start("data_wait")
+    time.sleep(2.5)  # the watch looks every second: past the bound at its second or third look
+    engine.phase_start("forward")
+    engine.step_end()
+    report = engine.close()
+    run.finish()
+    assert report is not None
+    (stall,) = report["stalls"]
+    assert stall["phase"] == "data_wait" and stall["ended"] and 2.0 <= stall["seconds"] < 10.0
+    assert "stalled" in [d["id"] for d in report["diagnoses"]]
+    alerts = [r["alert"] for r in wandb_records(offline_wandb) if r["type"] == "alert"]
+    assert [a["title"] for a in alerts] == ["perfhooks: rank 0 stalled in data_wait"], alerts

@@ -126,7 +126,7 @@ class Engine:
         self.watch = LiveWatch(rank=facts.rank, world_size=facts.world_size, output_dir=self.output_dir,
                                stall_after_s=config.stall_after_s, console_every_s=config.console_every_s,  # type: ignore[arg-type]
                                state=lambda: self.state, beacon=lambda: self.tracker.beacon,
-                               device=self.room.queue_state, on_stall=lambda: self.saving.write_now(self.state),
+                               device=self.room.queue_state, on_stall=self._stalled,
                                faults=self.faults)
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
@@ -147,8 +147,7 @@ class Engine:
 
     @classmethod
     def start(cls, config: PerfConfig, output_dir: str | Path, framework: str, **kwargs: Any) -> Engine | NullEngine:
-        """Build an engine for an integration; on a fault, warn once and return a :class:`NullEngine` (training
-        goes on, unprofiled)."""
+        """Build an engine for an integration; on a fault, warn once and return a :class:`NullEngine`."""
         try:
             return cls(config, output_dir, framework, **kwargs)
         except Exception as error:
@@ -405,6 +404,10 @@ class Engine:
     def save_window(self, device_deadline: float, writer_timeout_s: float) -> None:
         """A signal: the open window's partial trace, saved once the device is done (by ``device_deadline``)."""
         self.parts.save_window(self.room, device_deadline, writer_timeout_s)
+
+    def _stalled(self) -> None:
+        self.saving.write_now(self.state)  # a stall opened or ended (the watch's thread): the report now, W&B
+        self.outputs.stalled(self.watch.records())
 
     def stop_memory(self) -> None:
         """End of training: stop the allocation history perfhooks started."""

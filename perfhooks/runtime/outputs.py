@@ -65,6 +65,16 @@ class RunOutputs:
         if sink.run is not None or sink.failed:
             report["wandb"] = sink.section()
 
+    def stalled(self, records: list[dict[str, Any]]) -> None:
+        """A stall opened (the live watch's thread): a W&B alert naming the rank, phase and line."""
+        if self.wandb is None or not records or records[-1].get("ended"):
+            return
+        stall = records[-1]
+        where = f" at {stall['stack'][-1]}" if stall.get("stack") else ""
+        self.wandb.alert(f"perfhooks: rank {stall['rank']} stalled in {stall['phase']}",
+                         f"rank {stall['rank']} has been in {stall['phase']} for {stall['seconds']:.0f} s at step "
+                         f"{stall['step']}{where}; device queue: {stall.get('device')}")
+
     def print_table(self, report: dict[str, Any], run_report: dict[str, Any] | None) -> None:
         """The end-of-run table on standard error (rank 0), with the verdicts only the ranks together give."""
         if self.rank == 0:

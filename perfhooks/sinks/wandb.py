@@ -136,6 +136,13 @@ class WandbSink:
         row = interval_metrics(fresh, memory)
         self._submit("wandb_log", lambda: self._log_row(row, step, wait_for_user=True))
 
+    def alert(self, title: str, text: str) -> None:
+        """A W&B alert (``run.alert``), when a run is known: a stall (any thread; sent from the sink's queue)."""
+        run = self.run
+        if run is None or not callable(getattr(run, "alert", None)):
+            return
+        self._submit("wandb_alert", lambda: run.alert(title=title, text=text))
+
     def log_window(self, step: int, window: dict[str, Any], diagnoses: list[dict[str, Any]]) -> None:
         """After a window's analysis (any thread): its GPU figures, the diagnoses table and the trace artifact.
         Before the run is found (that lookup belongs to the training thread), they wait for it."""
