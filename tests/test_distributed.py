@@ -357,3 +357,8 @@ def test_a_rank_stalled_in_its_dataset_is_named_by_perfhooks_top(tmp_path: Path)
     stall = next(s for s in report["stalls"] if s["phase"] == "data_wait")
     assert stall["ended"] and stall["seconds"] >= 10.0 and stall["rank"] == 1
     assert "stalled" in [d["id"] for d in report["diagnoses"]]
+    merged = json.loads((out / "node0" / "report.json").read_text())  # rank 0's, from the store: every rank's
+    assert {s["rank"] for s in merged["stalls"]} == {0, 1}
+    verdict = next(d for d in merged["diagnoses"] if d["id"] == "stalled")
+    assert verdict["title"] == "Rank 1 stalled in data_wait" and "rank 0 waited in backward" in verdict["evidence"]
+    assert "__getitem__" in verdict["evidence"]

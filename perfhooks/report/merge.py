@@ -6,7 +6,11 @@ from typing import Any
 
 from perfhooks.rules.pipeline import merge_verdicts
 from perfhooks.rules.ranks import diagnose_stragglers
+from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
+
+#: Stack frames of each stall a rank's summary carries (the innermost).
+STALL_FRAMES = 5
 
 
 def merge_rank_reports(reports: list[dict[str, Any]], thresholds: Any = None, source: str = "folder",
@@ -28,8 +32,13 @@ def merge_summaries(base: dict[str, Any], summaries: list[dict[str, Any]], thres
     merged = dict(base)
     merged["ranks"] = ranks_section(summaries, expected or len(summaries), source)
     cross = diagnose_stragglers(summaries, thresholds or Thresholds())
-    merged["diagnoses"] = merge_verdicts(live=base.get("diagnoses") or [] if diagnoses is None else diagnoses,
-                                         ranks=cross)
+    stalls = [stall for s in summaries for stall in s.get("stalls") or []]
+    if stalls:  # every rank's stalls: who is stuck, and what the others waited in
+        merged["stalls"] = stalls
+        cross += diagnose_stalls(stalls)
+    local = base.get("diagnoses") or [] if diagnoses is None else diagnoses
+    replaced = {d["id"] for d in cross}  # a verdict of the ranks together stands for each rank's own
+    merged["diagnoses"] = merge_verdicts(live=[d for d in local if d["id"] not in replaced], ranks=cross)
     if any(s.get("status") == "failed" for s in summaries):
         merged["status"] = "failed"
     if base.get("throughput"):
@@ -75,6 +84,7 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
             "samples_per_s": (report.get("throughput") or {}).get("samples_per_s"),
             "tokens_per_s": (report.get("throughput") or {}).get("tokens_per_s"),
             "diagnoses": [d["id"] for d in report.get("diagnoses") or []], "faults": len(report.get("faults") or []),
+            "stalls": [{**stall, "stack": stall.get("stack", [])[-STALL_FRAMES:]} for stall in report.get("stalls") or []],
             "path": (report.get("source") or {}).get("path")}
 
 

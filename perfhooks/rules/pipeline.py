@@ -79,4 +79,5 @@ def with_cross_rank(local: Iterable[Diagnosis], merged: Iterable[Any], cross_ids
     """A rank's own verdicts with those only the ranks together give (``cross_ids``, e.g. a straggler) taken from
     the run's merged verdicts ``merged``."""
     cross = [d for d in merged if d["id"] in cross_ids]
-    return merge_verdicts(live=local, ranks=cross)
+    replaced = {d["id"] for d in cross}  # the ranks' verdict stands for this rank's own of the same id
+    return merge_verdicts(live=[d for d in local if d["id"] not in replaced], ranks=cross)

@@ -9,7 +9,7 @@ from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import make, pct
 
 #: Verdicts only the ranks together can give: rank 0's printed table carries them beside its own.
-CROSS_RANK = frozenset({"straggler"})
+CROSS_RANK = frozenset({"straggler", "stalled"})
 
 
 def _straggler_fix(slowest: int) -> str:

@@ -8,20 +8,27 @@ from perfhooks.rules.verdicts import Diagnosis, make
 
 
 def diagnose_stalls(stalls: list[dict[str, Any]]) -> list[Diagnosis]:
-    """``stalled`` for the longest stall: the rank, the phase, how long, and where in the code (the innermost
-    frame of the training thread's stack, which the record lists innermost last)."""
+    """``stalled``: with one rank's stalls, the longest; with several ranks', the rank that stalled first (the one
+    that is stuck) and what the others waited in meanwhile. The line is the innermost frame of the training
+    thread's stack (records list it innermost last)."""
     if not stalls:
         return []
-    longest = max(stalls, key=lambda stall: stall.get("seconds") or 0.0)
-    where = f" at {longest['stack'][-1]}" if longest.get("stack") else ""
-    state = "ended after" if longest.get("ended") else "still going after"
-    others = f"; {len(stalls) - 1} other stall(s) in the report's stalls" if len(stalls) > 1 else ""
+    ranks = {stall["rank"] for stall in stalls}
+    if len(ranks) > 1 and all(stall.get("started_at") for stall in stalls):
+        stuck = min(stalls, key=lambda stall: stall["started_at"])
+        waited = sorted({(s["rank"], s["phase"]) for s in stalls if s["rank"] != stuck["rank"]})
+        others = "; " + ", ".join(f"rank {rank} waited in {phase}" for rank, phase in waited)
+    else:
+        stuck = max(stalls, key=lambda stall: stall.get("seconds") or 0.0)
+        others = f"; {len(stalls) - 1} other stall(s) in the report's stalls" if len(stalls) > 1 else ""
+    where = f" at {stuck['stack'][-1]}" if stuck.get("stack") else ""
+    state = "ended after" if stuck.get("ended") else "still going after"
     return [make(
-        "stalled", "critical", f"Rank {longest['rank']} stalled in {longest['phase']}",
-        f"rank {longest['rank']} spent {longest['seconds']:.0f} s in {longest['phase']} at step {longest['step']} "
-        f"({state} {longest['seconds']:.0f} s; device queue: {longest.get('device', 'unknown')}){where}{others}",
+        "stalled", "critical", f"Rank {stuck['rank']} stalled in {stuck['phase']}",
+        f"rank {stuck['rank']} spent {stuck['seconds']:.0f} s in {stuck['phase']} at step {stuck['step']} "
+        f"({state} {stuck['seconds']:.0f} s; device queue: {stuck.get('device', 'unknown')}){where}{others}",
         0.0,
         "Read the stack: a loader stuck in __getitem__ (a network file system, a lock), a collective waiting for a "
         "rank that is elsewhere (its own stall says where), or a host sync on a hung kernel. Every thread's stack "
         "is in the file the stall names (threads_file).",
-        seconds=longest["seconds"], rank=longest["rank"], phase=longest["phase"])]
+        seconds=stuck["seconds"], rank=stuck["rank"], phase=stuck["phase"])]

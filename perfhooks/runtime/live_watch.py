@@ -156,6 +156,7 @@ class LiveWatch:
     def _record(self, phase: str | None, since: float, step: int, in_phase_s: float) -> dict[str, Any]:
         frames = self._stack()
         record = {"rank": self.rank, "step": step, "phase": phase or OTHER, "seconds": round(in_phase_s, 3),
+                  "started_at": round(time.time() - in_phase_s, 3),
                   "stack": [frame_line(frame) for frame in frames], "device": self._device(),
                   "threads_file": self._dump_threads(step), "ended": False, "_since": since}
         where = f": {frame_line(frames[-1], short=True)}" if frames else ""
