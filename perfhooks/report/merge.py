@@ -84,7 +84,8 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
             "samples_per_s": (report.get("throughput") or {}).get("samples_per_s"),
             "tokens_per_s": (report.get("throughput") or {}).get("tokens_per_s"),
             "diagnoses": [d["id"] for d in report.get("diagnoses") or []], "faults": len(report.get("faults") or []),
-            "stalls": [{**stall, "stack": stall.get("stack", [])[-STALL_FRAMES:]} for stall in report.get("stalls") or []],
+            "stalls": [{**stall, "stack": stall.get("stack", [])[-STALL_FRAMES:]}
+                       for stall in report.get("stalls") or []],
             "path": (report.get("source") or {}).get("path")}
 
 
