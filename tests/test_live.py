@@ -184,3 +184,25 @@ def test_a_stall_sends_a_wandb_alert_and_ends_in_the_report(tmp_path: Path, offl
     assert "stalled" in [d["id"] for d in report["diagnoses"]]
     alerts = [r["alert"] for r in wandb_records(offline_wandb) if r["type"] == "alert"]
     assert [a["title"] for a in alerts] == ["perfhooks: rank 0 stalled in data_wait"], alerts
+
+
+@pytest.mark.slow
+def test_a_run_killed_during_a_stall_ends_with_a_stalled_verdict(tmp_path: Path) -> None:
+    """SIGTERM while the loader sleeps: the terminated report names the stall, its rank, phase and line."""
+    import signal
+
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / "stalls_once.py"), str(tmp_path), "10", "30"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PERFHOOKS_STALL_AFTER_S": "2"})
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("sleeping"):
+            break
+    time.sleep(4.0)
+    process.send_signal(signal.SIGTERM)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["status"], report["signal"]) == ("terminated", "SIGTERM")
+    verdict = next(d for d in report["diagnoses"] if d["id"] == "stalled")
+    assert verdict["title"] == "Rank 0 stalled in data_wait" and verdict["evidence"].endswith("in __getitem__")
