@@ -131,15 +131,21 @@ def test_top_with_no_live_file_is_one_line_and_exit_2(tmp_path: Path, capsys: py
     assert "no live.rank*.json found" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_a_real_loop_stalled_in_its_dataset_is_named_by_perfhooks_top_during_the_stall(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, str(SCRIPTS / "stalls_once.py"), str(tmp_path), "10", "8"],
+def _stalling_loop(out: Path, sleep_s: float) -> subprocess.Popen[str]:
+    """stalls_once.py, its stall bound 2 s, returned once its loader has started a ``sleep_s`` sleep at step 10."""
+    process = subprocess.Popen([sys.executable, str(SCRIPTS / "stalls_once.py"), str(out), "10", str(sleep_s)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PERFHOOKS_STALL_AFTER_S": "2"})
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("sleeping"):
             break
+    return process
+
+
+@pytest.mark.slow
+def test_a_real_loop_stalled_in_its_dataset_is_named_by_perfhooks_top_during_the_stall(tmp_path: Path) -> None:
+    process = _stalling_loop(tmp_path, sleep_s=8)
     time.sleep(4.5)  # the watch looks every second: the stall (2 s) is in the live file by now
     done = subprocess.run([sys.executable, "-m", "perfhooks", "top", "--once", "--json", str(tmp_path)],
                           capture_output=True, text=True, timeout=60, check=False)
@@ -191,13 +197,7 @@ def test_a_run_killed_during_a_stall_ends_with_a_stalled_verdict(tmp_path: Path)
     """SIGTERM while the loader sleeps: the terminated report names the stall, its rank, phase and line."""
     import signal
 
-    process = subprocess.Popen([sys.executable, str(SCRIPTS / "stalls_once.py"), str(tmp_path), "10", "30"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PERFHOOKS_STALL_AFTER_S": "2"})
-    assert process.stdout is not None
-    for line in process.stdout:
-        if line.startswith("sleeping"):
-            break
+    process = _stalling_loop(tmp_path, sleep_s=30)
     time.sleep(4.0)
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=60)
