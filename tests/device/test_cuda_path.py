@@ -348,3 +348,17 @@ def test_mfu_on_a_gpu_takes_the_datasheet_peak_for_the_runs_dtype(tmp_path: Path
             assert "H100" in throughput["peak_source"]
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def test_a_stall_on_cuda_says_whether_the_device_queue_drained(tmp_path: Path) -> None:
+    """The stall's device state: one event recorded on the engine's device and polled for 0.1 s, never a sync;
+    ``busy`` behind a hung kernel, ``drained`` once the queue is empty."""
+    from perfhooks.device.room import DeviceRoom
+
+    with simulated_cuda(devices=2, memory_bytes=1 << 30) as gpu:
+        room = DeviceRoom("cuda:1")
+        assert room.queue_state() == "drained"
+        gpu.hang(device=1)
+        assert room.queue_state() == "busy"
+        assert gpu.syncs == []
+    assert DeviceRoom("cpu").queue_state() == "none"
