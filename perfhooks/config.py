@@ -53,11 +53,11 @@ def _console_default() -> float:
         return 300.0
 
 
-def _signal_names(value: Any) -> tuple[str, ...]:
-    """Signal names (``SIGTERM``), from a sequence, a comma-separated string, or ``PERFHOOKS_SIGNALS``."""
+def signal_names(value: Any, source: str = "signals") -> tuple[str, ...]:
+    """Signal names (``SIGTERM``), from a sequence, a comma-separated string, or ``PERFHOOKS_SIGNALS``; an error
+    names ``source`` (the setting, the option or the variable the value came from)."""
     import signal
 
-    source = "signals"
     if value is None:
         if ENV_PREFIX + "SIGNALS" not in os.environ:
             return TERMINATING_SIGNALS
@@ -237,7 +237,7 @@ class PerfConfig:
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0:
             raise ValueError(f"trigger_poll_s must be a finite number of seconds > 0, got {poll!r}")
         self.report_every_s = _seconds("report_every_s", self.report_every_s, 60.0)
-        self.signals = _signal_names(self.signals)
+        self.signals = signal_names(self.signals)
         stall = _seconds("stall_after_s", self.stall_after_s, 0.0)
         self.stall_after_s = stall or None  # None: the larger of 120 s and 20 x the p95 step
         self.console_every_s = _seconds("console_every_s", self.console_every_s, _console_default())

@@ -63,3 +63,28 @@ def test_unknown_argument_lists_the_allowed_ones() -> None:
 def test_bad_schedules_name_the_parameter(kwargs: dict, match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         Schedule(**kwargs)
+
+
+def test_long_run_settings_name_their_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    from perfhooks import PerfConfig
+    from perfhooks.cli.launch import settings_from
+    from perfhooks.cli.main import build_parser
+
+    config = PerfConfig()
+    assert (config.report_every_s, config.signals, config.stall_after_s) == (60.0, ("SIGTERM", "SIGHUP", "SIGINT"),
+                                                                              None)
+    assert PerfConfig(signals="term, USR1", report_every_s=0).signals == ("SIGTERM", "SIGUSR1")
+    assert PerfConfig(signals=()).signals == ()
+    monkeypatch.setenv("PERFHOOKS_REPORT_EVERY_S", "soon")
+    with pytest.raises(ValueError, match="PERFHOOKS_REPORT_EVERY_S must be a number of seconds >= 0, got 'soon'"):
+        PerfConfig()
+    monkeypatch.setenv("PERFHOOKS_REPORT_EVERY_S", "5")
+    monkeypatch.setenv("PERFHOOKS_STALL_AFTER_S", "30")
+    assert (PerfConfig().report_every_s, PerfConfig().stall_after_s) == (5.0, 30.0)
+    with pytest.raises(ValueError, match="stall_after_s must be a finite number of seconds >= 0, got -1"):
+        PerfConfig(stall_after_s=-1)
+    with pytest.raises(ValueError, match=r"^signals: 'SIGKILL' is not a signal perfhooks can handle"):
+        PerfConfig(signals=["SIGKILL"])
+    args = build_parser().parse_args(["run", "--signals", "term,bogus", "train.py"])
+    with pytest.raises(ValueError, match=r"^--signals: 'bogus' is not a signal"):
+        settings_from(args, environ={})

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.capture.schedule import Schedule
-from perfhooks.config import PerfConfig
+from perfhooks.config import PerfConfig, signal_names
 from perfhooks.rules.thresholds import Thresholds
 
 #: Settings that are not command-line material (objects built in code).
@@ -148,7 +148,9 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
                 settings[name] = Thresholds(**json.loads(value))
             except (ValueError, TypeError) as error:
                 raise ValueError(f"{source} must be a JSON object of perfhooks.Thresholds fields: {error}") from None
-        elif isinstance(value, bool) or name in ("output_dir", "signals"):
+        elif name == "signals":
+            settings[name] = signal_names(value, source)
+        elif isinstance(value, bool) or name == "output_dir":
             settings[name] = value
         elif types_[name] in ("bool", "bool | None", bool):
             settings[name] = _boolean(source, value)
