@@ -102,7 +102,9 @@ def test_lightning_ddp_rank_zero_alone_logs_to_wandb(tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     out = tmp_path / "run"
     wandb_dir = tmp_path / "wandb"
-    _run([sys.executable, str(HERE / "lightning_ddp.py")], out, SLOW_RANK="1", WANDB="1", WANDB_MODE="offline",
+    # rank 1 sleeps 80 ms a step: a straggler by a wide margin on a machine whose cores are taken
+    _run([sys.executable, str(HERE / "lightning_ddp.py")], out, SLOW_RANK="1", SLOW_MS="80", WANDB="1",
+         WANDB_MODE="offline",
          WANDB_DIR=str(wandb_dir), WANDB_CACHE_DIR=str(wandb_dir / "cache"), WANDB_DATA_DIR=str(wandb_dir / "data"),
          WANDB_CONFIG_DIR=str(wandb_dir / "config"), WANDB_SILENT="true")
     merged = _assert_one_run_per_rank_and_a_straggler(out)
