@@ -197,24 +197,15 @@ class Engine:
 
     def phase_start(self, name: str) -> None:
         """Start phase ``name``: ends the open phase, opens a step if none is open."""
-        try:
-            self.tracker.phase_start(name)
-        except Exception as error:
-            self.faults.report("phase_start", error)
+        self.tracker.phase_start(name)  # it guards itself (instances call it directly)
 
     def phase_end(self, name: str) -> None:
         """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
-        try:
-            self.tracker.phase_end(name)
-        except Exception as error:
-            self.faults.report("phase_end", error)
+        self.tracker.phase_end(name)  # it guards itself (instances call it directly)
 
     def step_end(self) -> None:
         """End the open step (and its open phase); its timings are read once the device is done."""
-        try:
-            self.tracker.step_end()
-        except Exception as error:
-            self.faults.report("step_end", error)
+        self.tracker.step_end()  # it guards itself (instances call it directly)
 
     @guarded("fetched")
     def fetched(self, batches: int) -> None:
