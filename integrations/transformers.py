@@ -6,6 +6,8 @@ Event mapping (no Trainer subclass, no change to ``TrainingArguments`` or ``repo
 transformers / torch                     engine
 =======================================  =========================================
 ``trainer.get_batch_samples`` (wrapped)  ``fetch()``: the step's micro-batches are fetched
+``trainer._get_num_items_in_batch``      ends ``data_wait``; timed as named ``other`` work (its
+(wrapped)                                ``gather`` across ranks waits for the slowest rank)
 model forward pre-hook                   ``phase_start("forward")`` (ends the wait)
 model forward post-hook                  ``phase_start("backward")``
 ``on_substep_end``                       ``phase_end("backward")`` (accumulation micro-batch)
@@ -58,10 +60,10 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from perfhooks.config import PerfConfig
-from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, NUM_ITEMS_GATHER, OPTIMIZER
 from perfhooks.report.build import interval_metrics
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
-from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
+from perfhooks.runtime.patches import InstancePatches, named_work, noting_errors, timed_aside, wrap_construction
 from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
 from perfhooks.sinks.wandb import RunSource, current_run
 
@@ -69,6 +71,7 @@ from perfhooks.sinks.wandb import RunSource, current_run
 WANDB_STEP_KEY = "train/global_step"
 #: The default folder under ``args.output_dir``: ``push_to_hub`` ignores names starting with ``_``.
 DEFAULT_FOLDER = "_perfhooks"
+
 
 
 class PerfTrainerCallback(TrainerCallback):
@@ -247,6 +250,10 @@ class PerfTrainerCallback(TrainerCallback):
             return fetched
 
         self._patches.set(trainer, "get_batch_samples", noting_errors(engine, fetch))
+        count_items = getattr(trainer, "_get_num_items_in_batch", None)  # transformers >= 4.50
+        if callable(count_items):  # with average_tokens_across_devices, a gather across ranks: not data wait
+            self._patches.set(trainer, "_get_num_items_in_batch",
+                              named_work(engine, NUM_ITEMS_GATHER, count_items, ends=DATA_WAIT))
         training_step, compute_loss = trainer.training_step, trainer.compute_loss
 
         def step(*args: Any, **kwargs: Any) -> Any:

@@ -35,6 +35,12 @@ COMPILING = "compiling"
 #: step it interrupts, and labelled in traces so that no ``ProfilerStep`` contains it.
 ASIDES: frozenset[str] = frozenset({EVALUATION, CHECKPOINT, COMPILING})
 
+#: Named host work (``named``) that waits for the other ranks: its length is set by the slowest rank, not by
+#: this one. transformers' ``Trainer._get_num_items_in_batch`` gathers each step's token count from every rank
+#: (``average_tokens_across_devices``, on by default).
+NUM_ITEMS_GATHER = "transformers: num_items_in_batch (gather across ranks)"
+RANK_WAITS: frozenset[str] = frozenset({NUM_ITEMS_GATHER})
+
 #: The measured phases, in loop order.
 PHASES: tuple[str, ...] = (DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER)
 

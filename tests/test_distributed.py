@@ -334,6 +334,24 @@ def test_hf_trainer_ddp_trigger_in_rank_1s_folder(tmp_path: Path) -> None:
     assert list(out.rglob("offline-run-*"))
 
 
+def test_hf_trainer_gather_of_the_token_count_is_not_data_wait(tmp_path: Path) -> None:
+    """2 gloo ranks, rank 1 80 ms slow after each step: rank 0 waits for it in the Trainer's gather of
+    ``num_items_in_batch`` (inside ``get_batch_samples``). Its DataLoader is instant: data_wait stays small, no
+    dataloader_bound fires, and the wait is the named gather in the step's other."""
+    out = tmp_path / "run"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+          str(HERE / "hf_ddp.py")], out, STEPS="24", SLOW_RANK="1", SLOW_MS="80")
+    report = read_report(out)
+    assert report["phases"]["data_wait"]["p50_ms"] < 20, report["phases"]["data_wait"]
+    assert "dataloader_bound" not in {d["id"] for d in report["diagnoses"]}
+    gather = report["named_work_ms"]["transformers: num_items_in_batch (gather across ranks)"]
+    assert gather > 40, report["named_work_ms"]  # most of rank 1's 80 ms lead, per step
+    # the wait is rank 1's doing: rank 0 gets no other_heavy fix for it, and the ranks' verdict names rank 1
+    assert "other_heavy" not in {d["id"] for d in json.loads((out / "report.rank0.json").read_text())["diagnoses"]}
+    (straggler,) = [d for d in report["diagnoses"] if d["id"] == "straggler"]
+    assert straggler["measured"]["slowest_rank"] == 1 and straggler["measured"]["excess_ms"] > 40, straggler
+
+
 @pytest.mark.parametrize("setting", [{"ACCUMULATE": "2"}, {"RESUME": "1", "REPEAT": "0"}], ids=["accumulate", "resume"])
 def test_scheduled_windows_record_the_same_steps_on_every_rank(tmp_path: Path, setting: dict[str, str]) -> None:
     """The schedule is a pure function of the optimizer step: with gradient accumulation (2 micro-batches per

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfhooks.events import RANK_WAITS
 from perfhooks.rules.pipeline import merge_verdicts
 from perfhooks.rules.ranks import diagnose_stragglers
 from perfhooks.rules.stalls import diagnose_stalls
@@ -64,7 +65,8 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
 
     ``step_ms`` is {mean, p50, p95, max} (ms); ``shares`` and ``phases_ms`` are perfhooks' phases (zero when
     the source has none); ``collective_ms_per_step`` is the time in collectives per step in the latest
-    analysed window (the wait for the other ranks is inside it), or None.
+    analysed window (the wait for the other ranks is inside it), or None; ``rank_wait_ms`` is the named host
+    work per step that waits for the other ranks (:data:`perfhooks.events.RANK_WAITS`).
     """
     metrics = report.get("metrics")
     if metrics is None:  # a run's report: the latest analysed window's figures
@@ -80,6 +82,8 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
             "shares": {name: phase.get("share", 0.0) for name, phase in phases.items()},
             "phases_ms": {name: phase.get("mean_ms", 0.0) for name, phase in phases.items()},
             "collective_ms_per_step": metrics.get("collective_ms_per_step"),
+            "rank_wait_ms": round(sum(ms for name, ms in (report.get("named_work_ms") or {}).items()
+                                      if name in RANK_WAITS), 4),
             "gpu_utilization": metrics.get("gpu_utilization"),
             "samples_per_s": (report.get("throughput") or {}).get("samples_per_s"),
             "tokens_per_s": (report.get("throughput") or {}).get("tokens_per_s"),

@@ -47,7 +47,8 @@ def diagnose_stragglers(summaries: list[dict[str, Any]], t: Thresholds = Thresho
        collectives per step from an analysed window, the straggler is the rank that spends the *least* time
        in them; its lead over the median of the others is what they lose waiting.
     2. **time outside backward** (DDP only, where the wait is the gradient all-reduce in backward): with
-       perfhooks' phases and no window figures, the rank with the most time outside backward.
+       perfhooks' phases and no window figures, the rank with the most time outside backward, less the named
+       waits for the other ranks it spent there (``rank_wait_ms``).
     3. **step time** (ranks that do not synchronise): the slowest rank against the median.
     """
     ranked = [s for s in summaries if (s.get("step_ms") or {}).get("mean")]
@@ -64,14 +65,16 @@ def diagnose_stragglers(summaries: list[dict[str, Any]], t: Thresholds = Thresho
                           f"that waits least in collectives (any parallelism)")
     backward = {s["rank"]: (s.get("phases_ms") or {}).get("backward", 0) for s in ranked}
     if all(value > 0 for value in backward.values()):
-        outside = {r: max(0.0, step_of[r] - backward[r]) for r in step_of}
+        # a rank's named waits for the others (transformers' gather of the token count) are not its own work
+        waits = {s["rank"]: s.get("rank_wait_ms") or 0.0 for s in ranked}
+        outside = {r: max(0.0, step_of[r] - backward[r] - waits[r]) for r in step_of}
         slowest, worst, median = _apart(outside, smallest=False)
         excess = worst - median
         return _straggler(slowest, excess, step_of[slowest], t, "outside_backward",
                           f"rank {slowest} spends {worst:.1f} ms per step outside backward vs {median:.1f} ms on the "
                           f"others (+{excess:.1f} ms, {{share}} of its {{step}} step); the other ranks wait that long "
-                          f"in the gradient all-reduce. Rule: time outside backward (DDP; no window's collective "
-                          f"times to read)")
+                          f"in the gradient all-reduce or a named gather. Rule: time outside backward, less named "
+                          f"waits for other ranks (DDP; no window's collective times to read)")
     median = statistics.median(step_of.values())
     slowest, worst = max(step_of.items(), key=lambda item: item[1])
     spread = (worst - median) / median if median else 0.0

@@ -5,6 +5,7 @@ launcher's constructor wrapping, and the wrappers that time an aside or note an 
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -81,6 +82,22 @@ def timed_aside(engine: Any, kind: str, method: Callable[..., Any]) -> Callable[
     def timed(*args: Any, **kwargs: Any) -> Any:
         with engine.aside(kind):
             return method(*args, **kwargs)
+
+    return noting_errors(engine, timed)
+
+
+def named_work(engine: Any, name: str, method: Callable[..., Any], ends: str | None = None) -> Callable[..., Any]:
+    """``method`` timed as named host work of the open step (its own line of the step's ``other``); it first ends
+    phase ``ends`` when that is the open one (a collective inside a fetch is not data wait)."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if ends is not None:
+            engine.phase_end(ends)
+        start = time.perf_counter_ns()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            engine.named(name, (time.perf_counter_ns() - start) / 1e6)
 
     return noting_errors(engine, timed)
 

@@ -3,13 +3,15 @@
     torchrun --nproc-per-node 2 tests/distributed/hf_ddp.py OUTPUT_DIR
 
 The user's defaults are on: the progress bar, logging, evaluation every 10 steps, a checkpoint every 30 and
-``report_to="wandb"`` (offline). The all-ranks trigger's variables: trigger_env.py.
+``report_to="wandb"`` (offline). The all-ranks trigger's variables: trigger_env.py; SLOW_RANK and SLOW_MS make
+one rank sleep after each optimizer step.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -36,6 +38,18 @@ class TouchTrigger(TrainerCallback):
         trigger_env.at_step(self.output_dir, self.rank, state.global_step)
 
 
+class SlowRank(TrainerCallback):
+    """SLOW_RANK sleeps SLOW_MS after each optimizer step: a rank with slow host work (logging, a callback)."""
+
+    def __init__(self, rank: int) -> None:
+        slow = os.environ.get("SLOW_RANK")
+        self.seconds = float(os.environ.get("SLOW_MS", "0")) / 1e3 if slow is not None and int(slow) == rank else 0.0
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        if self.seconds:
+            time.sleep(self.seconds)
+
+
 def main(output_dir: str) -> int:
     rank = int(os.environ["RANK"])
     folder = trigger_env.rank_folder(output_dir, rank)
@@ -48,7 +62,7 @@ def main(output_dir: str) -> int:
     args = TrainingArguments(output_dir=str(Path(output_dir) / "hf"), max_steps=steps, per_device_train_batch_size=4,
                              use_cpu=True, ddp_backend="gloo", logging_steps=10, eval_strategy="steps", eval_steps=10,
                              save_strategy="steps", save_steps=30, report_to="wandb")
-    trainer = Trainer(model=model, args=args, callbacks=[callback, TouchTrigger(folder, rank)],
+    trainer = Trainer(model=model, args=args, callbacks=[callback, TouchTrigger(folder, rank), SlowRank(rank)],
                       train_dataset=SyntheticTokens(steps * 4 * 2, seq_len=16, vocab=128),
                       eval_dataset=SyntheticTokens(2 * 4 * 2, seq_len=16, vocab=128))
     trainer.train()
