@@ -175,6 +175,24 @@ def test_fsdp2_straggler_is_named_by_its_collective_wait(tmp_path: Path) -> None
     assert 0 < straggler["measured"]["excess_ms"] < max(per_rank[r]["step_ms"]["mean"] for r in (0, 1))
 
 
+def test_fsdp2_near_limit_census_counts_the_local_shards(tmp_path: Path) -> None:
+    """FSDP2 on 2 gloo ranks with Adam, a near-limit capture after the optimizer's first steps: the census counts
+    each rank's parameters, gradients and Adam state by their local shards (a DTensor has no storage of its own;
+    before, all three read 0 and everything was filed under activations)."""
+    pytest.importorskip("torch.distributed.fsdp", reason="this torch has no FSDP2")
+    out = tmp_path / "run"
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+          str(HERE / "fsdp2.py")], out, NEAR_LIMIT="1")
+    for rank in (0, 1):
+        shards = json.loads((out / f"shards.rank{rank}.json").read_text())
+        report = json.loads((out / f"report.rank{rank}.json").read_text())
+        (capture,) = [c for c in report["memory"]["captures"] if c["reason"] == "near_limit"]
+        assert capture["step"] >= 6
+        census = json.loads((Path(capture["path"]) / "census.json").read_text())
+        for key in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes"):
+            assert shards[key] > 0 and abs(census[key] - shards[key]) <= 0.15 * shards[key], (key, census, shards)
+
+
 # ----------------------------------------------------------------------------- one trigger, every rank
 #: Node-local folders, no schedule; rank(s) touch their own folder's TRIGGER at step 6. 20 ms steps at a 0.2 s
 #: poll: the window lands about 46 steps later (2 polls and 0.5 s of slack at the measured step rate).

@@ -50,6 +50,25 @@ def test_census_attribution_is_exact_for_an_mlp_with_adam() -> None:
         "parameters", "gradients", "optimizer_state", "activations_other")
 
 
+def test_activations_autograd_holds_in_cpp_count_from_the_allocated_bytes() -> None:
+    """Tensors autograd saves in C++ are no Python objects: given the device's allocated bytes, activations are
+    what is allocated less the parameters, gradients and state found on it."""
+    import gc
+
+    gc.collect()
+    model = mlp(64, 256)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    walked = live_tensor_census([model], [optimizer])
+    known = walked["parameters_bytes"] + walked["gradients_bytes"] + walked["optimizer_state_bytes"]
+    allocated = known + walked["activations_other_bytes"] + (64 << 20)  # 64 MiB the walk cannot see
+    census = live_tensor_census([model], [optimizer], allocated=("cpu", allocated))
+    assert census["activations_source"] == "allocated_less_known" and walked["activations_source"] == "walked"
+    assert census["parameters_bytes"] == walked["parameters_bytes"]
+    assert census["activations_other_bytes"] - walked["activations_other_bytes"] >= (64 << 20) - (1 << 20)
+    # an allocator that says less than the walk found changes nothing
+    assert live_tensor_census([model], [optimizer], allocated=("cpu", 0))["activations_source"] == "walked"
+
+
 def test_views_count_their_storage_once() -> None:
     base = torch.zeros(1000, 1000)
     view = base[:10]

@@ -262,7 +262,8 @@ class MemoryMonitor:
         return folder
 
     def take_census(self) -> dict[str, Any]:
-        self.census = live_tensor_census(self.models)
+        allocated = (f"cuda:{self.room.index}", self.room.memory().allocated_bytes) if self.cuda else None
+        self.census = live_tensor_census(self.models, allocated=allocated)
         return self.census
 
     def on_exception(self, error: BaseException, step: int, phase: str | None) -> None:
