@@ -24,14 +24,45 @@ def emit(message: str) -> None:
     warnings.warn_explicit(message, PerfhooksWarning, filename="perfhooks", lineno=0, module="perfhooks")
 
 
+class DeviceLost(RuntimeError):
+    """The device raised a CUDA error that perfhooks did not cause (a sticky error from the user's kernel, seen
+    first by one of perfhooks' calls): perfhooks stops using the device; the user's next call raises it."""
+
+
+def is_device_error(error: BaseException) -> bool:
+    """A CUDA error (not an out-of-memory) after which the context may be unusable: ``torch.AcceleratorError``,
+    a ``RuntimeError`` carrying "CUDA error", a cuBLAS or cuDNN status, or :class:`DeviceLost`. By the classes'
+    names: no torch import here."""
+    if isinstance(error, DeviceLost):
+        return True
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if "OutOfMemoryError" in names:
+        return False
+    if "AcceleratorError" in names:
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("CUDA error" in text or "CUBLAS_STATUS" in text
+                                                or "cuDNN error" in text)
+
+
 class FaultLog:
-    """Counts faults by kind; warns the first time each kind occurs. Any thread may report and read (a lock)."""
+    """Counts faults by kind; warns the first time each kind occurs. Any thread may report and read (a lock).
+
+    A device error (:func:`is_device_error`) is not perfhooks' fault: the device failed under the user's work and
+    perfhooks' call was only the first to hear of it. It is kept apart (:attr:`device_error`), and nothing is
+    printed: the user's own traceback is the one to read."""
 
     def __init__(self) -> None:
         self._faults: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        #: The first device error a perfhooks call met ("kind: Type: message"), or None.
+        self.device_error: str | None = None
 
     def report(self, kind: str, error: BaseException | str) -> None:
+        if not isinstance(error, str) and is_device_error(error):
+            if self.device_error is None:
+                self.device_error = f"{kind}: {type(error).__name__}: {error}"
+            return
         message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
         with self._lock:
             entry = self._faults.get(kind)

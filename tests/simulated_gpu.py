@@ -32,14 +32,28 @@ checks the constants, messages and signatures against the installed wheel's file
 - ``synchronize`` and ``cudaProfilerStart/Stop`` are recorded (``gpu.syncs``, ``gpu.profiler_calls``). A blocking
   wait on a hung device raises :class:`SimulatedHang` after ``hang_guard_s`` instead of hanging the test suite.
 
-What it cannot show: real timing accuracy, kernel overlap between streams, CUPTI and Nsight Systems, CUDA
-graphs, NCCL, and any kernel launched by real CUDA tensors (this is a CPU build: tensors stay on the CPU).
+- streams (``c10/cuda/CUDAStream.h``, ``torch/cuda/streams.py``): the current device and each device's current
+  stream are per thread; ``torch.cuda.Stream()`` makes a side stream with its own queue, ``torch.cuda.stream(s)``
+  (torch's own ``StreamContext``) selects it, ``wait_stream``/``wait_event``/``record_event`` order them, and a
+  device ``synchronize`` waits for every stream of the device;
+- CUDA graphs (``torch/cuda/graphs.py``; torch's own ``torch.cuda.graph`` drives the simulated ``CUDAGraph``):
+  while a stream captures, ``is_current_stream_capturing()`` is True on it, kernels and event records are
+  captured rather than run, and a query or synchronize (of a stream, an event or the device) or
+  ``mem_get_info`` raises CUDA's "operation not permitted when stream is capturing" and invalidates the capture:
+  ``capture_end`` then raises, and the graph cannot ``replay()``;
+- a sticky error (``gpu.fail()``) reaches every call that touches the device, and each is counted
+  (``gpu.calls_after_error``);
+- a snapshot costs time that grows with its entries (``snapshot_us_per_entry``, the history's and the blocks').
+
+What it cannot show: real timing accuracy, kernel overlap between streams, CUPTI and Nsight Systems, NCCL, and
+any kernel launched by real CUDA tensors (this is a CPU build: tensors stay on the CPU).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -62,9 +76,16 @@ MSG_TIMING = "Both events must be created with argument 'enable_timing=True'."
 MSG_RECORDED = "Both events must be recorded before calculating elapsed time."
 MSG_COMPLETED = "Both events must be completed before calculating elapsed time."
 MSG_DEVICE = "Event device {event} does not match recording stream's device {stream}."
+# c10/cuda/impl/CUDAGuardImpl.h (the backend of torch.Event): a torch.Event made for one device, recorded on
+# another device's stream
+MSG_GENERIC_DEVICE = "Event device index {event} does not match recording stream's device index {stream}."
 # cudaEventElapsedTime on events of two devices: cudaErrorInvalidResourceHandle, raised by C10_CUDA_CHECK
 MSG_OTHER_DEVICE = "CUDA error: invalid resource handle"
 ILLEGAL_ADDRESS = "CUDA error: an illegal memory access was encountered"
+# CUDA runtime errors of stream capture (cudaErrorStreamCaptureUnsupported, cudaErrorStreamCaptureInvalidated),
+# as C10_CUDA_CHECK words them: a query, synchronize or cudaMemGetInfo during a capture fails and invalidates it
+CAPTURE_UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
+CAPTURE_INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
 
 
 class SimulatedHang(AssertionError):
@@ -111,12 +132,32 @@ class SimStream:
 
     def query(self) -> bool:
         self._gpu._check("Stream.query")
+        self._gpu._forbidden_in_capture("Stream.query")
         return time.perf_counter() >= self.busy_until
 
     def synchronize(self) -> None:
         self._gpu._check("Stream.synchronize")
+        self._gpu._forbidden_in_capture("Stream.synchronize")
         self._gpu.syncs.append(("stream", self.device_index))
         self._gpu._block_until(self.busy_until)
+
+    def wait_stream(self, stream: SimStream) -> None:
+        """Work queued here after this call starts once ``stream``'s work queued so far is done."""
+        self._gpu._check("Stream.wait_stream")
+        self.busy_until = max(self.busy_until, stream.busy_until)
+
+    def wait_event(self, event: SimEvent) -> None:
+        event.wait(self)
+
+    def record_event(self, event: SimEvent | None = None) -> SimEvent:
+        event = event if event is not None else SimEvent(self._gpu, None, False)
+        event.record(self)
+        return event
+
+    @property
+    def capturing(self) -> bool:
+        capture = self._gpu.capture
+        return capture is not None and capture.stream == self
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SimStream) and (other.device_index, other.stream_id) == (self.device_index,
@@ -129,12 +170,17 @@ class SimStream:
 class SimEvent:
     """``torch.Event`` / ``torch.cuda.Event`` as ``c10/cuda/CUDAEvent.h`` implements them."""
 
-    def __init__(self, gpu: SimulatedGpu, device: Any = None, enable_timing: bool = False) -> None:
+    def __init__(self, gpu: SimulatedGpu, device: Any = None, enable_timing: bool = False,
+                 generic: bool = False) -> None:
         self._gpu = gpu
         self._enable_timing = enable_timing
         self._preferred = None if device is None else torch.device(device).index
+        #: torch.Event (InlineEvent over CUDAGuardImpl) rather than torch.cuda.Event (CUDAEvent.h): its messages
+        self._generic = generic
         self._device_index: int | None = None  # set when created on a device (first record)
         self._completes_at: float | None = None
+        #: recorded inside a graph capture: a node of the graph, not work the device will run now
+        self._captured = False
 
     @property
     def device(self) -> torch.device | None:
@@ -145,23 +191,30 @@ class SimEvent:
         gpu._check("Event.record")
         if stream is None:
             index = self._preferred if self._preferred is not None else gpu.current
-            stream = gpu.streams[index]
+            stream = gpu.current_stream(index)
+        if self._generic:  # CUDAGuardImpl::record: the device the event was made for, if any
+            bound = self._device_index if self._device_index is not None else self._preferred
+            if bound is not None and bound != stream.device_index:
+                raise RuntimeError(MSG_GENERIC_DEVICE.format(event=bound, stream=stream.device_index))
+        elif self._device_index is not None and self._device_index != stream.device_index:
+            raise RuntimeError(MSG_DEVICE.format(event=self._device_index, stream=stream.device_index))
         if self._device_index is None:
             self._device_index = stream.device_index
-        if self._device_index != stream.device_index:
-            raise RuntimeError(MSG_DEVICE.format(event=self._device_index, stream=stream.device_index))
         gpu.initialized = True
-        self._completes_at = max(time.perf_counter(), stream.busy_until)
+        self._captured = stream.capturing
+        self._completes_at = max(time.perf_counter(), stream.busy_until) if not self._captured else float("inf")
         gpu.events_recorded[stream.device_index] += 1
 
     def query(self) -> bool:
         self._gpu._check("Event.query")
+        self._gpu._forbidden_in_capture("Event.query")
         if self._completes_at is None:
             return True
         return time.perf_counter() >= self._completes_at
 
     def elapsed_time(self, end: SimEvent) -> float:
         self._gpu._check("Event.elapsed_time")
+        self._gpu._forbidden_in_capture("Event.elapsed_time")
         if not (self._enable_timing and end._enable_timing):
             raise ValueError(MSG_TIMING)
         if self._completes_at is None or end._completes_at is None:
@@ -175,14 +228,16 @@ class SimEvent:
     def synchronize(self) -> None:
         gpu = self._gpu
         gpu._check("Event.synchronize")
+        gpu._forbidden_in_capture("Event.synchronize")
         gpu.syncs.append(("event", self._device_index))
         if self._completes_at is not None:
             gpu._block_until(self._completes_at)
 
     def wait(self, stream: SimStream | None = None) -> None:
         gpu = self._gpu
-        stream = stream or gpu.streams[gpu.current]
-        if self._completes_at is not None:
+        gpu._check("Event.wait")
+        stream = stream or gpu.current_stream()
+        if self._completes_at is not None and not self._captured:
             stream.busy_until = max(stream.busy_until, self._completes_at)
 
 
@@ -374,6 +429,64 @@ class DeviceAllocator:
         return out
 
 
+# ----------------------------------------------------------------------------- CUDA graphs
+@dataclass
+class SimCapture:
+    """A capture under way on ``stream``: what it recorded, and the first call that invalidated it."""
+
+    stream: SimStream
+    mode: str
+    thread: threading.Thread
+    kernels_ms: list[float] = field(default_factory=list)
+    invalid_by: str | None = None
+
+
+class SimCUDAGraph:
+    """``torch.cuda.CUDAGraph``: ``capture_begin`` on the current stream, ``capture_end``, ``replay``."""
+
+    def __init__(self, gpu: SimulatedGpu, keep_graph: bool = False) -> None:
+        self._gpu = gpu
+        self._kernels_ms: list[float] | None = None
+        self._failed = False
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global",
+                      check_input_liveness: bool = False) -> None:
+        gpu = self._gpu
+        gpu._check("cudaStreamBeginCapture")
+        if capture_error_mode not in ("global", "thread_local", "relaxed"):
+            raise RuntimeError(f"Unknown capture error mode. Expected `global`, `thread_local`, or `relaxed`, got "
+                               f"{capture_error_mode}")
+        stream = gpu.current_stream()
+        if stream == gpu.streams[stream.device_index]:
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, after capture, "
+                               "it's ok to replay them on the default stream.)")
+        gpu.capture = SimCapture(stream, capture_error_mode, threading.current_thread())
+
+    def capture_end(self) -> None:
+        gpu = self._gpu
+        capture, gpu.capture = gpu.capture, None
+        if capture is None:
+            raise RuntimeError("capture_end without capture_begin")
+        if capture.invalid_by is not None:
+            self._failed = True
+            raise torch.AcceleratorError(CAPTURE_INVALIDATED)
+        self._kernels_ms = list(capture.kernels_ms)
+
+    def replay(self) -> None:
+        gpu = self._gpu
+        gpu._check("cudaGraphLaunch")
+        if self._kernels_ms is None:
+            raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+        stream = gpu.current_stream()
+        stream.busy_until = max(time.perf_counter(), stream.busy_until) + sum(self._kernels_ms) / 1e3
+
+    def reset(self) -> None:
+        self._kernels_ms = None
+
+    def pool(self) -> tuple[int, int]:
+        return (0, id(self))
+
+
 # ----------------------------------------------------------------------------- the simulated GPU
 class SimulatedGpu:
     """The devices, their streams and allocators, and a record of what was called."""
@@ -383,9 +496,16 @@ class SimulatedGpu:
         self.count = devices
         self.name = name
         self.hang_guard_s = hang_guard_s
-        self.current = 0
+        self._local = threading.local()  # the current device and streams: per thread, as in CUDA
         self.initialized = False
+        #: Each device's default stream; side streams (``torch.cuda.Stream()``) are in ``all_streams``.
         self.streams = [SimStream(self, i) for i in range(devices)]
+        self.all_streams: list[SimStream] = list(self.streams)
+        #: The capture under way (one at a time in a process, as torch documents), or None.
+        self.capture: SimCapture | None = None
+        #: Seconds a snapshot costs per entry (history entries and blocks): a long history is slow to take.
+        self.snapshot_us_per_entry = 2.0
+        self.snapshots_taken: list[dict[str, Any]] = []
         self.allocators = [DeviceAllocator(self, i, memory_bytes) for i in range(devices)]
         self.events_recorded = [0] * devices
         self.syncs: list[tuple[str, int | None]] = []
@@ -401,20 +521,52 @@ class SimulatedGpu:
         self.calls_after_error: list[str] = []
         self._handles: dict[int, tuple[int, Block]] = {}
 
+    # ------------------------------------------------------------------ the calling thread's device and streams
+    @property
+    def current(self) -> int:
+        return getattr(self._local, "device", 0)
+
+    @current.setter
+    def current(self, index: int) -> None:
+        self._local.device = index
+
+    def current_stream(self, device: int | None = None) -> SimStream:
+        """The calling thread's current stream on ``device`` (its default stream until one is selected)."""
+        index = self.current if device is None else device
+        selected = getattr(self._local, "streams", {})
+        return selected.get(index, self.streams[index])
+
+    def set_stream(self, stream: SimStream) -> None:
+        if not hasattr(self._local, "streams"):
+            self._local.streams = {}
+        self._local.streams[stream.device_index] = stream
+
+    def new_stream(self, device: int | None = None) -> SimStream:
+        index = self.current if device is None else device
+        stream = SimStream(self, index, stream_id=len(self.all_streams))
+        self.all_streams.append(stream)
+        return stream
+
     # ------------------------------------------------------------------ what tests do
     def run(self, ms: float, device: int | None = None) -> None:
-        """A kernel of ``ms`` milliseconds on the current stream of ``device`` (default: the current device)."""
-        stream = self.streams[self.current if device is None else device]
+        """A kernel of ``ms`` milliseconds on the current stream of ``device`` (default: the current device);
+        inside a capture, a node of the graph (it runs at each ``replay()``)."""
+        self._check("kernel")
+        stream = self.current_stream(device)
+        if stream.capturing:
+            self.capture.kernels_ms.append(ms)  # type: ignore[union-attr]
+            return
         stream.busy_until = max(time.perf_counter(), stream.busy_until) + ms / 1e3
         self.initialized = True
 
     def hang(self, device: int | None = None) -> None:
         """A kernel that never completes: everything queued after it waits for ever."""
-        self.streams[self.current if device is None else device].busy_until = float("inf")
+        self.current_stream(device).busy_until = float("inf")
 
     def idle(self, device: int | None = None) -> float:
-        """Seconds until ``device``'s queued work ends (0 when idle)."""
-        return max(0.0, self.streams[self.current if device is None else device].busy_until - time.perf_counter())
+        """Seconds until ``device``'s queued work ends on every stream (0 when idle)."""
+        index = self.current if device is None else device
+        return max(0.0, max(s.busy_until for s in self.all_streams if s.device_index == index) - time.perf_counter())
 
     def alloc(self, size: int, device: int | None = None) -> int:
         """``size`` bytes through the device's caching allocator; a handle for :meth:`free`."""
@@ -445,6 +597,14 @@ class SimulatedGpu:
             self.calls_after_error.append(name)
             raise self.error
 
+    def _forbidden_in_capture(self, name: str) -> None:
+        """A query, synchronize or cudaMemGetInfo while a capture is under way (``global`` mode: from any thread)
+        fails, and the capture is invalidated."""
+        capture = self.capture
+        if capture is not None and (capture.mode == "global" or capture.thread is threading.current_thread()):
+            capture.invalid_by = capture.invalid_by or name
+            raise torch.AcceleratorError(CAPTURE_UNSUPPORTED)
+
     def _block_until(self, until: float) -> None:
         deadline = time.perf_counter() + self.hang_guard_s
         while time.perf_counter() < until:
@@ -468,6 +628,9 @@ class SimulatedGpu:
         self._check("snapshot")
         segments = [s for a in self.allocators for s in a.snapshot_segments()]
         traces = [list(a.trace) for a in self.allocators]
+        entries = sum(map(len, traces)) + sum(len(s["blocks"]) for s in segments)
+        self.snapshots_taken.append({"thread": threading.current_thread().name, "entries": entries})
+        time.sleep(entries * self.snapshot_us_per_entry / 1e6)
         return {"segments": segments, "device_traces": traces,
                 "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
                                        "garbage_collection_threshold": 0.0, "expandable_segments": False,
@@ -512,8 +675,9 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
 
     def synchronize(device: Any = None) -> None:
         index = gpu._index(device)
+        gpu._forbidden_in_capture("synchronize")
         gpu.syncs.append(("device", index))
-        gpu._block_until(gpu.streams[index].busy_until)
+        gpu._block_until(max(s.busy_until for s in gpu.all_streams if s.device_index == index))
 
     def cuda_event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
                    external: bool = False) -> SimEvent:
@@ -521,12 +685,30 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
 
     def generic_event(device: Any = None, *, enable_timing: bool = False, blocking: bool = False,
                       interprocess: bool = False) -> SimEvent:
-        return SimEvent(gpu, device, enable_timing)
+        return SimEvent(gpu, device, enable_timing, generic=True)
+
+    def stream(device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:
+        return gpu.new_stream(None if device is None else gpu._index(device))
+
+    def set_stream(stream: SimStream | None) -> None:
+        if stream is not None:
+            gpu.set_stream(stream)
+
+    def capturing() -> bool:  # cudaStreamGetCaptureInfo on the current stream: a device call
+        gpu._check("cudaStreamGetCaptureInfo")
+        return gpu.current_stream().capturing
+
+    def exchange_device(index: int) -> int:
+        previous = gpu.current
+        if index >= 0:
+            gpu.current = index
+        return previous
 
     def stats(device: Any = None) -> dict[str, Any]:
         return _flat(gpu.allocators[gpu._index(device)].stats())
 
     def mem_get_info(device: Any = None) -> tuple[int, int]:
+        gpu._forbidden_in_capture("mem_get_info")
         allocator = gpu.allocators[gpu._index(device)]
         return allocator.free, allocator.total
 
@@ -564,7 +746,10 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         for allocator in gpu.allocators:
             allocator.empty_cache()
 
-    return {
+    def current_stream(device: Any = None) -> SimStream:
+        return gpu.current_stream(gpu._index(device))
+
+    installs = {
         (cuda, "is_available"): lambda: True,
         (cuda, "is_initialized"): lambda: gpu.initialized,
         (cuda, "device_count"): lambda: gpu.count,
@@ -572,7 +757,20 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (cuda, "set_device"): checked("set_device", set_device),
         (cuda, "get_device_name"): lambda device=None: f"{gpu.name} {gpu._index(device)}",
         (cuda, "synchronize"): checked("synchronize", synchronize),
-        (cuda, "current_stream"): checked("current_stream", lambda device=None: gpu.streams[gpu._index(device)]),
+        (cuda, "current_stream"): checked("current_stream", current_stream),
+        (cuda, "default_stream"): checked("default_stream", lambda device=None: gpu.streams[gpu._index(device)]),
+        (cuda, "Stream"): checked("cudaStreamCreate", stream),
+        (cuda, "set_stream"): set_stream,
+        (cuda, "_exchange_device"): exchange_device,
+        (cuda, "_maybe_exchange_device"): exchange_device,
+        (cuda, "CUDAGraph"): lambda keep_graph=False: SimCUDAGraph(gpu, keep_graph),
+        (cuda.graphs, "CUDAGraph"): lambda keep_graph=False: SimCUDAGraph(gpu, keep_graph),
+        (cuda, "is_current_stream_capturing"): capturing,
+        (cuda.graphs, "is_current_stream_capturing"): capturing,
+        (cuda.graphs, "_cuda_isCurrentStreamCapturing"): capturing,
+        (cuda.graphs.graph, "default_capture_stream"): None,  # a class attribute: a stream of this simulation
+        (C, "_cuda_isCurrentStreamCapturing"): capturing,
+        (C, "_host_emptyCache"): lambda: None,
         (cuda, "Event"): cuda_event,
         (cuda, "memory_stats"): checked("memory_stats", stats),
         (cuda, "memory_allocated"): lambda device=None: gpu.allocators[gpu._index(device)].allocated,
@@ -600,7 +798,7 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (accelerator, "device_count"): lambda: gpu.count,
         (accelerator, "current_device_index"): lambda: gpu.current,
         (accelerator, "set_device_index"): set_device,
-        (accelerator, "current_stream"): checked("current_stream", lambda device=None: gpu.streams[gpu._index(device)]),
+        (accelerator, "current_stream"): checked("current_stream", current_stream),
         (accelerator, "synchronize"): checked("synchronize", synchronize),
         (accelerator, "memory_stats"): checked("memory_stats", stats),
         (accelerator, "memory_allocated"): lambda device=None: gpu.allocators[gpu._index(device)].allocated,
@@ -608,6 +806,13 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (accelerator, "get_memory_info"): checked("get_memory_info", mem_get_info),
         (torch, "Event"): generic_event,
     }
+    # a sticky error reaches every call that touches the device: the allocator's counters and the driver's figures
+    for key in ((cuda, "memory_allocated"), (cuda, "max_memory_allocated"), (cuda, "memory_reserved"),
+                (cuda, "empty_cache"), (cuda, "set_per_process_memory_fraction"), (cuda.memory, "_snapshot"),
+                (C, "_cuda_getMemoryFraction"), (C, "_cuda_memoryStats"), (accelerator, "memory_allocated"),
+                (accelerator, "max_memory_allocated")):
+        installs[key] = checked(key[1], installs[key])
+    return installs
 
 
 _MISSING = object()

@@ -6,8 +6,13 @@ device's current stream (through :class:`~perfhooks.device.room.DeviceRoom`). In
 marks are read later, once both events have completed (``Event.query()`` never blocks), so timing a step never
 stalls the device. :meth:`DeviceClock.wait` polls against a deadline; nothing here ever blocks without one.
 
-After a CUDA error (:meth:`DeviceClock.stop_device`) marks are host-only and no device call is made: the
-context may be broken, and a call would raise again after the user's traceback.
+After a CUDA error (:meth:`DeviceClock.stop_device`, or the room finding one) marks are host-only and no
+device call is made: the context may be broken, and a call would raise again after the user's traceback. While
+the calling thread's stream captures a CUDA graph, marks are host-only too (a query during a capture would
+invalidate the user's graph), and pending marks are not polled until the capture ends.
+
+A step's marks may sit on several streams (a forward under ``torch.cuda.stream(s)``): :meth:`DeviceClock.ready`
+is asked of each before a step is read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfhooks.device.room import DeviceRoom
+from perfhooks.faults import DeviceLost
 
 #: Most device events kept for reuse.
 POOL_LIMIT = 4096
@@ -67,41 +73,56 @@ class DeviceClock(HostClock):
     def __init__(self, room: DeviceRoom) -> None:
         self.room = room
         self._pool: list[Any] = []
-        self._device_ok = True
         self.mark = self._record_mark
+        room.when_lost(self._pool.clear)
 
     def _record_mark(self) -> Mark:
-        if not self._device_ok:
-            return Mark(time.perf_counter_ns())
-        event = self._pool.pop() if self._pool else self.room.new_event()
-        self.room.record(event)
-        return Mark(time.perf_counter_ns(), event)
+        room = self.room
+        if room.usable():
+            event = self._pool.pop() if self._pool else room.new_event()
+            try:
+                room.record(event)
+                return Mark(time.perf_counter_ns(), event)
+            except DeviceLost:
+                pass
+        return Mark(time.perf_counter_ns())
 
     def ready(self, mark: Mark) -> bool:
-        if mark.event is None:
+        if mark.event is None or self.room.lost is not None:
             return True
-        return bool(mark.event.query()) if self._device_ok else True
+        if not self.room.usable():
+            return False  # a capture is under way: asked again after it
+        try:
+            return self.room.query(mark.event)
+        except DeviceLost:
+            return True
 
     def elapsed_ms(self, start: Mark, end: Mark) -> float:
-        if start.event is None or end.event is None or not self._device_ok:
-            return (end.host_ns - start.host_ns) / 1e6
-        return start.event.elapsed_time(end.event)
+        if start.event is not None and end.event is not None and self.room.lost is None:
+            try:
+                return self.room.elapsed_ms(start.event, end.event)
+            except DeviceLost:
+                pass
+        return (end.host_ns - start.host_ns) / 1e6
 
     def host_ms(self, start: Mark, end: Mark) -> float:
         return (end.host_ns - start.host_ns) / 1e6
 
     def release(self, mark: Mark) -> None:
-        if mark.event is not None and self._device_ok and len(self._pool) < POOL_LIMIT:
+        if mark.event is not None and self.room.lost is None and len(self._pool) < POOL_LIMIT:
             self._pool.append(mark.event)
         mark.event = None
 
     def wait(self, mark: Mark, deadline: float) -> bool:
-        """Poll until ``mark`` completes on the device or ``deadline`` passes; whether it completed."""
-        if mark.event is None or not self._device_ok:
-            return mark.event is None
-        return self.room.wait(mark.event, deadline)
+        """Poll until ``mark`` completes on the device or ``deadline`` passes; whether it completed (a lost
+        device's marks are read on the host: complete)."""
+        if mark.event is None or self.room.lost is not None:
+            return True
+        try:
+            return self.room.wait(mark.event, deadline)
+        except DeviceLost:
+            return True
 
     def stop_device(self) -> None:
         """A CUDA error: no device call from here on (marks are host times, pending events are dropped)."""
-        self._device_ok = False
-        self._pool.clear()
+        self.room.lose("a CUDA error passed through the training loop")

@@ -10,16 +10,47 @@ the CUDA-only extras (allocation history, snapshots, the OOM observer, the Nsigh
 Nothing here synchronizes the host with the device. The only wait, :meth:`DeviceRoom.wait`, polls
 ``Event.query()`` until a deadline and gives up when the device does not get there (a hung kernel, a dead peer
 in a collective): it never blocks past the deadline.
+
+**A device error ends the room's use of the device.** CUDA errors are sticky: after the user's kernel hits an
+illegal address, whichever call comes next raises it, often one of perfhooks'. The room then marks the device
+lost (:attr:`DeviceRoom.lost`) and every later method raises :class:`~perfhooks.faults.DeviceLost` without
+touching the device; callers fall back to host times, and the fault log prints nothing (the user's next call
+raises the error, with the user's traceback). :meth:`DeviceRoom.usable` also says no while the calling thread's
+current stream is capturing a CUDA graph: a query or ``cudaMemGetInfo`` then would invalidate the user's graph.
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from perfhooks.faults import DeviceLost, is_device_error
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: Seconds between two ``query()`` polls while waiting on the device.
 POLL_S = 0.001
+
+
+def _device_call(method: F) -> F:
+    """A room method that reaches the device: refused once the device is lost; a device error marks it lost."""
+
+    @functools.wraps(method)
+    def call(self: DeviceRoom, *args: Any, **kwargs: Any) -> Any:
+        if self.lost is not None:
+            raise DeviceLost(self.lost)
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:
+            if is_device_error(error):
+                self.lose(f"{type(error).__name__}: {error}")
+                raise DeviceLost(self.lost) from error
+            raise
+
+    return call  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -53,6 +84,41 @@ class DeviceRoom:
         #: Phases can be timed with device events on this device.
         self.timed = self.accelerated and (hasattr(torch, "Event") or self.type == "cuda")
         self.is_cuda = self.accelerated and self.type == "cuda"
+        #: The device error that ended perfhooks' use of the device ("Type: message"), or None.
+        self.lost: str | None = None
+        self._on_lost: list[Callable[[], None]] = []
+        cuda = getattr(torch, "cuda", None)
+        self._capturing: Callable[[], bool] | None = (getattr(cuda, "is_current_stream_capturing", None)
+                                                      if self.is_cuda else None)
+
+    # ------------------------------------------------------------------ errors and graph captures
+    def lose(self, reason: str) -> None:
+        """Stop using the device (a CUDA error): no call reaches it from now on; the callbacks run once."""
+        if self.lost is not None:
+            return
+        self.lost = reason
+        callbacks, self._on_lost = self._on_lost, []
+        for callback in callbacks:
+            callback()
+
+    def when_lost(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` (no argument) when the device is lost."""
+        self._on_lost.append(callback)
+
+    def usable(self) -> bool:
+        """Whether perfhooks may call the device now: not lost, and the calling thread's current stream is not
+        capturing a CUDA graph (``torch.cuda.is_current_stream_capturing``; a host-side query of the stream)."""
+        if self.lost is not None:
+            return False
+        if self._capturing is None:
+            return True
+        try:
+            return not self._capturing()
+        except Exception as error:
+            if is_device_error(error):
+                self.lose(f"{type(error).__name__}: {error}")
+                return False
+            raise
 
     # ------------------------------------------------------------------ description
     def describe(self) -> dict[str, Any]:
@@ -72,6 +138,7 @@ class DeviceRoom:
             return torch.Event(device=self.device, enable_timing=True)
         return torch.cuda.Event(enable_timing=True)
 
+    @_device_call
     def stream(self) -> Any:
         """This device's current stream (the one the training loop's kernels go to)."""
         torch = self._torch
@@ -80,10 +147,22 @@ class DeviceRoom:
             return accelerator.current_stream(self.index)
         return torch.cuda.current_stream(self.index)
 
+    @_device_call
     def record(self, event: Any) -> None:
         """Record ``event`` on this device's current stream: it completes when the stream gets there."""
         event.record(self.stream())
 
+    @_device_call
+    def query(self, event: Any) -> bool:
+        """Whether ``event`` has completed (never blocks)."""
+        return bool(event.query())
+
+    @_device_call
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """Device time between two completed events (ms)."""
+        return float(start.elapsed_time(end))
+
+    @_device_call
     def wait(self, event: Any, deadline: float) -> bool:
         """Poll until ``event`` completes or ``time.monotonic()`` passes ``deadline``; whether it completed.
         Never blocks past the deadline (``Event.synchronize`` could wait for ever on a hung device)."""
@@ -109,6 +188,7 @@ class DeviceRoom:
         return "drained" if self.drained(time.monotonic() + wait_s) else "busy"
 
     # ------------------------------------------------------------------ memory
+    @_device_call
     def memory(self) -> MemoryFigures:
         """The allocator's figures for this device (no sync: counters kept by the caching allocator)."""
         torch = self._torch
@@ -126,6 +206,7 @@ class DeviceRoom:
             active_bytes=get("active_bytes.all.current"), peak_allocated_bytes=get("allocated_bytes.all.peak"),
             num_alloc_retries=get("num_alloc_retries"), num_ooms=get("num_ooms"))
 
+    @_device_call
     def memory_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of this device, from the driver: what every process and the context hold."""
         torch = self._torch
@@ -136,6 +217,7 @@ class DeviceRoom:
             free, total = torch.cuda.mem_get_info(self.index)
         return int(free), int(total)
 
+    @_device_call
     def allowed_bytes(self, total: int) -> int | None:
         """The per-process cap (``set_per_process_memory_fraction``) in bytes when one is below the device's
         total, else None. CUDA only; None elsewhere."""

@@ -146,9 +146,10 @@ class MemoryMonitor:
 
     # ------------------------------------------------------------------ sampling
     def observe(self, step: int, phase: str | None) -> None:
-        """At a phase boundary: sample (rate-limited), track the peak, capture on crossing the threshold."""
+        """At a phase boundary: sample (rate-limited), track the peak, capture on crossing the threshold. Not
+        while the device is lost or a CUDA graph captures (``cudaMemGetInfo`` would invalidate the graph)."""
         now = time.monotonic_ns()
-        if now < self._next_ns:
+        if now < self._next_ns or (self.cuda and not self.room.usable()):
             return
         self._next_ns = now + self.poll_ns
         figures = self.sample()
@@ -175,7 +176,7 @@ class MemoryMonitor:
     def observe_step_start(self, step: int) -> None:
         """At a step's start (rate-limited like phase samples): the bytes in use there, for ``memory_growth``."""
         now = time.monotonic_ns()
-        if now < self._next_step_ns:
+        if now < self._next_step_ns or (self.cuda and not self.room.usable()):
             return
         self._next_step_ns = now + self.poll_ns
         if self.cuda:

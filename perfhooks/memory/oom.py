@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from perfhooks.faults import is_device_error
+
 _CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 _SIZE = re.compile(r"(?:allocate|alloc)[^0-9]*([0-9][0-9.,]*)\s*(bytes|[KMGT]i?B)\b", re.IGNORECASE)
 _UNITS = {"bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -44,13 +46,4 @@ def requested_bytes(error: BaseException) -> int | None:
 
 def is_cuda_error(error: BaseException) -> bool:
     """A CUDA error (not an OOM) after which the context may be unusable: perfhooks makes no CUDA call."""
-    import torch
-
-    if isinstance(error, torch.OutOfMemoryError):
-        return False
-    accelerator_error = getattr(torch, "AcceleratorError", None)
-    if accelerator_error is not None and isinstance(error, accelerator_error):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("CUDA error" in text or "CUBLAS_STATUS" in text
-                                                or "cuDNN error" in text)
+    return is_device_error(error)

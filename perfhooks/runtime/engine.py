@@ -131,6 +131,7 @@ class Engine:
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
                               self.writer, self.faults, self.publish, self.saving)
+        self.room.when_lost(self.parts.device_lost)  # a CUDA error, wherever perfhooks met it first
 
     def _start_memory(self) -> MemoryMonitor | None:
         config = self.config
@@ -361,9 +362,8 @@ class Engine:
             phase = self.open_phase
             self.error = lifecycle.error_entry(error, self.step, phase)
             if is_cuda_error(error):
-                self.parts.device_broken = True
-                self.clock.stop_device()
-                self.parts.watch_phases()
+                self.room.lose(f"{type(error).__name__}: {error}")
+                self.parts.device_lost()
             elif self.memory is not None:
                 self.memory.on_exception(error, self.step, phase)
         except Exception as fault:

@@ -67,9 +67,16 @@ class RunParts:
             self.watch_phases()
 
     # ----------------------------------------------------------------- StepListener
+    def device_lost(self) -> None:
+        """The device raised a CUDA error (the user's, or seen first by perfhooks' call): no device call from here
+        on; no window opens, memory is not sampled."""
+        self.device_broken = True
+        self.watch_phases()
+
     def step_opening(self, step: int) -> bool:
         """A step opens: windows, compile watch, memory, FLOPs. True when perfhooks' own work overlaps it."""
-        self.capture.at_step(step)
+        if not self.device_broken:  # a window's profiler would call the broken device
+            self.capture.at_step(step)
         self.compile.step_opening()
         if self.memory is not None and not self.device_broken:
             try:

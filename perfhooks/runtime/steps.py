@@ -64,16 +64,33 @@ class PendingSteps:
             record = self._queue[0]
             assert record.end is not None
             if deadline is not None:
-                if not self.clock.wait(record.end, deadline):
+                if not all(self.clock.wait(mark, deadline) for mark in self._marks(record)):
                     self.unfinished += len(self._queue)
                     while self._queue:
                         self.discard(self._queue.popleft())
                     return
-            elif not self.clock.ready(record.end):
+            elif not self._ready(record):
                 return
             self._queue.popleft()
             stats.add(self._resolve(record))
             self.discard(record)
+
+    def _ready(self, record: StepRecord) -> bool:
+        """Every mark of the step has completed: its end first (the common wait), then the others, which may sit
+        on another stream (a forward under ``torch.cuda.stream(s)``) and complete after the end."""
+        if not self.clock.device_timed:
+            return True
+        ready = self.clock.ready
+        return ready(record.end) and all(ready(mark) for mark in self._marks(record))
+
+    @staticmethod
+    def _marks(record: StepRecord) -> list[Any]:
+        marks = [record.start]
+        for _, start, end in record.intervals:
+            marks.append(start)
+            marks.append(end)
+        marks.append(record.end)
+        return marks
 
     def _resolve(self, record: StepRecord) -> StepTiming:
         """Milliseconds from marks. Every phase is read on the device's timeline, ``data_wait`` included: there it

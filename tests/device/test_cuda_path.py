@@ -362,3 +362,80 @@ def test_a_stall_on_cuda_says_whether_the_device_queue_drained(tmp_path: Path) -
         assert room.queue_state() == "busy"
         assert gpu.syncs == []
     assert DeviceRoom("cpu").queue_state() == "none"
+
+
+# ----------------------------------------------------------------------------- 10. side streams, graphs, errors
+def test_a_forward_on_a_side_stream_is_counted_with_its_time(tmp_path: Path) -> None:
+    """The forward (and, as autograd does, its backward) on a side stream the default stream never waits for:
+    the step's end mark completes before the forward's marks. Every step is counted, with the forward's time."""
+    with simulated_cuda() as gpu:
+        engine = engine_on(tmp_path, memory_poll_s=0)
+        side = torch.cuda.Stream()
+        for _ in range(8):
+            engine.fetch()
+            with torch.cuda.stream(side):
+                engine.phase_start("forward")
+                gpu.run(30.0)
+                engine.phase_start("backward")
+                gpu.run(10.0)
+            engine.phase_start("optimizer")
+            engine.stepped()
+        report = engine.close(deadline_s=5.0)
+        assert report["steps"] == 8 and report["faults"] == [], report["faults"]
+        assert report["phases"]["forward"]["p50_ms"] == pytest.approx(30.0, abs=0.5)
+        assert report["phases"]["forward"]["max_ms"] == pytest.approx(30.0, abs=0.5)
+
+
+def test_hooks_inside_a_users_cuda_graph_capture_leave_it_valid(tmp_path: Path) -> None:
+    """A user captures the forward in ``torch.cuda.graph`` with perfhooks' phase marks (and memory samples) inside
+    the capture: the graph stays valid (``replay()`` runs) and every step is counted."""
+    with simulated_cuda() as gpu:
+        engine = engine_on(tmp_path, memory_poll_s=0)
+        graph = torch.cuda.CUDAGraph()
+        engine.fetch()
+        with torch.cuda.graph(graph):
+            engine.phase_start("forward")
+            gpu.run(5.0)
+            engine.phase_start("backward")
+        engine.phase_start("optimizer")
+        engine.stepped()
+        for _ in range(5):
+            engine.fetch()
+            engine.phase_start("forward")
+            graph.replay()
+            engine.phase_start("backward")
+            gpu.run(2.0)
+            engine.phase_start("optimizer")
+            engine.stepped()
+        report = engine.close(deadline_s=5.0)
+        assert report["steps"] == 6 and report["faults"] == [], report["faults"]
+        assert report["phases"]["forward"]["p50_ms"] >= 5.0, "the replays' 5 ms"
+
+
+def test_after_the_users_sticky_cuda_error_perfhooks_goes_quiet(tmp_path: Path) -> None:
+    """The user's kernel hits an illegal address; perfhooks' next device call is the first to see it. perfhooks
+    then makes at most 2 device calls in the next 5 steps and says nothing that blames itself."""
+    with simulated_cuda() as gpu:
+        engine = engine_on(tmp_path, memory_poll_s=0)
+        for _ in range(3):
+            step(engine, gpu, forward_ms=2.0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.fetch()
+            engine.phase_start("forward")
+            gpu.fail()  # the user's kernel, asynchronously: no call has seen it yet
+            engine.phase_start("backward")
+            engine.phase_start("optimizer")
+            engine.stepped()
+            for _ in range(4):
+                engine.fetch()
+                engine.phase_start("forward")
+                engine.phase_start("backward")
+                engine.phase_start("optimizer")
+                engine.stepped()
+        assert len(gpu.calls_after_error) <= 2, gpu.calls_after_error
+        assert [str(w.message) for w in caught if issubclass(w.category, PerfhooksWarning)] == []
+        calls = len(gpu.calls_after_error)
+        report = engine.close(deadline_s=1.0)
+        assert len(gpu.calls_after_error) == calls, "the close makes no device call either"
+        assert report["faults"] == []

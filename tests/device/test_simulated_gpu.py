@@ -52,6 +52,39 @@ def test_event_messages_and_semantics_match_cuda_event_h() -> None:
     assert re.search(r"void record\(\) \{\s*record\(getCurrentCUDAStream\(\)\);", header)
 
 
+def test_torch_event_messages_match_inline_event_h_and_the_cuda_guard() -> None:
+    """perfhooks makes ``torch.Event`` (InlineEvent over CUDAGuardImpl), whose checks and messages differ from
+    ``torch.cuda.Event``'s (CUDAEvent.h)."""
+    inline = source("include/c10/core/impl/InlineEvent.h")
+    for message in (sim.MSG_TIMING, sim.MSG_RECORDED, sim.MSG_COMPLETED):
+        assert f'"{message}"' in inline, message
+    # query() is true for an event never recorded
+    assert re.search(r"bool query\(\) const \{\s*if \(!was_marked_for_recording_\)\s*return true;", inline)
+    guard = source("include/c10/cuda/impl/CUDAGuardImpl.h")
+    assert re.search(r'device_index == -1 \|\| device_index == stream\.device_index\(\),\s*"Event device index ",'
+                     r'\s*device_index,\s*" does not match recording stream\'s device index ",\s*'
+                     r'stream\.device_index\(\),\s*"\."', guard)
+    assert sim.MSG_GENERIC_DEVICE.format(event=1, stream=0) == (
+        "Event device index 1 does not match recording stream's device index 0.")
+
+
+def test_stream_and_graph_apis_match_torchs_python_files() -> None:
+    """The names the simulation replaces and torch's own ``torch.cuda.graph`` and ``StreamContext`` call."""
+    graphs = source("cuda/graphs.py")
+    assert "self.__class__.default_capture_stream = torch.cuda.Stream()" in graphs
+    assert "self.stream_ctx = torch.cuda.stream(self.capture_stream)" in graphs
+    assert re.search(r"def __enter__\(self\) -> None:\n.*?torch\.cuda\.synchronize\(\)"
+                     r".*?self\.stream_ctx\.__enter__\(\).*?self\.cuda_graph\.capture_begin\(", graphs, re.S)
+    assert re.search(r"def __exit__\(self, \*args: object\) -> None:.*?self\.cuda_graph\.capture_end\(\)\s*"
+                     r"self\.stream_ctx\.__exit__\(\*args\)", graphs, re.S)
+    assert "return _cuda_isCurrentStreamCapturing()" in graphs
+    signature = inspect.signature(torch.cuda.graphs.CUDAGraph.capture_begin)
+    assert list(signature.parameters) == ["self", "pool", "capture_error_mode", "check_input_liveness"]
+    init = source("cuda/__init__.py")
+    assert re.search(r"self\.src_prev_stream = torch\.cuda\.current_stream\(None\)", init)
+    assert "torch.cuda.set_stream(cur_stream)" in init
+
+
 def test_oom_observer_signature_matches_the_caching_allocator_header() -> None:
     header = source("include/c10/cuda/CUDACachingAllocator.h")
     match = re.search(r"using OutOfMemoryObserver = std::function<void\(([^)]*)\)>;", header)
@@ -157,12 +190,16 @@ def test_event_errors_are_torchs() -> None:
         other.record(torch.cuda.current_stream(1))
         with pytest.raises(torch.AcceleratorError, match="invalid resource handle"):
             timed.elapsed_time(other)
-        with pytest.raises(RuntimeError, match="Event device 1 does not match recording stream's device 0"):
+        # torch.Event's backend (CUDAGuardImpl) and torch.cuda.Event (CUDAEvent.h) word it differently
+        with pytest.raises(RuntimeError, match=r"Event device index 1 does not match recording stream's device "
+                                               r"index 0\."):
             other.record(torch.cuda.current_stream(0))
         torch.cuda.set_device(1)
         bound = torch.cuda.Event(enable_timing=True)
         bound.record()  # the current device's stream: device 1
         assert bound.device == torch.device("cuda", 1) and gpu.events_recorded[1] == 2
+        with pytest.raises(RuntimeError, match=r"Event device 1 does not match recording stream's device 0\.$"):
+            bound.record(torch.cuda.current_stream(0))
 
 
 def test_caching_allocator_rounds_and_sizes_segments_as_torch() -> None:
@@ -252,3 +289,85 @@ def test_a_cuda_error_is_sticky() -> None:
         with pytest.raises(torch.AcceleratorError) as caught:
             torch.cuda.Event().record()
         assert caught.value is error and gpu.calls_after_error == ["Event.record"]
+
+
+# ----------------------------------------------------------------------------- streams, graphs, sticky errors
+def test_the_current_device_and_stream_are_per_thread() -> None:
+    import threading
+
+    with simulated_cuda(devices=2) as gpu:
+        side = torch.cuda.Stream()
+        seen = {}
+
+        def other_thread() -> None:
+            seen["device"], seen["stream"] = torch.cuda.current_device(), torch.cuda.current_stream()
+
+        with torch.cuda.stream(side):  # torch's own StreamContext
+            torch.cuda.set_device(1)
+            assert torch.cuda.current_stream(0) == side
+            thread = threading.Thread(target=other_thread)
+            thread.start()
+            thread.join()
+        assert seen == {"device": 0, "stream": gpu.streams[0]}
+        assert torch.cuda.current_stream(0) == gpu.streams[0], "the context put the default stream back"
+
+
+def test_side_streams_queue_apart_and_are_ordered_by_waits() -> None:
+    with simulated_cuda() as gpu:
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            gpu.run(80.0)
+        on_default, on_side = torch.cuda.Event(), torch.cuda.Event()
+        on_default.record()
+        on_side.record(side)
+        assert on_default.query() and not on_side.query(), "the default stream has nothing queued"
+        torch.cuda.current_stream().wait_stream(side)
+        after = torch.cuda.Event()
+        after.record()
+        assert not after.query(), "queued behind the side stream's kernel"
+        torch.cuda.synchronize()  # waits for every stream of the device
+        assert on_side.query() and after.query() and gpu.idle() == 0.0
+
+
+def test_a_query_inside_a_graph_capture_invalidates_it() -> None:
+    with simulated_cuda() as gpu:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # torch's own context manager
+            assert torch.cuda.is_current_stream_capturing()
+            gpu.run(5.0)  # captured, not run
+        assert not torch.cuda.is_current_stream_capturing() and gpu.idle() == 0.0
+        graph.replay()
+        assert gpu.idle() > 0.0
+        broken = torch.cuda.CUDAGraph()
+        invalidated = pytest.raises(torch.AcceleratorError, match="operation failed due to a previous error during "
+                                                                  "capture")
+        with invalidated, torch.cuda.graph(broken):
+            gpu.run(5.0)
+            with pytest.raises(torch.AcceleratorError, match="operation not permitted when stream is capturing"):
+                torch.cuda.mem_get_info()
+        with pytest.raises(RuntimeError, match="without a preceding successful capture"):
+            broken.replay()
+
+
+def test_a_sticky_error_reaches_every_device_call() -> None:
+    with simulated_cuda() as gpu:
+        gpu.fail()
+        for call in (torch.cuda.memory_stats, torch.cuda.memory_allocated, torch.cuda.mem_get_info,
+                     torch.cuda.current_stream, lambda: torch.Event(enable_timing=True).record()):
+            with pytest.raises(torch.AcceleratorError, match="illegal memory access"):
+                call()
+        assert len(gpu.calls_after_error) == 5
+
+
+def test_a_snapshot_costs_time_with_its_entries() -> None:
+    with simulated_cuda() as gpu:
+        torch.cuda.memory._record_memory_history("all")
+        handles = [gpu.alloc(4096) for _ in range(2000)]
+        for handle in handles:
+            gpu.free(handle)
+        started = time.perf_counter()
+        torch.cuda.memory._snapshot()
+        taken = time.perf_counter() - started
+        (entry,) = gpu.snapshots_taken
+        assert entry["entries"] >= 6000  # alloc, free_requested, free_completed each, and the segment's
+        assert taken >= entry["entries"] * gpu.snapshot_us_per_entry / 1e6
