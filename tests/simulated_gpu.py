@@ -159,6 +159,11 @@ class SimStream:
         capture = self._gpu.capture
         return capture is not None and capture.stream == self
 
+    def is_capturing(self) -> bool:
+        """``torch.Stream.is_capturing`` (cudaStreamGetCaptureInfo): what ``Optimizer.step`` asks each step."""
+        self._gpu._check("cudaStreamGetCaptureInfo")
+        return self.capturing
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SimStream) and (other.device_index, other.stream_id) == (self.device_index,
                                                                                           self.stream_id)
@@ -687,8 +692,13 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
                       interprocess: bool = False) -> SimEvent:
         return SimEvent(gpu, device, enable_timing, generic=True)
 
-    def stream(device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:
-        return gpu.new_stream(None if device is None else gpu._index(device))
+    class Stream(SimStream):
+        """``torch.cuda.Stream``: a class (annotations such as ``torch.cuda.Stream | None`` are evaluated at run
+        time); constructing it makes a side stream of the simulation."""
+
+        def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:  # type: ignore[misc]
+            gpu._check("cudaStreamCreate")
+            return gpu.new_stream(None if device is None else gpu._index(device))
 
     def set_stream(stream: SimStream | None) -> None:
         if stream is not None:
@@ -749,6 +759,19 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
     def current_stream(device: Any = None) -> SimStream:
         return gpu.current_stream(gpu._index(device))
 
+    # torch/cuda/random.py: each device's generator state, a ByteTensor (frameworks save and restore it)
+    rng = [torch.zeros(16, dtype=torch.uint8) for _ in range(gpu.count)]
+
+    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+        return rng[gpu._index(device)].clone()
+
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        rng[gpu._index(device)] = new_state.clone()
+
+    def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+        for index, state in enumerate(new_states):
+            set_rng_state(state, index)
+
     installs = {
         (cuda, "is_available"): lambda: True,
         (cuda, "is_initialized"): lambda: gpu.initialized,
@@ -759,7 +782,7 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (cuda, "synchronize"): checked("synchronize", synchronize),
         (cuda, "current_stream"): checked("current_stream", current_stream),
         (cuda, "default_stream"): checked("default_stream", lambda device=None: gpu.streams[gpu._index(device)]),
-        (cuda, "Stream"): checked("cudaStreamCreate", stream),
+        (cuda, "Stream"): Stream,
         (cuda, "set_stream"): set_stream,
         (cuda, "_exchange_device"): exchange_device,
         (cuda, "_maybe_exchange_device"): exchange_device,
@@ -806,6 +829,13 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (accelerator, "get_memory_info"): checked("get_memory_info", mem_get_info),
         (torch, "Event"): generic_event,
     }
+    for module in (cuda, cuda.random):  # called as torch.cuda.get_rng_state and torch.cuda.random.get_rng_state
+        installs.update({
+            (module, "get_rng_state"): checked("get_rng_state", get_rng_state),
+            (module, "get_rng_state_all"): checked("get_rng_state", lambda: [get_rng_state(i) for i in
+                                                                               range(gpu.count)]),
+            (module, "set_rng_state"): checked("set_rng_state", set_rng_state),
+            (module, "set_rng_state_all"): checked("set_rng_state", set_rng_state_all)})
     # a sticky error reaches every call that touches the device: the allocator's counters and the driver's figures
     for key in ((cuda, "memory_allocated"), (cuda, "max_memory_allocated"), (cuda, "memory_reserved"),
                 (cuda, "empty_cache"), (cuda, "set_per_process_memory_fraction"), (cuda.memory, "_snapshot"),
