@@ -290,6 +290,38 @@ def test_the_signal_handler_is_restored_only_if_it_is_still_ours(tmp_path: Path)
     assert signal.getsignal(signal.SIGUSR2) == original
 
 
+def test_a_sigusr2_handler_from_outside_python_is_left_in_place(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``signal.getsignal`` is None for a handler installed outside Python (an embedding program, a native
+    library): perfhooks can neither chain to it nor put it back, so it does not take SIGUSR2 at all (before, it
+    replaced the handler and left SIG_DFL at the close: the next SIGUSR2 killed the process)."""
+    from perfhooks.capture.trigger import OnDemandTrigger
+
+    installed: list[Any] = []
+    monkeypatch.setattr(signal, "getsignal", lambda signum: None)  # what CPython says of such a handler
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.append(handler))
+    trigger = OnDemandTrigger(tmp_path)
+    trigger.close()
+    assert installed == [] and "outside Python" in (trigger.signal_skipped or "")
+    (tmp_path / "TRIGGER").touch()
+    assert trigger.take() is True, "the trigger file still opens a window"
+
+
+def test_a_sigusr2_ignored_before_the_run_is_ignored_after_it(tmp_path: Path) -> None:
+    from perfhooks.capture.trigger import OnDemandTrigger
+
+    original = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        trigger = OnDemandTrigger(tmp_path)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert trigger.poll() is True
+        trigger.close()
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGUSR2)  # ignored, as before perfhooks
+    finally:
+        signal.signal(signal.SIGUSR2, original)
+
+
 # ------------------------------------------------------------------ which report wins
 def test_an_older_runs_write_and_a_late_window_write_lose(tmp_path: Path) -> None:
     from perfhooks.report.write import write_merged_report, write_report

@@ -162,12 +162,31 @@ def test_window_analyses_on_a_node_take_turns(tmp_path: Path, monkeypatch: pytes
         analyze_window(trace, Thresholds(), first_step=1)
         finished.set()
 
-    with node_lock():  # another rank's analysis is running
+    with node_lock(5.0) as held:  # another rank's analysis is running
+        assert held
         worker = threading.Thread(target=analyse)
         worker.start()
         assert not finished.wait(3.0), "the analysis ran while the node's lock was held"
     assert finished.wait(60.0), "the analysis ran once the lock was free"
     worker.join()
+
+
+def test_the_node_lock_is_the_users_and_its_wait_is_bounded(tmp_path: Path) -> None:
+    """The lock file is this user's (mode 0600, the uid in its name): another user's runs neither block this one
+    nor leave a file it cannot open. A wait past its bound gives up, and the analysis runs anyway."""
+    import os
+    import stat
+    import tempfile
+
+    from perfhooks.capture.window_job import LOCK_FILE, node_lock
+
+    path = Path(tempfile.gettempdir()) / LOCK_FILE.format(uid=os.getuid())
+    with node_lock(1.0) as first:
+        assert first and stat.S_IMODE(path.stat().st_mode) == 0o600 and str(os.getuid()) in path.name
+        with node_lock(0.3) as second:  # before, this waited with no bound
+            assert second is False
+    with node_lock(0.3) as again:
+        assert again
 
 
 def test_a_small_window_is_analysed_in_process_as_the_child_would() -> None:

@@ -22,9 +22,17 @@ class OnDemandTrigger:
         self._next_poll_ns = 0
         self._previous_handler: Any = None
         self._installed = False
+        #: Why SIGUSR2 is not perfhooks' trigger in this run (None when it is, or was not asked for).
+        self.signal_skipped: str | None = None
         if use_signal and hasattr(signal, "SIGUSR2") and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGUSR2, self._on_signal)
-            self._installed = True
+            if signal.getsignal(signal.SIGUSR2) is None:
+                # a handler installed outside Python (a native library, a job launcher's agent): signal.signal
+                # could neither chain to it nor put it back, so it stays, and the trigger file is the way in
+                self.signal_skipped = ("SIGUSR2 has a handler installed outside Python; perfhooks leaves it in place "
+                                       "(touch the TRIGGER file to open a window)")
+            else:
+                self._previous_handler = signal.signal(signal.SIGUSR2, self._on_signal)
+                self._installed = True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         """Only sets the flag (then chains to the handler that was there before): no lock, no I/O."""
@@ -57,8 +65,9 @@ class OnDemandTrigger:
         return True
 
     def close(self) -> None:
-        """Restore the previous SIGUSR2 handler, only if perfhooks' is still the one installed."""
+        """Restore the SIGUSR2 handler that was there (a Python handler, ``SIG_DFL`` or ``SIG_IGN``), only if
+        perfhooks' is still the one installed."""
         if self._installed and threading.current_thread() is threading.main_thread():
             self._installed = False
             if signal.getsignal(signal.SIGUSR2) == self._on_signal:
-                signal.signal(signal.SIGUSR2, self._previous_handler or signal.SIG_DFL)
+                signal.signal(signal.SIGUSR2, self._previous_handler)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,26 +44,45 @@ def analysis_command(path: Path, thresholds: Any) -> list[str]:
     return [nice, "-n", str(CHILD_NICENESS), *command] if nice else command
 
 
-#: The node-local lock file: at most one window analysis runs at a time on a machine (every rank of the node
-#: analyses its window at the same moment; each analysis needs 2-3x its trace's JSON size in memory).
-LOCK_FILE = "perfhooks-analysis.lock"
+#: The node-local lock file: at most one window analysis of this user's runs at a time on a machine (every rank
+#: of the node analyses its window at the same moment; each analysis needs 2-3x its trace's JSON size in memory).
+#: Per user: a file another user made in the shared temp folder could not be opened, nor should their runs
+#: hold up this one.
+LOCK_FILE = "perfhooks-analysis.{uid}.lock"
+#: Seconds between two tries at the lock while another analysis holds it.
+LOCK_POLL_S = 0.2
 
 
 @contextlib.contextmanager
-def node_lock() -> Iterator[None]:
-    """Hold the node's analysis lock (``fcntl.flock`` on a file in the temp folder, which is node-local);
-    without ``fcntl`` (not POSIX), no lock."""
+def node_lock(timeout_s: float) -> Iterator[bool]:
+    """Hold this user's analysis lock on the node (``fcntl.flock`` on a file in the temp folder, which is
+    node-local), waiting at most ``timeout_s`` seconds; yields whether it is held. Past the wait the analysis
+    runs anyway: the lock only spreads the node's memory peaks, it must not hold a run's report back. Without
+    ``fcntl`` (not POSIX), no lock."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows
-        yield
+        yield False
         return
-    with open(Path(tempfile.gettempdir()) / LOCK_FILE, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    path = Path(tempfile.gettempdir()) / LOCK_FILE.format(uid=os.getuid())
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    held = False
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(LOCK_POLL_S)
+        yield held
+    finally:
+        if held:
+            fcntl.flock(descriptor, fcntl.LOCK_UN)
+        os.close(descriptor)
 
 
 def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: float = 600.0
@@ -70,7 +91,7 @@ def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: floa
     if path.stat().st_size <= IN_PROCESS_MAX_BYTES:
         result = analyze_in_process(path, thresholds)
     else:
-        with node_lock():
+        with node_lock(timeout_s / 2):
             done = subprocess.run(analysis_command(path, thresholds), capture_output=True, text=True,
                                   timeout=timeout_s, check=False)
         if done.returncode != 0:

@@ -43,6 +43,8 @@ class CaptureControl:
                 max_traces=config.max_traces, max_trace_bytes=config.max_trace_bytes),
             writer, faults, once, on_saved=on_saved, on_written=on_written)
         self.trigger = OnDemandTrigger(output_dir, config.trigger_poll_s) if config.on_demand else None
+        if self.trigger is not None and self.trigger.signal_skipped:
+            once.warn("sigusr2_native", self.trigger.signal_skipped)
         #: With a process group of 2 or more ranks: the trigger that opens a window on every rank (else None).
         self.all_ranks: AllRanksTrigger | None = None
         if self.trigger is not None and world_size > 1:
