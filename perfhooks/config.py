@@ -89,7 +89,8 @@ class PerfConfig:
         max_traces: most trace files kept per rank; the oldest are deleted first.
         max_trace_bytes: most bytes of traces kept per rank.
         record_shapes: passed to ``torch.profiler.profile``.
-        profile_memory: passed to ``torch.profiler.profile``.
+        profile_memory: passed to ``torch.profiler.profile``; off by default, as in torch and its peers (it makes
+            every window heavier: an event per allocation). The memory monitor and its snapshots cover memory.
         with_stack: passed to ``torch.profiler.profile``.
         nvtx: emit NVTX ranges for phases (free when no NVTX tool is attached).
         module_ranges: also emit an NVTX range per module forward (forward pre/post hooks).
@@ -149,7 +150,7 @@ class PerfConfig:
     max_traces: int = 5
     max_trace_bytes: int = 512 * 2**20
     record_shapes: bool = True
-    profile_memory: bool = True
+    profile_memory: bool = False
     with_stack: bool = False
     nvtx: bool = True
     module_ranges: bool = False

@@ -19,6 +19,19 @@ def trace_files(tmp_path: Path) -> list[str]:
     return sorted(p.name for p in (tmp_path / "traces").iterdir())
 
 
+@pytest.mark.parametrize("profile_memory", [None, True])
+def test_a_default_window_records_no_allocation_events(tmp_path: Path, profile_memory: bool | None) -> None:
+    """profile_memory is off by default, as in torch.profiler and its peers (an event per allocation makes each
+    window heavier); asked for, it is on."""
+    settings = {} if profile_memory is None else {"profile_memory": profile_memory}
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=1, warmup=1, active=2, repeat=1), **settings)
+    plain_loop(engine, steps=5)
+    engine.close()
+    (path,) = (tmp_path / "traces").glob("*.gz")
+    memory_events = [e for e in load_trace(path)["traceEvents"] if e.get("name") == "[memory]"]
+    assert bool(memory_events) is bool(profile_memory), len(memory_events)
+
+
 def test_scheduled_window_writes_a_standard_trace(tmp_path: Path) -> None:
     engine = engine_for(tmp_path, schedule=Schedule(skip_first=2, wait=0, warmup=1, active=2, repeat=1))
     plain_loop(engine, steps=7)

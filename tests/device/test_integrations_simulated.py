@@ -22,11 +22,10 @@ from simulated_gpu import SimulatedGpu, simulated_cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 # imported before the simulation is installed, as on a CPU build (their annotations read torch.cuda at import)
-from hf_trainer_example import SyntheticTokens, tiny_gpt2  # noqa: E402
-from transformers import Trainer, TrainingArguments  # noqa: E402
+from transformers import Trainer, TrainingArguments
 
+from hf_trainer_example import SyntheticTokens, tiny_gpt2
 from perfhooks.runtime.engine import Engine
-
 
 MIB = 2**20
 FORWARD_MS, BACKWARD_MS, ACTIVATION = 4.0, 6.0, 64 * MIB
@@ -86,7 +85,6 @@ def _check_timed_on_the_device(report: dict[str, Any], gpu: SimulatedGpu, steps:
 
 def test_lightning_fit_on_the_simulated_gpu(tmp_path: Path, on_cuda: SimulatedGpu) -> None:
     from helpers import default_trainer, lightning_mlp, random_loader
-
     from perfhooks.integrations.lightning import PerfCallback
 
     model = lightning_mlp()
@@ -101,7 +99,6 @@ def test_lightning_fit_on_the_simulated_gpu(tmp_path: Path, on_cuda: SimulatedGp
 
 def test_lightning_oom_on_the_simulated_gpu_is_dumped_and_raised(tmp_path: Path, on_cuda: SimulatedGpu) -> None:
     from helpers import default_trainer, lightning_mlp, random_loader
-
     from perfhooks.integrations.lightning import PerfCallback
 
     model = lightning_mlp()
@@ -109,7 +106,7 @@ def test_lightning_oom_on_the_simulated_gpu_is_dumped_and_raised(tmp_path: Path,
     # a sudden 2 GiB request gives no approach to arm the history on: record it from the start
     trainer = default_trainer(tmp_path, max_steps=12, callbacks=[PerfCallback(output_dir=tmp_path / "perf",
                                                                               memory_history=True, **NO_WINDOW)])
-    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory. Tried to allocate 2.00 GiB"):
+    with pytest.raises(torch.OutOfMemoryError, match=r"CUDA out of memory\. Tried to allocate 2\.00 GiB"):
         trainer.fit(model, random_loader(12), random_loader(2))
     oom = tmp_path / "perf" / "oom"
     summary = json.loads((oom / "summary.json").read_text())
@@ -138,8 +135,8 @@ def test_hf_trainer_on_the_simulated_gpu(tmp_path: Path, on_cuda: SimulatedGpu) 
 
 def test_accelerate_loop_on_the_simulated_gpu(tmp_path: Path, on_cuda: SimulatedGpu) -> None:
     from accelerate import Accelerator
-    from helpers import mlp, random_loader
 
+    from helpers import mlp, random_loader
     from perfhooks.integrations.accelerate import attach
 
     accelerator = Accelerator(cpu=True)
