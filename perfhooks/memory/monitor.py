@@ -39,7 +39,7 @@ from typing import Any
 from perfhooks.device import cuda_extras
 from perfhooks.device.room import DeviceRoom
 from perfhooks.faults import FaultLog, Once
-from perfhooks.files.atomic import atomic_write_bytes, atomic_write_json
+from perfhooks.files.atomic import TooLarge, atomic_write_bytes, atomic_write_json, atomic_write_stream
 from perfhooks.memory.live_tensors import live_tensor_census
 from perfhooks.memory.oom import find_oom, requested_bytes
 from perfhooks.rules.memory import MemoryFigures, oom_recommendations
@@ -270,40 +270,53 @@ class MemoryMonitor:
     def on_exception(self, error: BaseException, step: int, phase: str | None) -> None:
         """If ``error`` is (or wraps) an OOM: write ``oom/`` (summary, census, the allocator's own account from the
         OOM observer, and on CUDA a snapshot: the first OOM of a run only). Outside the failing allocation, so an
-        OOM the caller catches and retries costs no snapshot inside it. Never raises."""
+        OOM the caller catches and retries costs no snapshot inside it. Never raises.
+
+        The summary is written first and on disk before anything heavier is taken (a host OOM-kill during the
+        census or the snapshot still leaves it), then again with the files that followed. The snapshot is
+        streamed to its file under a size cap (never whole in memory); its HTML plot is left to the writer
+        thread."""
         try:
             oom = find_oom(error)
             if oom is None:
                 return
             folder = self.output_dir / "oom"
-            figures = self.sample()
+            figures = self.sample() if self.room.usable() or not self.cuda else dict(self.latest)
+            summary = self._oom_summary(oom, step, phase, figures)
+            atomic_write_json(folder / "summary.json", summary, durable=True)
             census = None
             try:
                 census = self.take_census()
-                atomic_write_json(folder / "census.json", census)
+                atomic_write_json(folder / "census.json", census, durable=True)
             except Exception as census_error:
                 self.faults.report("oom_census", census_error)
-            snapshot_files: list[str] = []
+            files = ["census.json"] if census else []
             if not self._oom_snapshot_taken:
                 self._oom_snapshot_taken = True
-                snapshot_files = self._write_snapshot(folder)
+                files += self._write_snapshot(folder)
             if self.observed:
-                atomic_write_json(folder / "observer.json", {**self.observed[-1], "count": self.observed_count})
-                snapshot_files.append("observer.json")
-            summary = {
-                "error_type": type(oom).__name__, "message": str(oom)[:1000], "step": step, "phase": phase,
-                "requested_bytes": requested_bytes(oom), "capacity_bytes": self.capacity, "limit": self.limit_source,
-                "memory": figures, "peak": dict(self.peak),
-                "census_totals": {k: v for k, v in (census or {}).items() if k.endswith("_bytes")},
-                "files": ["census.json", *snapshot_files] if census else snapshot_files,
-                "diagnosis": {"id": "oom", "severity": "critical", "title": f"Out of memory at step {step}"
-                              + (f" in {phase}" if phase else ""),
-                              "evidence": f"{type(oom).__name__}: {str(oom)[:300]}",
-                              "recommendation": " ".join(oom_recommendations(census, figures))},
-            }
-            atomic_write_json(folder / "summary.json", summary)
+                atomic_write_json(folder / "observer.json", {**self.observed[-1], "count": self.observed_count},
+                                  durable=True)
+                files.append("observer.json")
+            summary.update(census_totals={k: v for k, v in (census or {}).items() if k.endswith("_bytes")},
+                           files=files, complete=True)
+            summary["diagnosis"]["recommendation"] = " ".join(oom_recommendations(census, figures))
+            atomic_write_json(folder / "summary.json", summary, durable=True)
         except Exception as dump_error:  # a failed dump never masks the user's error
             self.faults.report("oom_dump", dump_error)
+
+    def _oom_summary(self, oom: BaseException, step: int, phase: str | None, figures: dict[str, Any]
+                     ) -> dict[str, Any]:
+        """The OOM's summary before the census and snapshot (``complete`` False until they are written)."""
+        return {
+            "error_type": type(oom).__name__, "message": str(oom)[:1000], "step": step, "phase": phase,
+            "requested_bytes": requested_bytes(oom), "capacity_bytes": self.capacity, "limit": self.limit_source,
+            "memory": figures, "peak": dict(self.peak), "census_totals": {}, "files": [], "complete": False,
+            "diagnosis": {"id": "oom", "severity": "critical", "title": f"Out of memory at step {step}"
+                          + (f" in {phase}" if phase else ""),
+                          "evidence": f"{type(oom).__name__}: {str(oom)[:300]}",
+                          "recommendation": " ".join(oom_recommendations(None, figures))},
+        }
 
     # ------------------------------------------------------------------ report
     def section(self) -> dict[str, Any]:
@@ -386,24 +399,34 @@ class MemoryMonitor:
         return cuda_extras.snapshot() if self.history else None
 
     def _write_snapshot(self, folder: Path, name: str = "snapshot") -> list[str]:
-        """Take and write a snapshot now (at an OOM, where the process may not live to run the writer)."""
+        """Take and write a snapshot now (at an OOM, where the process may not live to run the writer); its HTML
+        plot goes to the writer thread."""
         snapshot = self._take_snapshot()
-        return [] if snapshot is None else self._write_snapshot_files(folder, name, snapshot)
+        return [] if snapshot is None else self._write_snapshot_files(folder, name, snapshot, plot_later=True)
 
-    def _write_snapshot_files(self, folder: Path, name: str, snapshot: Any) -> list[str]:
-        data = pickle.dumps(snapshot, protocol=4)
-        if len(data) > MAX_SNAPSHOT_BYTES:
-            self.once.warn("snapshot_size", f"memory snapshot of {len(data)} bytes is over {MAX_SNAPSHOT_BYTES}; "
-                           "not written (lower memory_history_entries)")
-            return []
-        atomic_write_bytes(folder / f"{name}.pickle", data)
-        files = [f"{name}.pickle"]
+    def _write_snapshot_files(self, folder: Path, name: str, snapshot: Any, plot_later: bool = False) -> list[str]:
+        """The snapshot's pickle, streamed to its file under ``MAX_SNAPSHOT_BYTES``, and its HTML plot (on the
+        writer thread when ``plot_later``). The names of the files written."""
         try:
-            atomic_write_bytes(folder / f"{name}.html", cuda_extras.trace_plot(snapshot).encode())
-            files.append(f"{name}.html")
-        except Exception as error:
-            self.faults.report("memory_viz", error)
-        return files
+            atomic_write_stream(folder / f"{name}.pickle", lambda handle: pickle.dump(snapshot, handle, protocol=4),
+                                limit=MAX_SNAPSHOT_BYTES, durable=True)
+        except TooLarge:
+            self.once.warn("snapshot_size", f"memory snapshot over {MAX_SNAPSHOT_BYTES} bytes; not written (lower "
+                           "memory_history_entries)")
+            return []
+        files = [f"{name}.pickle"]
+
+        def plot() -> None:
+            try:
+                atomic_write_bytes(folder / f"{name}.html", cuda_extras.trace_plot(snapshot).encode())
+            except Exception as error:
+                self.faults.report("memory_viz", error)
+
+        if plot_later and self._submit is not None:
+            self._submit("memory_plot", plot)
+        else:
+            plot()
+        return [*files, f"{name}.html"]
 
 
 def _history_recording() -> bool:

@@ -54,7 +54,9 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _write_json_and_html(path: Path, report: dict[str, Any], render: Render | None) -> None:
-    atomic_write_json(path, report)
+    # a run's last word (not a report written while it runs) is on disk before the close goes on: a host
+    # OOM-kill or a node's power loss right after keeps it
+    atomic_write_json(path, report, durable=report.get("status") != "running")
     if render is not None:
         atomic_write_bytes(path.with_suffix(".html"), render(report, series=report.get("series"),
                                                              base=path.parent).encode())

@@ -439,3 +439,30 @@ def test_after_the_users_sticky_cuda_error_perfhooks_goes_quiet(tmp_path: Path) 
         report = engine.close(deadline_s=1.0)
         assert len(gpu.calls_after_error) == calls, "the close makes no device call either"
         assert report["faults"] == []
+
+
+def test_an_oom_dump_has_its_summary_on_disk_before_the_snapshot(tmp_path: Path) -> None:
+    """A host OOM-kill during the snapshot (up to 100k stack entries) still leaves the OOM's summary: it is
+    written first, then again with the files that followed (before, it was written last)."""
+    with simulated_cuda(memory_bytes=1 << 30) as gpu:
+        engine = engine_on(tmp_path, memory_poll_s=0, memory_history=True)
+        step(engine, gpu)
+        seen = {}
+        snapshot = torch.cuda.memory._snapshot
+
+        def watched_snapshot(*args, **kwargs):
+            seen.setdefault("summary", json.loads((tmp_path / "oom" / "summary.json").read_text()))
+            return snapshot(*args, **kwargs)
+
+        torch.cuda.memory._snapshot = watched_snapshot  # the simulation puts torch's own back at its end
+        engine.fetch()
+        engine.phase_start("forward")
+        with pytest.raises(torch.OutOfMemoryError) as caught:
+            gpu.alloc(2 << 30)
+        engine.exception(caught.value)
+        assert seen["summary"]["complete"] is False and seen["summary"]["step"] == 1
+        assert seen["summary"]["requested_bytes"] == 2 << 30
+        final = json.loads((tmp_path / "oom" / "summary.json").read_text())
+        assert final["complete"] is True and {"census.json", "snapshot.pickle"} <= set(final["files"])
+        engine.close()
+        assert (tmp_path / "oom" / "snapshot.html").exists(), "plotted on the writer thread"
