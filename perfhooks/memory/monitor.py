@@ -125,6 +125,8 @@ class MemoryMonitor:
         #: The OOM observer's calls in this run (what the allocator said at each OOM), the latest last.
         self.observed: list[dict[str, Any]] = []
         self.observed_count = 0
+        #: The observer's calls for the process's other devices (the latest few): perfhooks watches one device.
+        self.observed_elsewhere: list[dict[str, Any]] = []
         self._oom_snapshot_taken = False
         self.history = False
         if self.cuda:
@@ -298,6 +300,8 @@ class MemoryMonitor:
                 atomic_write_json(folder / "observer.json", {**self.observed[-1], "count": self.observed_count},
                                   durable=True)
                 files.append("observer.json")
+            if self.observed_elsewhere:  # the OOM may have been another device's: say so, with its figures
+                summary["other_devices_observed"] = list(self.observed_elsewhere)
             summary.update(census_totals={k: v for k, v in (census or {}).items() if k.endswith("_bytes")},
                            files=files, complete=True)
             summary["diagnosis"]["recommendation"] = " ".join(oom_recommendations(census, figures))
@@ -382,6 +386,13 @@ class MemoryMonitor:
         (on every OOM, the caught and retried ones too), so the snapshot waits for the error to reach perfhooks.
         The third figure is the device's total, or the per-process cap when one is set (the call site passes
         ``set_fraction ? allowed_memory_maximum : device_total``)."""
+        if self.room.index is not None and device != self.room.index:
+            # another device of this process (a model spread with device_map="auto"): not this run's device's
+            # OOM, and its figures are not comparable with this device's limit
+            self.observed_elsewhere.append({"device": device, "requested_bytes": requested,
+                                            "device_limit_bytes": limit, "device_free_bytes": free})
+            del self.observed_elsewhere[:-4]
+            return
         self.observed_count += 1
         self.observed[:] = [{"device": device, "requested_bytes": requested, "device_limit_bytes": limit,
                              "limit": self.limit_source if self.limit_source != "configured" else "device",

@@ -80,6 +80,24 @@ def test_the_oom_observer_names_the_cap_as_the_limit_not_as_allocated_memory(tmp
         assert summary["requested_bytes"] == 300 * MIB
 
 
+def test_an_oom_on_another_device_of_the_process_is_not_filed_as_this_runs(tmp_path: Path) -> None:
+    """A model spread over two GPUs (``device_map="auto"``), perfhooks bound to cuda:0: the OOM of device 1 is
+    dumped, but the observer's figures are device 1's and are said to be, not counted as cuda:0's."""
+    with simulated_cuda(devices=2, memory_bytes=1 << 30) as gpu:
+        engine = engine_on(tmp_path, memory_poll_s=0, memory_history=True)
+        step(engine, gpu)
+        engine.phase_start("forward")
+        gpu.alloc(1024)
+        engine.phase_start("backward")  # a sample: the observer attaches
+        with pytest.raises(torch.OutOfMemoryError, match="GPU 1 has a total capacity") as caught:
+            gpu.alloc(2 << 30, device=1)
+        engine.exception(caught.value)
+        summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
+        assert not (tmp_path / "oom" / "observer.json").exists(), "cuda:0's observer account holds nothing"
+        assert [o["device"] for o in summary["other_devices_observed"]] == [1]
+        assert summary["other_devices_observed"][0]["requested_bytes"] == 2 << 30
+
+
 # ----------------------------------------------------------------------------- 3. close never hangs
 def test_closing_on_a_hung_device_keeps_its_deadline_and_never_blocks(tmp_path: Path) -> None:
     with simulated_cuda(hang_guard_s=30.0) as gpu:
