@@ -260,10 +260,13 @@ class PerfSession(LoopSession):
                 return original(*args, **kwargs)
             engine.phase_start(OPTIMIZER)
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 engine.phase_end(OPTIMIZER)
-                engine.stepped()
+            # only a step that returned counts (one that raised took no step); a step GradScaler skipped on an
+            # overflow counts, as Lightning's and transformers' global step count it
+            engine.stepped()
+            return result
 
         self._patches.set(optimizer, "step", noting_errors(engine, step))
 

@@ -79,6 +79,33 @@ def test_an_error_in_the_loop_writes_a_failed_report_and_propagates(tmp_path: Pa
     assert report["steps"] == 3
 
 
+def test_an_optimizer_step_that_raised_is_not_counted(tmp_path: Path) -> None:
+    """The user's optimizer raises in its 4th step (a NaN check, say), the loop catches it and goes on: 7 steps
+    were taken of 8 iterations (before, the one that raised counted too)."""
+    accelerator, model, optimizer, data = prepared()
+    inner = optimizer.optimizer
+    original = inner.step
+    calls = []
+
+    def step(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise FloatingPointError("the loss went NaN")
+        return original(*args, **kwargs)
+
+    inner.step = step
+    with attach(accelerator, model, optimizer, data, output_dir=tmp_path, schedule=None, console=False):
+        for x, y in data:
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            try:
+                optimizer.step()
+            except FloatingPointError:
+                pass
+            optimizer.zero_grad()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert len(calls) == 8 and report["steps"] == 7 and report["global_step"] == 7
+
+
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
     (("not a model",), {}, TypeError, "model must be a torch.nn.Module"),
     ((), {"max_traces": 0}, ValueError, "max_traces must be an integer >= 1"),
