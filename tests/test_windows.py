@@ -1,5 +1,6 @@
 import os
 import signal
+import time
 import warnings
 from pathlib import Path
 
@@ -30,6 +31,32 @@ def test_a_default_window_records_no_allocation_events(tmp_path: Path, profile_m
     (path,) = (tmp_path / "traces").glob("*.gz")
     memory_events = [e for e in load_trace(path)["traceEvents"] if e.get("name") == "[memory]"]
     assert bool(memory_events) is bool(profile_memory), len(memory_events)
+
+
+def test_what_a_killed_export_left_is_swept_and_a_live_ones_files_stay(tmp_path: Path) -> None:
+    """An export killed at the exit deadline leaves torch's raw JSON (named with its pid) and the gzip's temp file;
+    pruning never matched them, so they piled up (possibly gigabytes). The next window's prune deletes those of
+    a dead process and old temp files of this rank; a live process's and another rank's stay."""
+    import subprocess
+    import sys
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    left = {f".rank0.step3.pt.trace.json.gz.{dead}.json": 0, ".rank0.step3.pt.trace.json.gz.ab12cd.tmp": 3600,
+            f".rank0.step9.pt.trace.json.gz.{os.getppid()}.json": 0,  # a live process: still exporting
+            ".rank0.step9.pt.trace.json.gz.ef34gh.tmp": 0,  # just made: being written
+            f".rank1.step3.pt.trace.json.gz.{dead}.json": 0}  # another rank's: its own run sweeps it
+    for name, age_s in left.items():
+        (traces / name).write_text("{}")
+        os.utime(traces / name, (time.time() - age_s, time.time() - age_s))
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=1, warmup=1, active=1, repeat=1))
+    plain_loop(engine, steps=4)
+    engine.close()
+    assert sorted(p.name for p in traces.iterdir()) == sorted([
+        f".rank0.step9.pt.trace.json.gz.{os.getppid()}.json", ".rank0.step9.pt.trace.json.gz.ef34gh.tmp",
+        f".rank1.step3.pt.trace.json.gz.{dead}.json", "rank0.step2.pt.trace.json.gz"])
 
 
 def test_scheduled_window_writes_a_standard_trace(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,12 @@ def trace_name(rank: int, first_step: int) -> str:
 
 
 _TRACE_RE = re.compile(r"^rank(\d+)\.step(\d+)\.pt\.trace\.json\.gz$")
+#: What an export killed part way leaves: torch's raw JSON (``.NAME.PID.json``, possibly gigabytes) and the
+#: gzip's temp file (``.NAME.XXXX.tmp``).
+_RAW_RE = re.compile(r"^\.rank(\d+)\.step\d+\.pt\.trace\.json\.gz\.(\d+)\.json$")
+_TEMP_RE = re.compile(r"^\.rank(\d+)\.step\d+\.pt\.trace\.json\.gz\..*\.tmp$")
+#: A gzip temp file older than this (seconds) is a dead export's, not one being written.
+STALE_TEMP_S = 600.0
 #: Window records kept (the most recent): a long run with ``repeat=0`` keeps its report bounded.
 MAX_WINDOW_RECORDS = 100
 
@@ -212,8 +219,24 @@ class CaptureWindows:
         if self.on_written is not None and final.exists():
             self.on_written(final, record)
 
+    def _sweep_leftovers(self) -> None:
+        """Delete what a killed export of this rank left: a raw JSON whose process is gone, a temp file older than
+        ``STALE_TEMP_S``. A live process's files (another run of this rank still exporting) stay."""
+        now = time.time()
+        for path in self.traces_dir.iterdir():
+            raw, temp = _RAW_RE.match(path.name), _TEMP_RE.match(path.name)
+            try:
+                if raw and int(raw.group(1)) == self.rank and not _alive(int(raw.group(2))):
+                    path.unlink()
+                elif temp and int(temp.group(1)) == self.rank and now - path.stat().st_mtime > STALE_TEMP_S:
+                    path.unlink()
+            except OSError:
+                continue
+
     def _prune(self) -> None:
-        """Keep at most ``max_traces`` of this rank's traces, oldest deleted first, under the byte cap."""
+        """Keep at most ``max_traces`` of this rank's traces, oldest deleted first, under the byte cap; sweep
+        what killed exports left."""
+        self._sweep_leftovers()
         ours = []
         for path in self.traces_dir.iterdir():
             match = _TRACE_RE.match(path.name)
@@ -241,3 +264,16 @@ class CaptureWindows:
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
             return [dict(window) for window in self.windows]
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (``kill(pid, 0)``; one we may not signal is alive)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
