@@ -128,6 +128,11 @@ class CaptureWindows:
             profiler.step_rec_fn = None
             label.__exit__(None, None, None)
 
+    @property
+    def _device_activity(self) -> bool:
+        """Windows record CUDA activity (CUPTI): on CUDA, unless Nsight Systems holds CUPTI."""
+        return self.settings.cuda and not self.settings.nsys_capture
+
     def close(self) -> None:
         """Stop an open window; a partially recorded one is saved. ``profiler.stop()`` synchronizes the device:
         the lifecycle calls this only once the device has drained its queue within the deadline."""
@@ -137,16 +142,28 @@ class CaptureWindows:
         self._nsys(start=False)
 
     def abandon(self) -> None:
-        """The device did not drain by the deadline: let go of the open window without ``stop()`` (which would
-        block on the device). Its trace is lost; the Nsight range is left as it is (closing it is a device call)."""
-        self._profiler = None
+        """The device did not drain by the deadline, or raised a CUDA error: let go of the open window. A window
+        that records the CPU only is stopped (``stop()`` then touches no device) and its partial trace saved. One
+        with CUDA activity is not: its ``stop()`` synchronizes the device, which could block for ever or raise;
+        torch's profiler then records until the process ends, which perfhooks says once. The Nsight range is
+        left as it is (closing it is a device call)."""
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return
+        if not self._device_activity:
+            self._nsys_running = False  # the Nsight range stays as it is: closing it is a device call
+            profiler.stop()
+            return
+        self.once.warn("window_left_open", "a capture window with CUDA activity was open when the device failed or "
+                       "hung; torch's profiler keeps recording until this process ends (stopping it would wait on "
+                       "the device). A notebook or a retry in this process: restart the process")
 
     def _open(self, step: int, action: Action, trigger: str) -> None:
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
         # CUPTI takes one subscriber: under nsys_capture Nsight Systems records the GPU, and the window the CPU.
-        if self.settings.cuda and not self.settings.nsys_capture:
+        if self._device_activity:
             activities.append(ProfilerActivity.CUDA)
         profiler = profile(activities=activities, schedule=self._torch_action,
                            on_trace_ready=self._on_trace_ready, record_shapes=self.settings.record_shapes,

@@ -386,6 +386,8 @@ class Engine:
         self.tracker.account.close()
         if not self.cuda_broken:
             self.parts.settle_device(self.room, device_deadline, self.once)
+        else:  # no device call: the window is let go of (a CPU-only one is stopped)
+            self.parts._guarded("window_abandon", self.capture.windows.abandon)
         self.hooks.remove()
         self.watch.close()
         self.capture.stop_triggers()

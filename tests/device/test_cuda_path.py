@@ -484,3 +484,23 @@ def test_an_oom_dump_has_its_summary_on_disk_before_the_snapshot(tmp_path: Path)
         assert final["complete"] is True and {"census.json", "snapshot.pickle"} <= set(final["files"])
         engine.close()
         assert (tmp_path / "oom" / "snapshot.html").exists(), "plotted on the writer thread"
+
+
+def test_a_cpu_only_window_open_at_a_cuda_error_is_stopped(tmp_path: Path) -> None:
+    """A window open when the user's CUDA error passes: the close makes no device call, and a window that records
+    the CPU only (here under nsys_capture, where Nsight holds CUPTI) is stopped rather than left recording in the
+    process (a notebook, a retry)."""
+    from torch._C._autograd import _profiler_enabled
+
+    with simulated_cuda() as gpu:
+        engine = engine_on(tmp_path, schedule=Schedule(skip_first=1, warmup=0, active=4), nsys_capture=True,
+                           analyze_windows=False)
+        for _ in range(2):
+            step(engine, gpu, forward_ms=1.0)
+        assert _profiler_enabled()
+        engine.fetch()
+        engine.phase_start("forward")
+        error = gpu.fail()
+        engine.exception(error, deadline_s=1.0)
+        assert not _profiler_enabled(), "torch's profiler still recording after the run"
+        assert gpu.calls_after_error == []
