@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -231,3 +232,28 @@ def test_an_oom_anywhere_propagates_with_the_same_exit_status(tmp_path: Path, wh
     report = read_report(tmp_path / "perf1")
     assert report["error"]["type"] == "OutOfMemoryError" and report["error"]["phase"] == phase
     assert (tmp_path / "perf1" / "oom" / "summary.json").exists()
+
+
+def test_a_close_that_runs_out_of_time_drops_the_late_jobs_instead_of_running_them_after(tmp_path: Path) -> None:
+    """The writer is busy past the close's timeout: the jobs still queued never run (a late report write would
+    land after the final report and replace it), and a writer used again starts clean."""
+    import threading
+
+    from perfhooks.faults import FaultLog
+    from perfhooks.files.writer import BackgroundWriter
+
+    writer = BackgroundWriter(FaultLog())
+    release = threading.Event()
+    ran: list[str] = []
+    writer.submit("slow", lambda: release.wait(10.0) and ran.append("slow"))
+    writer.submit("late report", lambda: ran.append("late report"))
+    writer.close(timeout_s=0.2)  # the slow job holds the thread past the timeout
+    release.set()
+    deadline = time.monotonic() + 10.0
+    while "slow" not in ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # time enough for the late job to run, were it still to run
+    assert ran == ["slow"] and writer.dropped == 1
+    writer.submit("next run", lambda: ran.append("next run"))
+    assert writer.flush(10.0) and ran == ["slow", "next run"]
+    writer.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from perfhooks.faults import FaultLog
@@ -25,10 +26,17 @@ class BackgroundWriter:
         self.running = False
         self._queue: queue.Queue[tuple[str, Job] | None] = queue.Queue(maxsize=capacity)
         self._thread: threading.Thread | None = None
+        #: Set when a close ran out of time: jobs still queued are dropped rather than run late.
+        self._discard = threading.Event()
+        self._capacity = capacity
 
     def submit(self, kind: str, job: Job) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            # each thread has its own queue and discard flag: a thread let go of at a timed-out close drains
+            # (dropping) its own queue, never a later one's
+            self._queue, self._discard = queue.Queue(maxsize=self._capacity), threading.Event()
+            self._thread = threading.Thread(target=self._run, args=(self._queue, self._discard), name=self.name,
+                                            daemon=True)
             self._thread.start()
         try:
             self._queue.put_nowait((kind, job))
@@ -37,30 +45,42 @@ class BackgroundWriter:
             self.faults.report(f"{self.name}_queue_full", f"dropped a {kind} job; the {self.name} thread is behind")
 
     def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait until every submitted job ran; False if that took longer than ``timeout_s``."""
+        """Wait until every submitted job ran; False if that took longer than ``timeout_s`` (one deadline for the
+        queue's room and the jobs both)."""
         if self._thread is None:
             return True
+        deadline = time.monotonic() + timeout_s
         done = threading.Event()
         try:
             self._queue.put(("flush", done.set), timeout=timeout_s)
         except queue.Full:
             return False
-        return done.wait(timeout_s)
+        return done.wait(max(0.0, deadline - time.monotonic()))
 
     def close(self, timeout_s: float = 60.0) -> None:
-        self.flush(timeout_s)
+        """Run what was submitted, within ``timeout_s``; past it, the jobs still queued are dropped, not run late
+        (a late report write would land after the final one), and the thread is let go of."""
+        late = not self.flush(timeout_s)
+        if late:
+            self._discard.set()
         if self._thread is not None:
             with contextlib.suppress(queue.Full):
-                self._queue.put(None, timeout=1.0)
-            self._thread.join(timeout=1.0)
+                self._queue.put(None, timeout=0.0 if late else 1.0)
+            self._thread.join(timeout=0.0 if late else 1.0)
             self._thread = None
 
-    def _run(self) -> None:
+    def _run(self, jobs: queue.Queue[tuple[str, Job] | None], discard: threading.Event) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = jobs.get(timeout=1.0) if discard.is_set() else jobs.get()
+            except queue.Empty:  # let go of at a timed-out close, and drained: the thread ends
+                return
             if item is None:
                 return
             kind, job = item
+            if discard.is_set() and kind != "flush":
+                self.dropped += 1
+                continue
             if kind != "flush":
                 self.started += 1
                 self.running = True
