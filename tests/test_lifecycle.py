@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from helpers import default_trainer, lightning_mlp, quiet_trainer, random_loader, read_report
-from perfhooks import Schedule
+from perfhooks import Engine, PerfConfig, Schedule
 
 TESTS = Path(__file__).resolve().parent
 SCRIPT = TESTS / "scripts" / "caught_and_retried.py"
@@ -357,3 +357,27 @@ def test_the_exit_work_keeps_its_deadline_and_makes_no_cuda_call_after_a_cuda_er
     assert time.monotonic() - start < 10.0  # the 1 s deadline, not the 30 s export (10x apart either way)
     assert engine.cuda_broken and windows_closed == []
     assert engine.error["type"] == "RuntimeError"
+
+
+def test_a_new_run_waits_a_bounded_time_for_the_one_it_abandons(tmp_path: Path) -> None:
+    """A run left open (an error the caller caught) is abandoned when the next one starts. Its writer is stuck (a
+    slow disk): the next run starts once the exit deadline has passed, not after the writer's own 60 s."""
+    import threading
+
+    from perfhooks.runtime.exit_guard import EXIT_DEADLINE_S
+
+    first = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path / "first", "test")
+    stuck = threading.Event()
+    first.writer.submit("slow disk", lambda: stuck.wait(120.0))
+    started = threading.Event()
+
+    def next_run() -> None:
+        Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path / "second", "test").close()
+        started.set()
+
+    threading.Thread(target=next_run, daemon=True).start()
+    try:
+        assert started.wait(EXIT_DEADLINE_S + 30.0), "the next run waited on the abandoned run's writer"
+        assert read_report(tmp_path / "first")["status"] == "completed", "its report written, on time"
+    finally:
+        stuck.set()

@@ -72,7 +72,7 @@ def begin(run: GuardedRun, signals: tuple[str, ...] = ()) -> None:
     global _current
     previous = current()
     if previous is not None and previous is not run and not previous.closed:
-        previous.abandon(quiet=True)
+        previous.abandon(deadline_s=EXIT_DEADLINE_S, quiet=True)  # the new run's start waits no longer
     with _lock:
         _current = weakref.ref(run)
     _install()
