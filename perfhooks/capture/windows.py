@@ -243,9 +243,10 @@ class CaptureWindows:
         for path in self.traces_dir.iterdir():
             raw, temp = _RAW_RE.match(path.name), _TEMP_RE.match(path.name)
             try:
-                if raw and int(raw.group(1)) == self.rank and not _alive(int(raw.group(2))):
-                    path.unlink()
-                elif temp and int(temp.group(1)) == self.rank and now - path.stat().st_mtime > STALE_TEMP_S:
+                dead_raw = raw is not None and int(raw.group(1)) == self.rank and not _alive(int(raw.group(2)))
+                old_temp = (temp is not None and int(temp.group(1)) == self.rank
+                            and now - path.stat().st_mtime > STALE_TEMP_S)
+                if dead_raw or old_temp:
                     path.unlink()
             except OSError:
                 continue
