@@ -58,6 +58,7 @@ import torch
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.faults import FaultLog
+from perfhooks.integrations.versions import note_versions
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
 from perfhooks.runtime.precision import matmul_dtype
@@ -128,6 +129,7 @@ class PerfSession(LoopSession):
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
                                    wandb_source=RunSource(lambda: _wandb_tracker_run(accelerator)))
+        note_versions(self.engine, "accelerate")
         if not self.engine.active:
             self._closed = True
             return

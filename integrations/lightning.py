@@ -52,6 +52,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.integrations.versions import note_versions
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, timed_aside, wrap_construction
 from perfhooks.runtime.precision import matmul_dtype
@@ -108,6 +109,7 @@ class PerfCallback(Callback):
         engine = Engine.start(self.config, self._output_dir(trainer), framework="lightning", device=pl_module.device,
                               start_step=_steps_done(trainer), global_step=trainer.global_step,
                               wandb_source=_wandb_source(trainer), ends_explicitly=True)
+        note_versions(engine, "lightning")
         resume_state, self._resume_state = self._resume_state, None  # a checkpoint of an older perfhooks
         self.engine = engine
         if not engine.active:

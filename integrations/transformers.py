@@ -61,6 +61,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, NUM_ITEMS_GATHER, OPTIMIZER
+from perfhooks.integrations.versions import note_versions
 from perfhooks.report.build import interval_metrics
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.patches import InstancePatches, named_work, noting_errors, timed_aside, wrap_construction
@@ -157,6 +158,7 @@ class PerfTrainerCallback(TrainerCallback):
         self.engine = Engine.start(self.config, output_dir, framework="transformers", device=args.device,
                                    start_step=state.global_step, wandb_source=_wandb_source(args),
                                    ends_explicitly=True)
+        note_versions(self.engine, "transformers")
         if not self.engine.active:
             return
         self._flos_at_start = (state.total_flos, state.global_step)

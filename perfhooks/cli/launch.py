@@ -35,6 +35,7 @@ from typing import Any
 
 from perfhooks.capture.schedule import Schedule
 from perfhooks.config import PerfConfig, signal_names
+from perfhooks.integrations.versions import TESTED
 from perfhooks.rules.thresholds import Thresholds
 
 #: Settings that are not command-line material (objects built in code).
@@ -46,9 +47,9 @@ ENV_PREFIX = "PERFHOOKS_"
 #: packages themselves for Lightning and accelerate (their ``__init__`` finishes after the class's module, and
 #: the integration imports from the package); transformers' lazy ``Trainer`` module for transformers.
 FRAMEWORKS: dict[str, tuple[str, str, tuple[tuple[int, int], tuple[int, int]]]] = {
-    "lightning.pytorch": ("lightning", "lightning", ((2, 2), (2, 6))),
-    "transformers.trainer": ("transformers", "transformers", ((4, 46), (5, 23))),
-    "accelerate": ("accelerate", "accelerate", ((1, 0), (1, 15))),
+    "lightning.pytorch": ("lightning", "lightning", TESTED["lightning"]),
+    "transformers.trainer": ("transformers", "transformers", TESTED["transformers"]),
+    "accelerate": ("accelerate", "accelerate", TESTED["accelerate"]),
 }
 
 
