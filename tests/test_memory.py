@@ -353,6 +353,8 @@ def test_cuda_approach_arms_history_and_the_capture_has_stacks(tmp_path: Path, g
     gpu.free(filler)
     memory = report["memory"]
     assert memory["history"]["armed"]["signal"] == "allocated" and memory["history"]["owner"] == "perfhooks"
+    # the steps after arming pay for a stack at every allocation: perfhooks' steps, out of the steady figures
+    assert report["steady"]["perfhooks_steps"] >= 4 and report["series"]["perfhooks"][-4:] == [1, 1, 1, 1]
     [capture] = memory["captures"]
     snapshot = pickle.loads((Path(capture["path"]) / "snapshot.pickle").read_bytes())
     frames = [frame for trace in snapshot["device_traces"] for entry in trace for frame in entry.get("frames", [])]

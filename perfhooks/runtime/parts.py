@@ -91,7 +91,9 @@ class RunParts:
         self.watch_phases()
         writer = self.writer
         self._writer_seen = writer.started
-        return self.capture.is_open or writer.running
+        # perfhooks' allocation history records a Python stack at every allocation: its steps are perfhooks'
+        stacks = self.memory is not None and self.memory.history_owner == "perfhooks"
+        return self.capture.is_open or writer.running or stacks
 
     def phase_opening(self, name: str) -> None:
         if self.flops.watching:
