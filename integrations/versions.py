@@ -16,7 +16,55 @@ TESTED: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
     "transformers": ((4, 46), (5, 24)),
     "accelerate": ((1, 0), (1, 15)),
     "torch": ((2, 4), (2, 13)),
+    "wandb": ((0, 18), (0, 31)),
+    "nvtx": ((0, 2), (0, 2)),
 }
+
+#: The framework internals the integrations reach (each also guarded where it is used): (module, class,
+#: attribute). ``perfhooks doctor`` lists which are present; a missing one means that piece is skipped.
+PRIVATE_APIS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "lightning": (
+        ("lightning.pytorch.callbacks", "ModelCheckpoint", "_save_checkpoint"),
+        ("lightning.pytorch.loops.fit_loop", "_FitLoop", "_should_accumulate"),
+        ("lightning.pytorch.profilers", "PassThroughProfiler", "start"),
+    ),
+    "transformers": (
+        ("transformers", "Trainer", "get_batch_samples"),
+        ("transformers", "Trainer", "_get_num_items_in_batch"),
+        ("transformers", "Trainer", "_save_checkpoint"),
+        ("transformers", "Trainer", "training_step"),
+        ("transformers", "Trainer", "compute_loss"),
+    ),
+    "accelerate": (
+        ("accelerate", "Accelerator", "backward"),
+        ("accelerate", "Accelerator", "save_state"),
+        ("accelerate", "Accelerator", "skip_first_batches"),
+        ("accelerate.data_loader", "DataLoaderShard", "__iter__"),
+    ),
+    "torch": (
+        ("torch.profiler", "profile", "step"),
+        ("torch.cuda.memory", "", "_record_memory_history"),
+        ("torch.cuda.memory", "", "_snapshot"),
+    ),
+}
+
+
+def missing_private_apis(framework: str) -> list[str] | None:
+    """The internals of ``framework`` that perfhooks uses and this version lacks (``module.Class.attribute``);
+    None when the framework is not installed. Imports the framework."""
+    import importlib
+
+    missing = []
+    for module_name, class_name, attribute in PRIVATE_APIS[framework]:
+        try:
+            owner: Any = importlib.import_module(module_name)
+        except ImportError:
+            return None if module_name.split(".")[0] == framework else [module_name]
+        if class_name:
+            owner = getattr(owner, class_name, None)
+        if owner is None or not hasattr(owner, attribute):
+            missing.append(".".join(part for part in (module_name, class_name, attribute) if part))
+    return missing
 
 
 def untested(distribution: str) -> str | None:

@@ -228,7 +228,7 @@ class SimEvent:
             raise RuntimeError(MSG_COMPLETED)
         if self._device_index != end._device_index:
             raise torch.AcceleratorError(MSG_OTHER_DEVICE)
-        return (end._completes_at - self._completes_at) * 1e3
+        return (end._completes_at - self._completes_at) * 1e3 * self._gpu.event_time_scale
 
     def synchronize(self) -> None:
         gpu = self._gpu
@@ -510,6 +510,10 @@ class SimulatedGpu:
         self.capture: SimCapture | None = None
         #: Seconds a snapshot costs per entry (history entries and blocks): a long history is slow to take.
         self.snapshot_us_per_entry = 2.0
+        #: ``torch.cuda._sleep``'s clock: cycles per millisecond (1 GHz).
+        self.cycles_per_ms = 1e6
+        #: What ``elapsed_time`` multiplies the true interval by: 1.0, or a broken device's timer for a test.
+        self.event_time_scale = 1.0
         self.snapshots_taken: list[dict[str, Any]] = []
         self.allocators = [DeviceAllocator(self, i, memory_bytes) for i in range(devices)]
         self.events_recorded = [0] * devices
@@ -828,6 +832,7 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (accelerator, "max_memory_allocated"): lambda device=None: gpu.allocators[gpu._index(device)].allocated_peak,
         (accelerator, "get_memory_info"): checked("get_memory_info", mem_get_info),
         (torch, "Event"): generic_event,
+        (cuda, "_sleep"): checked("_sleep", lambda cycles: gpu.run(cycles / gpu.cycles_per_ms)),
     }
     for module in (cuda, cuda.random):  # called as torch.cuda.get_rng_state and torch.cuda.random.get_rng_state
         installs.update({

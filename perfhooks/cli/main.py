@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--json", action="store_true", help="print one frame as JSON and exit")
     top.set_defaults(run=_top)
+    check = commands.add_parser("doctor", help="check this machine, its device and frameworks for perfhooks "
+                                "(a table of pass/warn/fail/skip; exit 1 when a check failed)")
+    check.add_argument("--device", default=None, help="the device to check, e.g. cuda:1 (default: the current one)")
+    check.add_argument("--format", choices=("text", "json"), default="text", help="a table, or JSON for a bug "
+                       "report")
+    check.add_argument("-o", "--output", default=None, metavar="FILE", help="also write the JSON to FILE")
+    check.set_defaults(run=_doctor)
     view = commands.add_parser("wandb-workspace", help="save a W&B workspace view of perfhooks' panels "
                                "(needs wandb-workspaces: pip install 'perfhooks[workspace]')")
     view.add_argument("project", metavar="ENTITY/PROJECT")
@@ -167,6 +174,15 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
     launch.set_defaults(run=_run)
     return parser
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from perfhooks.cli.doctor import run
+
+    if args.device is not None and not args.device.startswith(("cuda", "cpu")):
+        print(f"perfhooks doctor: --device must be cuda, cuda:N or cpu, got {args.device!r}", file=sys.stderr)
+        return 2
+    return run(None if args.device in (None, "cpu") else args.device, args.format, args.output)
 
 
 def _top(args: argparse.Namespace) -> int:

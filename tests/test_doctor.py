@@ -1,0 +1,80 @@
+"""``perfhooks doctor``: on this CPU machine (the device checks skip), and on the simulated GPU (they run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import torch
+from simulated_gpu import simulated_cuda
+
+from perfhooks.cli.doctor import doctor
+
+DEVICE_CHECKS = ("device timing", "event cost", "memory stats", "memory history", "memory snapshot", "oom observer")
+
+
+def _by_name(document: dict) -> dict[str, dict]:
+    return {check["name"]: check for check in document["checks"]}
+
+
+def test_on_this_cpu_machine_it_passes_and_skips_the_device_with_the_reason(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "doctor", "--format", "json", "-o",
+                           str(tmp_path / "doctor.json")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(done.stdout)
+    assert json.loads((tmp_path / "doctor.json").read_text()) == document
+    assert len(document["checks"]) >= 10
+    assert all(set(check) == {"name", "status", "detail", "figure"} for check in document["checks"])
+    checks = _by_name(document)
+    for name in DEVICE_CHECKS:
+        assert checks[name]["status"] == "skip" and "torch.cuda.is_available() is False" in checks[name]["detail"]
+    for framework in ("lightning", "transformers", "accelerate", "torch"):
+        check = checks[f"version: {framework}"]
+        assert check["status"] == "pass" and check["figure"]["version"] == metadata.version(framework)
+        assert "tested" in check["detail"] and len(check["figure"]["tested"]) == 2
+    assert checks["profiler"]["status"] == "pass" and document["summary"]["fail"] == 0
+
+
+def test_on_the_simulated_gpu_every_device_check_runs_and_passes() -> None:
+    with simulated_cuda():
+        checks = _by_name(doctor("cuda:0"))
+    for name in DEVICE_CHECKS:
+        assert checks[name]["status"] == "pass", checks[name]
+    assert 0.9 <= checks["device timing"]["figure"]["ratio"] <= 1.1
+    assert checks["cupti"]["status"] == "warn", "a CPU build of torch records no CUDA activity"
+
+
+def test_events_that_read_twice_the_time_fail_the_timing_check() -> None:
+    with simulated_cuda() as gpu:
+        gpu.event_time_scale = 2.0
+        check = _by_name(doctor("cuda:0"))["device timing"]
+    assert check["status"] == "fail" and 1.8 <= check["figure"]["ratio"] <= 2.2, check
+
+
+def test_a_torch_without_memory_history_fails_that_check_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    with simulated_cuda():
+        monkeypatch.delattr(torch.cuda.memory, "_record_memory_history")
+        checks = _by_name(doctor("cuda:0"))
+    assert checks["memory history"]["status"] == "fail"
+    assert "_record_memory_history" in checks["memory history"]["detail"]
+
+
+def test_no_nvtx_warns_and_an_untested_version_warns_with_its_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = metadata.version
+    monkeypatch.setitem(sys.modules, "nvtx", None)  # import nvtx raises ImportError
+    monkeypatch.setattr(metadata, "version", lambda name: "9.0.0" if name == "accelerate" else real(name))
+    checks = _by_name(doctor())
+    assert checks["nvtx"]["status"] == "warn" and "pip install nvtx" in checks["nvtx"]["detail"]
+    assert checks["version: accelerate"]["status"] == "warn"
+    assert "tested 1.0 to 1.15" in checks["version: accelerate"]["detail"]
+
+
+def test_a_bad_device_is_one_line_and_exit_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "doctor", "--device", "tpu:0"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "perfhooks doctor: --device must be cuda, cuda:N or cpu, got 'tpu:0'"]
