@@ -83,11 +83,19 @@ def untested(distribution: str) -> str | None:
 
 
 def note_versions(engine: Any, framework: str) -> None:
-    """Say once, through the run's engine, which of ``framework`` and torch are outside their tested ranges."""
+    """Say once, through the run's engine, which of ``framework`` and torch are outside their tested ranges, and
+    which internals perfhooks reaches they lack (what ``perfhooks doctor`` lists). Never raises."""
     once = getattr(engine, "once", None)
     if once is None:
         return
     for distribution in (framework, "torch"):
-        note = untested(distribution)
+        try:
+            note = untested(distribution)
+            missing = missing_private_apis(distribution)
+        except Exception:  # a check of perfhooks' own: never into the user's run
+            continue
         if note is not None:
             once.warn(f"untested_{distribution}", note)
+        if missing:
+            once.warn(f"internals_{distribution}", f"{distribution} lacks {', '.join(missing)}, which perfhooks "
+                      "uses; what needs them is skipped (perfhooks doctor lists them)")

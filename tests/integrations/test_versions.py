@@ -29,3 +29,18 @@ def test_an_untested_version_is_profiled_and_said_once(tmp_path: Path, monkeypat
     assert said == ["perfhooks: lightning 9.1.0 was not tested with perfhooks (tested 2.2 to 2.6); profiling it "
                     "anyway: a changed internal is skipped with a warning"]
     engine.close()
+
+
+def test_a_missing_internal_is_said_once_at_the_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    monkeypatch.delattr(transformers.Trainer, "_get_num_items_in_batch")
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "transformers")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        versions.note_versions(engine, "transformers")
+        versions.note_versions(engine, "transformers")
+    said = [str(w.message) for w in caught if issubclass(w.category, PerfhooksWarning)]
+    assert said == ["perfhooks: transformers lacks transformers.Trainer._get_num_items_in_batch, which perfhooks "
+                    "uses; what needs them is skipped (perfhooks doctor lists them)"]
+    engine.close()
