@@ -107,6 +107,20 @@ def test_stalled_names_the_rank_the_phase_and_the_line() -> None:
     assert verdict["evidence"].endswith("at /x/dataset.py:42 in __getitem__")
 
 
+def test_the_stuck_rank_is_the_one_waiting_for_its_own_loader_whatever_started_first() -> None:
+    """DDP: rank 1 sleeps in its dataset; rank 0 reaches the gradient all-reduce and waits there. On a busy host
+    rank 0's backward can begin a few ms before rank 1's data_wait (CI saw it): a data_wait stall is the rank's
+    own, so rank 1 is the stuck one."""
+    stalls = [{"rank": 0, "step": 7, "phase": "backward", "seconds": 14.0, "ended": True, "started_at": 100.000},
+              {"rank": 1, "step": 7, "phase": "data_wait", "seconds": 15.0, "ended": True, "started_at": 100.004,
+               "stack": ["/x/dataset.py:42 in __getitem__"]}]
+    (verdict,) = diagnose_stalls(stalls)
+    assert verdict["title"] == "Rank 1 stalled in data_wait" and "rank 0 waited in backward" in verdict["evidence"]
+    # with no data_wait among them, the first to stall is the stuck one
+    (verdict,) = diagnose_stalls([{**stalls[0], "phase": "optimizer"}, {**stalls[1], "phase": "backward"}])
+    assert verdict["title"] == "Rank 0 stalled in optimizer"
+
+
 def test_top_puts_the_stuck_rank_first_and_says_what_the_others_wait_in(tmp_path: Path) -> None:
     now = time.time()
     for rank in range(8):

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfhooks.rules.stalls import OWN_WAITS
+
 #: Seconds after which a running rank's live file is stale.
 STALE_S = 15.0
 
@@ -49,7 +51,9 @@ def read_frame(folders: list[str], now: float | None = None) -> dict[str, Any]:
         live["path"] = str(path)
         if live["rank"] not in ranks or ranks[live["rank"]]["updated_at"] < live["updated_at"]:
             ranks[live["rank"]] = live
-    ordered = sorted(ranks.values(), key=lambda r: (not r.get("stalled"), -(r.get("step_p50_ms") or 0.0), r["rank"]))
+    # stalled ranks first, a rank stuck on its own loader before those that wait for it in a collective
+    ordered = sorted(ranks.values(), key=lambda r: (not r.get("stalled"), r.get("phase") not in OWN_WAITS,
+                                                    -(r.get("step_p50_ms") or 0.0), r["rank"]))
     stalls = [dict(stall, rank=r["rank"]) for r in ordered for stall in r.get("stalls") or []]
     stalls.sort(key=lambda s: (s.get("ended", False), -(s.get("seconds") or 0.0)))
     return {"ranks": ordered, "stalls": stalls, "summary": summary(ordered)}

@@ -6,16 +6,22 @@ from typing import Any
 
 from perfhooks.rules.verdicts import Diagnosis, make
 
+#: Phases whose wait is the rank's own (its data loader), never a wait for another rank.
+OWN_WAITS = frozenset({"data_wait"})
+
 
 def diagnose_stalls(stalls: list[dict[str, Any]]) -> list[Diagnosis]:
-    """``stalled``: with one rank's stalls, the longest; with several ranks', the rank that stalled first (the one
-    that is stuck) and what the others waited in meanwhile. The line is the innermost frame of the training
-    thread's stack (records list it innermost last)."""
+    """``stalled``: with one rank's stalls, the longest; with several ranks', the stuck one and what the others
+    waited in meanwhile. The stuck rank is one stalled in ``data_wait`` if any (a wait for its own loader, never
+    for another rank: the others then wait for it in their next collective), else the rank that stalled first;
+    the phases of synchronised ranks start within milliseconds of each other, so start times alone can name the
+    waiting rank on a busy host. The line is the innermost frame of the training thread's stack (records list
+    it innermost last)."""
     if not stalls:
         return []
     ranks = {stall["rank"] for stall in stalls}
     if len(ranks) > 1 and all(stall.get("started_at") for stall in stalls):
-        stuck = min(stalls, key=lambda stall: stall["started_at"])
+        stuck = min(stalls, key=lambda stall: (stall["phase"] not in OWN_WAITS, stall["started_at"]))
         waited = sorted({(s["rank"], s["phase"]) for s in stalls if s["rank"] != stuck["rank"]})
         others = "; " + ", ".join(f"rank {rank} waited in {phase}" for rank, phase in waited)
     else:
