@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfhooks.analysis import spans
 from perfhooks.analysis.trace import Trace
 
 SYNC_RUNTIME = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
@@ -38,12 +39,15 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
     inside = _inside_steps(candidates, trace)
     counted = _outermost(inside)
     counts: dict[str, int] = {}
-    time_us = 0.0
+    time_us = idle_us = 0.0
     sites: dict[str, int] = {}
+    busy = _device_busy(trace) if trace.has_gpu else None
+    step_ends = sorted(end for _, _, end in trace.steps)
     for event in counted:
         name = event.name or ""
         counts[name] = counts.get(name, 0) + 1
         time_us += event.dur
+        idle_us += event.dur if busy is None else _idle_because_of(event, busy, step_ends)
         stack = event.a.call_stack if name in SYNC_OPS else None
         if isinstance(stack, str) and stack:
             site = _user_frame(stack)
@@ -56,11 +60,37 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
         "per_step": syncs / per_step,
         "by_kind_per_step": {name: count / per_step for name, count in sorted(counts.items())},
         "time_us_per_step": time_us / per_step,
+        # what the syncs cost the device: its idle time during each and until the host gave it work again
+        "device_idle_us_per_step": idle_us / per_step,
         "outside_steps": len(_outermost(candidates)) - syncs,
         "call_sites": [{"site": site, "count": count} for site, count in
                        sorted(sites.items(), key=lambda kv: -kv[1])[:5]],
         "cuda_sync_events": len(trace.syncs),
     }
+
+
+def _device_busy(trace: Trace) -> spans.Spans:
+    """When the device was doing anything: kernels (communication included), copies and memsets, merged."""
+    return spans.union(spans.of_events([*trace.kernels, *trace.memcpys, *trace.memsets]))
+
+
+def _idle_because_of(sync: Any, busy: spans.Spans, step_ends: list[float]) -> float:
+    """The device time (µs) a sync cost: the device's idle time during it, plus the device's idle time after it
+    until the step's end, up to the time the device was busy during the wait. A host that waits on a busy device
+    was ahead of it; after the wait the queue is empty, and every gap until the step ends is one the host, had it
+    not waited, could have filled with at most that much of a lead. So a sync on a busy device followed by a
+    device that stays fed costs nothing, and no sync costs more than its own length."""
+    import bisect
+
+    start, end = sync.ts, sync.ts + sync.dur
+    during = sync.dur - spans.measure(busy, [(start, end)])
+    starts, ends = busy
+    if starts.size == 0:
+        return during
+    index = bisect.bisect_left(step_ends, end)
+    limit = min(step_ends[index] if index < len(step_ends) else float("inf"), float(ends[-1]))
+    after = (limit - end) - spans.measure(busy, [(end, limit)]) if limit > end else 0.0
+    return during + min(max(0.0, after), sync.dur - during)
 
 
 def _inside_steps(events: list[Any], trace: Trace) -> list[Any]:

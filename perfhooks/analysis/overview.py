@@ -10,8 +10,8 @@
 - **GPU utilization**: time with at least one kernel running ÷ all steps time.
 - **Est. SM efficiency**: Σ min(blocks per SM, 1) × kernel time ÷ all steps time (kernels
   that overlap add up, capped at 1).
-- **Est. achieved occupancy**: kernel-time-weighted mean of the kernels' estimated
-  achieved occupancy (percent).
+- **Est. achieved occupancy**: kernel-time-weighted mean of the compute kernels' estimated
+  achieved occupancy (percent); communication kernels, which run a few blocks by design, are left out.
 """
 
 from __future__ import annotations
@@ -261,11 +261,14 @@ def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) ->
         device = kernel.device
         if isinstance(device, int):
             by_device.setdefault(device, []).append(kernel)
+    comm_ids = communication_ids(trace)
     for device, kernels in sorted(by_device.items()):
         busy = spans.measure(spans.union(spans.of_events(kernels)), [(first, last)])
         overview.gpu_utilization[device] = busy / span
         overview.sm_efficiency[device] = _sm_efficiency(kernels, first, last)
-        overview.achieved_occupancy[device] = _occupancy(kernels, first, last)
+        # collectives run a few blocks by design (NCCL reports occupancy 0): the compute kernels' occupancy
+        compute = [kernel for kernel in kernels if not is_communication_kernel(kernel, comm_ids)]
+        overview.achieved_occupancy[device] = _occupancy(compute, first, last)
 
 
 def _sm_efficiency(kernels: list[Event], first: float, last: float) -> float | None:

@@ -58,4 +58,10 @@ def communication_summary(trace: Trace, window: list[ranges.Span]) -> dict[str, 
     both = spans.measure(spans.union(spans.concat(comm, compute)), window)
     hidden = comm_time + spans.measure(compute, window) - both
     return {"share": comm_time / length, "overlap": hidden / comm_time, "libraries": sorted(libraries),
-            "exposed_share": (comm_time - hidden) / length}
+            "exposed_share": (comm_time - hidden) / length, "backward": _has_backward(trace)}
+
+
+def _has_backward(trace: Trace) -> bool:
+    """Whether the window ran autograd's backward (its engine's ``evaluate_function`` ops): without one, the
+    collectives are not a gradient all-reduce (tensor or pipeline parallel forward, inference)."""
+    return any((op.name or "").startswith("autograd::engine::evaluate_function") for op in trace.cpu_ops)

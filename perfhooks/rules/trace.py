@@ -177,8 +177,10 @@ def _steady_state_rules(metrics: dict[str, Any], step_us: float, breakdown: dict
 def _host_sync(s: _Steady) -> Diagnosis | None:
     t = s.t
     syncs = s.metrics.get("host_sync") or {}
-    sync_share = syncs.get("time_us_per_step", 0.0) / s.step_us
-    # a sync is a cost only if the host waited: many syncs that return at once hold nothing back
+    # a sync costs what the device sat idle because the host waited (during it, and until the host launched
+    # again): a wait on a busy device means the host is ahead, and costs nothing
+    idle_us = syncs.get("device_idle_us_per_step", syncs.get("time_us_per_step", 0.0))
+    sync_share = idle_us / s.step_us
     if syncs.get("per_step", 0.0) < t.syncs_per_step or sync_share < t.sync_time_share:
         return None
     sites = ", ".join(site["site"] for site in syncs.get("call_sites", [])[:2])
@@ -186,8 +188,10 @@ def _host_sync(s: _Steady) -> Diagnosis | None:
     return make(
         "host_sync", "warning", "The host waits for the GPU inside the step",
         f"{syncs['per_step']:.1f} synchronizations per step ({kinds}) hold the host "
-        f"{syncs['time_us_per_step'] / 1e3:.2f} ms, {pct(sync_share)} of the step; thresholds "
-        f"{t.syncs_per_step:g} and {pct(t.sync_time_share)}" + (f"; from {sites}" if sites else ""),
+        f"{syncs['time_us_per_step'] / 1e3:.2f} ms and leave the device idle {idle_us / 1e3:.2f} ms, "
+        f"{pct(sync_share)} of the step (its idle time during each wait, and after it in the step up to the time "
+        f"the wait spent on a busy device); "
+        f"thresholds {t.syncs_per_step:g} and {pct(t.sync_time_share)}" + (f"; from {sites}" if sites else ""),
         sync_share,
         "Remove .item(), .cpu(), print(tensor) and torch.cuda.synchronize() from the step; log scalars every "
         "N steps; copy inputs with pin_memory=True and .to(device, non_blocking=True). "
@@ -286,7 +290,10 @@ def _communication_heavy(s: _Steady) -> Diagnosis | None:
         f"{pct(t.communication_exposed_share)}",
         communication["exposed_share"],
         "Overlap gradient all-reduce with backward (DDP bucket_cap_mb, gradient_as_bucket_view=True), "
-        "accumulate gradients with no_sync(), or use a compression hook.",
+        "accumulate gradients with no_sync(), or use a compression hook." if communication.get("backward", True)
+        else "The window has no backward: these collectives are the forward's (tensor or pipeline parallel, or "
+        "inference). Overlap them with compute (async_op=True collectives waited on later, sequence-parallel "
+        "overlap), batch more tokens per collective, or keep tensor parallelism inside one NVLink domain.",
         communication_share=communication["share"], overlap=communication["overlap"])
 
 

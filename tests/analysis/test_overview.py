@@ -26,7 +26,8 @@ def test_resnet_agrees_with_the_tensorboard_plugin_within_one_point(name: str) -
 
 
 @pytest.mark.parametrize(("name", "steps", "utilization", "sm", "occupancy"), [
-    ("a100_nccl_rank0_of2.json.gz", 3, 0.2326, 0.1687, 35.31),
+    # occupancy of the compute kernels: its 21 NCCL kernels (occupancy 0 by design) took it to 35.31
+    ("a100_nccl_rank0_of2.json.gz", 3, 0.2326, 0.1687, 49.63),
     ("v100_ns_resolution.pt.trace.json.gz", 5, 0.9683, 0.9492, 46.45),
     ("mi250_minitoy_train.json.gz", 1, 0.0119, None, None),
 ])
