@@ -35,7 +35,6 @@ from typing import Any
 
 from perfhooks.capture.schedule import Schedule
 from perfhooks.config import PerfConfig, signal_names
-from perfhooks.integrations.versions import TESTED
 from perfhooks.rules.thresholds import Thresholds
 
 #: Settings that are not command-line material (objects built in code).
@@ -43,13 +42,13 @@ _NOT_OPTIONS = ("wandb_run", "thresholds", "schedule", "output_dir", "wandb")
 ENV_PREFIX = "PERFHOOKS_"
 
 #: The module whose import completes each framework's class -> (distribution, installer in
-#: perfhooks.integrations, the framework versions (major, minor) the patching was tested on, inclusive). The
+#: perfhooks.integrations; the versions it was tested on are in perfhooks.integrations.versions). The
 #: packages themselves for Lightning and accelerate (their ``__init__`` finishes after the class's module, and
 #: the integration imports from the package); transformers' lazy ``Trainer`` module for transformers.
-FRAMEWORKS: dict[str, tuple[str, str, tuple[tuple[int, int], tuple[int, int]]]] = {
-    "lightning.pytorch": ("lightning", "lightning", TESTED["lightning"]),
-    "transformers.trainer": ("transformers", "transformers", TESTED["transformers"]),
-    "accelerate": ("accelerate", "accelerate", TESTED["accelerate"]),
+FRAMEWORKS: dict[str, tuple[str, str]] = {
+    "lightning.pytorch": ("lightning", "lightning"),
+    "transformers.trainer": ("transformers", "transformers"),
+    "accelerate": ("accelerate", "accelerate"),
 }
 
 
@@ -246,8 +245,10 @@ class Launcher:
         self.finished = False
 
     def install(self) -> None:
-        for module, (distribution, integration, tested) in FRAMEWORKS.items():
-            self.hooks.add(module, self._patcher(distribution, integration, tested))
+        from perfhooks.integrations.versions import TESTED  # the integrations' table: imported when a run starts
+
+        for module, (distribution, integration) in FRAMEWORKS.items():
+            self.hooks.add(module, self._patcher(distribution, integration, TESTED[distribution]))
         self.hooks.install()
 
     def _patcher(self, distribution: str, integration: str, tested: tuple[tuple[int, int], tuple[int, int]]

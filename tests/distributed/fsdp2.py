@@ -56,7 +56,8 @@ def main(output_dir: str) -> int:
                   "memory_threshold": 0.9, "memory_poll_s": 0.0}
     engine = perfhooks.Engine(perfhooks.PerfConfig(schedule=perfhooks.Schedule(skip_first=4, warmup=1, active=3),
                                                    console=False, **memory), output_dir, "torchrun")
-    engine.watch_model(model)
+    if near_limit:
+        engine.watch_model(model)
     ballast = None
     for step in range(STEPS):
         if near_limit and step == 6:

@@ -220,10 +220,12 @@ def test_evaluation_loop_is_evaluation_and_save_state_is_checkpointing(tmp_path:
     assert report["steps"] == 12
     assert run["evaluations"] == 1 and run["evaluation_s"] >= 0.4  # four 100 ms batches
     assert run["checkpoints"] == 1 and run["checkpointing_s"] > 0
-    # The evaluation counted as data wait or inside a step would make it last as long: compared within this run
+    # The evaluation counted as data wait or inside a step would make one last at least as long: compared within
+    # this run, with room for a preempted step on a busy machine (CI once saw a 435 ms fetch beside a 633 ms
+    # evaluation, with the other core loaded)
     evaluation_ms = 1e3 * run["evaluation_s"]
-    assert report["phases"]["data_wait"]["max_ms"] < evaluation_ms / 2
-    assert longest_step_after_the_first_ms(report) < evaluation_ms / 2
+    assert report["phases"]["data_wait"]["max_ms"] < 0.9 * evaluation_ms
+    assert longest_step_after_the_first_ms(report) < 0.9 * evaluation_ms
 
 
 def test_a_fault_while_wiring_is_a_warning_and_the_loop_runs(tmp_path: Path) -> None:
