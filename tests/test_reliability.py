@@ -257,3 +257,24 @@ def test_a_close_that_runs_out_of_time_drops_the_late_jobs_instead_of_running_th
     writer.submit("next run", lambda: ran.append("next run"))
     assert writer.flush(10.0) and ran == ["slow", "next run"]
     writer.close()
+
+
+def test_the_final_report_is_synced_to_disk_and_a_running_one_is_not(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host OOM-kill or a power loss right after the close keeps the run's last word: its report is fsynced
+    (file, then folder). Reports written while the run goes on are not (a sync a minute would cost for nothing)."""
+    from perfhooks.report.write import write_report
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    report = {"rank": 0, "world_size": 1, "run_id": "r", "started_at": 1.0, "status": "running"}
+    write_report(tmp_path, report)
+    assert synced == []
+    write_report(tmp_path, {**report, "status": "completed"})
+    assert len(synced) == 2 and synced[1] == str(tmp_path), synced  # the temp file, then the folder
