@@ -314,7 +314,9 @@ def _check_merge_traces(tmp_path: Path, out: Path) -> None:
     assert done.returncode == 0, done.stderr
     clock = json.loads(gzip.decompress(realigned.read_bytes()))["perfhooksMerge"]["ranks"][1]["clock"]
     assert clock["method"] == "collective_end" and clock["matches"] >= 3, clock
-    assert abs(clock["applied_us"] + 250_000.0) < 1000.0, clock  # within 1 ms
+    # within 5 ms of the 250 ms: the ends of one gloo collective on two ranks spread by ~30 us on an idle machine,
+    # but by 1.2 ms once on a loaded CI machine (each rank's thread is scheduled when it can)
+    assert abs(clock["applied_us"] + 250_000.0) < 5000.0, clock
 
 
 def test_two_ranks_triggered_at_once_make_one_window_on_each_of_four(tmp_path: Path) -> None:
