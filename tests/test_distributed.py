@@ -362,10 +362,11 @@ def test_hf_trainer_gather_of_the_token_count_is_not_data_wait(tmp_path: Path) -
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
           str(HERE / "hf_ddp.py")], out, STEPS="24", SLOW_RANK="1", SLOW_MS="80")
     report = read_report(out)
-    assert report["phases"]["data_wait"]["p50_ms"] < 20, report["phases"]["data_wait"]
     assert "dataloader_bound" not in {d["id"] for d in report["diagnoses"]}
     gather = report["named_work_ms"]["transformers: num_items_in_batch (gather across ranks)"]
-    assert gather > 40, report["named_work_ms"]  # most of rank 1's 80 ms lead, per step
+    assert gather > 40, report["named_work_ms"]  # most of rank 1's 80 ms lead (its sleep), per step
+    # compared within the run: before, data_wait held the whole gather (p50 81.3 ms beside it); now 0.3 ms here
+    assert report["phases"]["data_wait"]["p50_ms"] < 0.25 * gather, (report["phases"]["data_wait"], gather)
     # the wait is rank 1's doing: rank 0 gets no other_heavy fix for it, and the ranks' verdict names rank 1
     assert "other_heavy" not in {d["id"] for d in json.loads((out / "report.rank0.json").read_text())["diagnoses"]}
     (straggler,) = [d for d in report["diagnoses"] if d["id"] == "straggler"]

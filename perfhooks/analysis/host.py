@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 from perfhooks.analysis import spans
@@ -80,8 +81,6 @@ def _idle_because_of(sync: Any, busy: spans.Spans, step_ends: list[float]) -> fl
     was ahead of it; after the wait the queue is empty, and every gap until the step ends is one the host, had it
     not waited, could have filled with at most that much of a lead. So a sync on a busy device followed by a
     device that stays fed costs nothing, and no sync costs more than its own length."""
-    import bisect
-
     start, end = sync.ts, sync.ts + sync.dur
     during = sync.dur - spans.measure(busy, [(start, end)])
     starts, ends = busy
@@ -100,8 +99,6 @@ def _inside_steps(events: list[Any], trace: Trace) -> list[Any]:
     ``cudaDeviceSynchronize`` at the top of the step, after a warm-up outside it). Without step
     markers the whole trace is one step.
     """
-    import bisect
-
     launched = _device_correlations(trace)
     launches = sorted(runtime.ts for runtime in trace.runtimes if runtime.correlation in launched)
     spans = sorted((start, end) for _, start, end in trace.steps)
@@ -128,8 +125,6 @@ def _device_correlations(trace: Trace) -> set[Any]:
 def _waits_for_the_device(ops: list[Any], trace: Trace) -> list[Any]:
     """The ``.item()``-like ops that really waited: a sync or a copy runtime call ran inside them (a CPU
     tensor's ``.item()`` makes none)."""
-    import bisect
-
     by_thread: dict[Any, list[tuple[float, float]]] = {}
     for runtime in trace.runtimes:
         name = runtime.name or ""
@@ -165,8 +160,6 @@ def _outermost(events: list[Any]) -> list[Any]:
 
 def _python_call_sites(ops: list[Any], frames: list[Any]) -> dict[str, int]:
     """Innermost user (non-torch) Python frame around each op, from ``python_function`` events (with_stack)."""
-    import bisect
-
     by_thread: dict[Any, list[Any]] = {}
     for frame in frames:
         by_thread.setdefault(frame.tid, []).append(frame)

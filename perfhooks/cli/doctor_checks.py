@@ -237,7 +237,9 @@ def memory_checks(device: str | None) -> list[Check]:
         checks.append(Check("memory snapshot", SKIP, "no allocation history to snapshot"))
     else:
         checks.extend(_history_and_snapshot(cuda_extras))
-    attach = getattr(__import__("torch")._C, "_cuda_attach_out_of_memory_observer", None)
+    import torch
+
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     checks.append(Check("oom observer", PASS if callable(attach) else FAIL,
                         "the allocator's OOM observer can be attached" if callable(attach) else
                         "this torch has no _cuda_attach_out_of_memory_observer: OOM dumps lack the allocator's "

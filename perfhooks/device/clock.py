@@ -6,7 +6,7 @@ device's current stream (through :class:`~perfhooks.device.room.DeviceRoom`). In
 marks are read later, once both events have completed (``Event.query()`` never blocks), so timing a step never
 stalls the device. :meth:`DeviceClock.wait` polls against a deadline; nothing here ever blocks without one.
 
-After a CUDA error (:meth:`DeviceClock.stop_device`, or the room finding one) marks are host-only and no
+After a CUDA error (the room marked lost, ``DeviceRoom.lose``) marks are host-only and no
 device call is made: the context may be broken, and a call would raise again after the user's traceback. While
 the calling thread's stream captures a CUDA graph, marks are host-only too (a query during a capture would
 invalidate the user's graph), and pending marks are not polled until the capture ends.
@@ -60,9 +60,6 @@ class HostClock:
     def wait(self, mark: Any, deadline: float) -> bool:
         """Whether ``mark`` is complete by ``deadline`` (``time.monotonic()``); host marks always are."""
         return True
-
-    def stop_device(self) -> None:
-        pass
 
 
 class DeviceClock(HostClock):
@@ -122,7 +119,3 @@ class DeviceClock(HostClock):
             return self.room.wait(mark.event, deadline)
         except DeviceLost:
             return True
-
-    def stop_device(self) -> None:
-        """A CUDA error: no device call from here on (marks are host times, pending events are dropped)."""
-        self.room.lose("a CUDA error passed through the training loop")

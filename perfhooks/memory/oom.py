@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import re
 
-from perfhooks.faults import is_device_error
-
 _CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 _SIZE = re.compile(r"(?:allocate|alloc)[^0-9]*([0-9][0-9.,]*)\s*(bytes|[KMGT]i?B)\b", re.IGNORECASE)
 _UNITS = {"bytes": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -42,8 +40,3 @@ def requested_bytes(error: BaseException) -> int | None:
         return None
     number = float(match.group(1).replace(",", ""))
     return int(number * _UNITS.get(match.group(2).lower(), 1))
-
-
-def is_cuda_error(error: BaseException) -> bool:
-    """A CUDA error (not an OOM) after which the context may be unusable: perfhooks makes no CUDA call."""
-    return is_device_error(error)

@@ -32,10 +32,9 @@ from perfhooks.config import PerfConfig
 from perfhooks.device.clock import DeviceClock, HostClock
 from perfhooks.device.room import DeviceRoom
 from perfhooks.distributed import ranks
-from perfhooks.faults import FaultLog, Once, guarded
+from perfhooks.faults import FaultLog, Once, guarded, is_device_error
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.memory.monitor import MemoryMonitor
-from perfhooks.memory.oom import is_cuda_error
 from perfhooks.report.schema import new_run_id
 from perfhooks.runtime import exit_guard, lifecycle
 from perfhooks.runtime.capture_control import CaptureControl
@@ -361,9 +360,8 @@ class Engine:
             self.parts.stop_flop_count(keep=False)
             phase = self.open_phase
             self.error = lifecycle.error_entry(error, self.step, phase)
-            if is_cuda_error(error):
+            if is_device_error(error):  # the room's callback stops the parts' device use
                 self.room.lose(f"{type(error).__name__}: {error}")
-                self.parts.device_lost()
             elif self.memory is not None:
                 self.memory.on_exception(error, self.step, phase)
         except Exception as fault:
