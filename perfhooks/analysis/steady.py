@@ -4,6 +4,10 @@
   launch, streams, events and the allocator set up.
 - **CUDA/HIP graph captures**: between ``cudaStreamBeginCapture`` and ``cudaStreamEndCapture`` the launches are
   recorded into a graph and run nothing, so the device looks idle while the host is busy.
+- **First-call work spread over many calls**: an operator that makes dozens of kernel-attribute and occupancy
+  queries (cuDNN's heuristics choosing an algorithm at a shape's first call), and a kernel's first launch that
+  takes far longer than its later ones (a module loaded lazily at first launch).
+- **Compilation**: dynamo and inductor frames and phases in the window.
 - **Work queued behind what the trace did not record**: the host launched everything early, and the device ran
   it back to back much later (behind work before the profiler started, or with a clock offset); the time before
   the first kernel is queueing, not idle time.
@@ -11,10 +15,12 @@
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
+from perfhooks.analysis.host import is_compilation
 from perfhooks.analysis.kernels import startup_calls
 from perfhooks.analysis.trace import Event, Trace
 
@@ -23,6 +29,19 @@ BEGIN_CAPTURE = ("cudaStreamBeginCapture", "hipStreamBeginCapture")
 END_CAPTURE = ("cudaStreamEndCapture", "hipStreamEndCapture")
 #: Below this fraction 0..1 of the window left for the steady state, no steady-state utilization is judged.
 MIN_STEADY_SHARE = 0.05
+#: At or above this fraction 0..1 of the window in start-up work, captures and compilation, nothing steady is
+#: judged from the rest: what is left is as likely first-call work the trace does not name (Python, imports).
+MOSTLY_NOT_STEADY = 0.75
+#: Runtime calls that ask a kernel's attributes: cheap one by one, made by the hundred when a library picks an
+#: algorithm at a shape's first call (cuDNN's heuristics). Occupancy queries are not among them: PyTorch's and
+#: Triton's launchers make those at every launch.
+QUERY_CALLS = ("cudaFuncGetAttributes", "cuFuncGetAttribute", "hipFuncGetAttributes")
+#: An operator making at least this many such queries is choosing algorithms: first-call work.
+FIRST_CALL_QUERIES = 50
+#: A kernel's first launch is a lazy module load when it takes at least this long (µs) and this many times the
+#: median of all launches (below :data:`perfhooks.analysis.kernels.ONE_TIME_CALL_US`, which catches the long ones).
+LAZY_LOAD_US = 100.0
+LAZY_LOAD_RATIO = 20.0
 #: Queueing is read only when the device ran this busy (fraction 0..1) from its first kernel to its last ...
 QUEUED_BUSY = 0.90
 #: ... and the time before its first kernel was at least this fraction of the window's idle time.
@@ -43,27 +62,69 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
     return ranges.merge(out)
 
 
+def first_call_spans(trace: Trace) -> list[ranges.Span]:
+    """Spans (µs) of first-call work spread over many short calls: operators making at least
+    :data:`FIRST_CALL_QUERIES` kernel-attribute queries, and kernels' first launches past
+    :data:`LAZY_LOAD_US` and :data:`LAZY_LOAD_RATIO` times the median launch."""
+    queries = sorted(c.ts for c in trace.runtimes if (c.name or "").startswith(QUERY_CALLS))
+    out: list[ranges.Span] = []
+    if len(queries) >= FIRST_CALL_QUERIES:
+        for op in trace.cpu_ops:
+            inside = bisect.bisect_left(queries, op.ts + op.dur) - bisect.bisect_left(queries, op.ts)
+            if inside >= FIRST_CALL_QUERIES:
+                out.append((op.ts, op.ts + op.dur))
+    launches = [c for c in trace.runtimes if "LaunchKernel" in (c.name or "")]
+    if launches:
+        bound = max(LAZY_LOAD_US, LAZY_LOAD_RATIO * statistics.median(c.dur for c in launches))
+        names = {k.correlation: k.name for k in trace.kernels if k.correlation is not None}
+        seen: set[str] = set()
+        for call in sorted(launches, key=lambda c: c.ts):
+            name = names.get(call.correlation)
+            if name is None or name in seen:
+                continue
+            seen.add(name)
+            if call.dur >= bound:
+                out.append((call.ts, call.ts + call.dur))
+    return ranges.merge(out)
+
+
+def compilation_spans(trace: Trace) -> list[ranges.Span]:
+    """Spans (µs) of compiler frames and phases (dynamo, inductor) in the trace, merged."""
+    events = [e for e in trace.python + trace.annotations + trace.cpu_ops if is_compilation(e.name or "")]
+    return ranges.merge((e.ts, e.ts + e.dur) for e in events if e.dur > 0)
+
+
 def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: int | None) -> dict[str, Any]:
-    """The window less start-up work and graph captures: ``{excluded_us, excluded_share, captures, capture_us,
-    step_us, gpu_utilization}`` (µs per step; utilization 0..1 of the steady time, ``None`` when less than
-    :data:`MIN_STEADY_SHARE` of the window is left). Empty when nothing is excluded."""
+    """The window less start-up work, graph captures and compilation: ``{excluded_us, excluded_share, captures,
+    capture_us, compile_us, first_call_us, mostly_not_steady, step_us, gpu_utilization}`` (µs per step;
+    utilization 0..1 of the steady time, ``None`` when less than :data:`MIN_STEADY_SHARE` of the window is left or
+    :data:`MOSTLY_NOT_STEADY` of it is excluded). Empty when nothing is excluded."""
     length = ranges.total(window)
     if not length or steps <= 0:
         return {}
-    captures = [(max(s, lo), min(e, hi)) for s, e in graph_captures(trace) for lo, hi in window if s < hi and e > lo]
+
+    def clipped(found: list[ranges.Span]) -> list[ranges.Span]:
+        return [(max(s, lo), min(e, hi)) for s, e in found for lo, hi in window if s < hi and e > lo]
+
+    captures = clipped(graph_captures(trace))
+    compiling = clipped(compilation_spans(trace))
+    first_calls = clipped(first_call_spans(trace))
     startup = [(c.ts, c.ts + c.dur) for c in startup_calls(trace)]
-    holes = ranges.merge([(s, e) for s, e in startup if e > s] + captures)
+    holes = ranges.merge([(s, e) for s, e in startup if e > s] + captures + compiling + first_calls)
     steady = ranges.subtract(window, holes)
     steady_us = ranges.total(steady)
     excluded = length - steady_us
     if excluded <= 0:
         return {}
     utilization = None
-    if device is not None and steady_us >= MIN_STEADY_SHARE * length:
+    mostly = excluded >= MOSTLY_NOT_STEADY * length
+    if device is not None and steady_us >= MIN_STEADY_SHARE * length and not mostly:
         kernels = [k for k in trace.kernels if k.device == device]
         utilization = spans.measure(spans.union(spans.of_events(kernels)), steady) / steady_us
     return {"excluded_us": excluded, "excluded_share": excluded / length, "captures": len(captures),
-            "capture_us": ranges.total(captures), "step_us": steady_us / steps, "gpu_utilization": utilization}
+            "capture_us": ranges.total(captures), "compile_us": ranges.total(ranges.merge(compiling)),
+            "first_call_us": ranges.total(ranges.merge(first_calls)), "mostly_not_steady": mostly,
+            "step_us": steady_us / steps, "gpu_utilization": utilization}
 
 
 def device_queueing(trace: Trace, window: list[ranges.Span], device: int | None) -> dict[str, Any]:

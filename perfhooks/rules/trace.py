@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+from perfhooks.analysis.steady import MOSTLY_NOT_STEADY
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import TITLES, Diagnosis, make, pct
 
@@ -40,6 +41,10 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     steady = metrics.get("steady") or {}
     step_us = steady.get("step_us") or step_us
     out.extend(_not_steady_state(metrics, steady, t))
+    if steady.get("mostly_not_steady"):  # what is left is too little, and too likely more of the same, to judge
+        out.append(_window_not_steady(metrics, steady))
+        compiling = _compiling_in_window(_Steady(metrics, step_us, breakdown, None, t))
+        return out + ([compiling] if compiling else [])
 
     def share(role: str) -> float:
         return breakdown.get(role, 0.0) / step_us if step_us else 0.0
@@ -97,6 +102,24 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             launch_call_share=launch_calls))
     out.extend(_steady_state_rules(metrics, step_us, breakdown, utilization, t))
     return out
+
+
+def _window_not_steady(metrics: dict[str, Any], steady: dict[str, Any]) -> Diagnosis:
+    window_us = (metrics.get("step_us") or 0.0) * max(metrics.get("steps") or 1, 1)
+    parts = [f"{label} {steady[key] / 1e3:.1f} ms" for key, label in
+             (("capture_us", "graph capture"), ("compile_us", "compilation"),
+              ("first_call_us", "first-call work (algorithm search, lazy module loads)")) if steady.get(key)]
+    return make(
+        "window_not_steady", "info", "Most of the window is start-up, capture or compilation: nothing steady judged",
+        f"{steady['excluded_us'] / 1e3:.1f} ms of the {window_us / 1e3:.1f} ms window, "
+        f"{pct(steady['excluded_share'])}, is one-time work (start-up calls"
+        + "".join(f", {part}" for part in parts) + "); the rest is too little, and too likely more first-call work "
+        "the trace does not name (Python, imports), to judge utilization, launches, syncs or kernels as steady "
+        f"state; threshold {pct(MOSTLY_NOT_STEADY)}",
+        0.0,
+        "Profile steady-state steps: a larger perfhooks.Schedule(skip_first=...) (torch.profiler.schedule(wait=..., "
+        "warmup=...)), or start the profiler after the first iterations (after warm-up and compilation).",
+        excluded_share=steady["excluded_share"])
 
 
 def _not_steady_state(metrics: dict[str, Any], steady: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ DOCS = {
     "evaluation_heavy": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#val-check-interval",
     "startup_in_window": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "graph_capture_in_window": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
+    "window_not_steady": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "device_queued": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "other_heavy": "https://lightning.ai/docs/pytorch/stable/tuning/profiler_basic.html",
     "stalled": "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",

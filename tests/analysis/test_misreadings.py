@@ -247,10 +247,12 @@ def test_a_graph_capture_window_is_named_and_its_utilization_not_judged_on_the_c
     ids = [d["id"] for d in report["diagnoses"]]
     # before: "critical" low utilization on the whole window (2.8 ms of kernels in 51 ms: 5.4%)
     assert report["metrics"]["gpu_utilization"] == pytest.approx(2_800.0 / 51_030.0)
-    assert "low_gpu_utilization" not in ids  # the rest of the window (3.03 ms) is 92% busy
+    assert "low_gpu_utilization" not in ids
     steady = report["metrics"]["steady"]
     assert steady["captures"] == 1 and steady["capture_us"] == 48_000.0
-    assert steady["gpu_utilization"] == pytest.approx(2_800.0 / 3_030.0)
+    # issue 40: 94% of the window is capture, past the 75% bound, so the 3.03 ms left is not judged at all
+    assert steady["mostly_not_steady"] and steady["gpu_utilization"] is None
+    assert ids == ["graph_capture_in_window", "window_not_steady"]
     [finding] = [d for d in report["diagnoses"] if d["id"] == "graph_capture_in_window"]
     assert finding["severity"] == "info" and finding["estimated_gain"] == 0
     assert "1 stream capture(s)" in finding["evidence"] and "48.0 ms, 94.1% of the window" in finding["evidence"]
