@@ -72,6 +72,8 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     input_type_raw: msgspec.Raw = msgspec.field(default=_ABSENT, name="Input type")
     concrete_inputs_raw: msgspec.Raw = msgspec.field(default=_ABSENT, name="Concrete Inputs")
     bytes: int | float | None = None
+    #: The rank of a merged file of several ranks' events (TraceLens's TraceFusion writes it into every event).
+    rank: int | None = None
     call_stack_raw: msgspec.Raw = msgspec.field(default=_ABSENT, name="Call stack")
 
     @property
@@ -344,6 +346,12 @@ def load_traces(path: str | Path) -> list[Trace]:
     if isinstance(merge, dict):
         return [_sort_events(_rank_trace(str(path), entry, len(rank_events)), rank_events)
                 for entry, rank_events in _split_events(merge, events, _restore_struct)]
+    foreign = _split_foreign(
+        events, lambda e: (e.pid, e.args.rank if e.args is not None else None) if type(e) is Event else (None, None),
+        lambda e, pid: msgspec.structs.replace(e, pid=pid)) if _may_hold_ranks(events) else {}
+    if foreign:
+        return [_sort_events(_foreign_rank_trace(str(path), metadata, rank, sorted(foreign), len(rank_events)),
+                             rank_events) for rank, rank_events in sorted(foreign.items())]
     trace = Trace(path=str(path), events=len(events))
     _read_metadata(trace, metadata)
     return [_sort_events(trace, events)]
@@ -353,7 +361,17 @@ def split_document(document: Any, path: str) -> list[Trace]:
     """:func:`parse_trace` for a document that may be a merged trace (then one Trace per rank)."""
     merge = document.get(MERGE_KEY) if isinstance(document, dict) else None
     if not isinstance(merge, dict):
-        return [parse_trace(document, path)]
+        raw = document.get("traceEvents") if isinstance(document, dict) else None
+        foreign = _split_foreign(
+            [e for e in raw if type(e) is dict and e.get("ph") == "X"] if isinstance(raw, list) else [],
+            lambda e: (e.get("pid"), (e.get("args") or {}).get("rank") if type(e.get("args")) is dict else None),
+            lambda e, pid: {**e, "pid": pid})
+        if not foreign:
+            return [parse_trace(document, path)]
+        ranks = sorted(foreign)
+        return [parse_trace({"traceEvents": events, "deviceProperties": document.get("deviceProperties"),
+                             "distributedInfo": {"rank": rank, "world_size": _world(ranks)}}, path)
+                for rank, events in sorted(foreign.items())]
     raw = [e for e in document.get("traceEvents") or [] if type(e) is dict]
     return [parse_trace({"traceEvents": rank_events, "distributedInfo": _rank_info(entry),
                          "deviceProperties": entry.get("deviceProperties")}, path)
@@ -371,6 +389,58 @@ def _rank_info(entry: dict[str, Any]) -> dict[str, Any]:
     if entry.get("world_size") is not None:
         info["world_size"] = entry["world_size"]
     return info
+
+
+#: TraceLens's merged traces (TraceFusion) offset each rank's pids, host and device alike, by this much; no real
+#: pid is this large (Linux's limit is 2**22).
+RANK_PID_OFFSET = 100_000_000
+
+
+def _split_foreign(events: list[Any], pid_and_rank: Any, with_pid: Any) -> dict[int, list[Any]]:
+    """The ranks of a merged file that perfhooks did not write: events that carry ``args.rank``, or pids offset by
+    :data:`RANK_PID_OFFSET` per rank. ``{rank: events}`` with each event back on its own pid; empty when the file
+    holds one rank."""
+    by_pid: dict[Any, int] = {}
+    offset = False
+    for event in events:
+        pid, rank = pid_and_rank(event)
+        if type(rank) is int and pid not in by_pid:
+            by_pid[pid] = rank
+        offset = offset or (type(pid) is int and pid >= RANK_PID_OFFSET)
+    if len(set(by_pid.values())) < 2 and not offset:
+        return {}
+    out: dict[int, list[Any]] = {}
+    for event in events:
+        pid, rank = pid_and_rank(event)
+        if type(rank) is not int:
+            rank = by_pid.get(pid)
+        if rank is None:
+            rank = pid // RANK_PID_OFFSET if type(pid) is int else 0
+        own = pid % RANK_PID_OFFSET if type(pid) is int and offset else pid
+        out.setdefault(rank, []).append(with_pid(event, own) if own != pid else event)
+    return out if len(out) >= 2 else {}
+
+
+def _may_hold_ranks(events: list[Any]) -> bool:
+    """Whether any event carries ``args.rank`` or an offset pid: one cheap pass, over before the end for a merged
+    file."""
+    for event in events:
+        if type(event) is Event:
+            args, pid = event.args, event.pid
+            if (args is not None and args.rank is not None) or (type(pid) is int and pid >= RANK_PID_OFFSET):
+                return True
+    return False
+
+
+def _world(ranks: list[int]) -> int:
+    return max(len(ranks), max(ranks) + 1)
+
+
+def _foreign_rank_trace(path: str, metadata: dict[str, Any], rank: int, ranks: list[int], events: int) -> Trace:
+    trace = Trace(path=path, events=events)
+    _read_metadata(trace, {"distributedInfo": {"rank": rank, "world_size": _world(ranks)},
+                           "deviceProperties": metadata.get("deviceProperties")})
+    return trace
 
 
 def _rank_trace(path: str, entry: dict[str, Any], events: int) -> Trace:

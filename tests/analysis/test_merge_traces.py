@@ -126,3 +126,53 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert cap.returncode == 2 and "--max-bytes must be a positive number of bytes" in cap.stderr
     missing = run(str(tmp_path / "nope"), "-o", str(tmp_path / "m.json.gz"))
     assert missing.returncode == 2 and "no such file or folder" in missing.stderr
+
+
+def _foreign_merge(tmp_path: Path, sources: list[Path], offset_pids: bool) -> tuple[Path, list[Path]]:
+    """The ranks' files merged as other tools write them: every event carries ``args.rank``, and (TraceLens's
+    TraceFusion) each rank's pids, host and device, are offset by 10**8 per rank; no ``deviceProperties``. Also
+    each rank's own file, with the same events and no ``deviceProperties``, for comparison."""
+    merged_events, own_files = [], []
+    for rank, source in enumerate(sources):
+        document = json.loads(gzip.decompress(source.read_bytes()))
+        document.pop("deviceProperties", None)
+        document["distributedInfo"] = {"rank": rank, "world_size": len(sources)}
+        own = tmp_path / f"own_rank{rank}.json"
+        own.write_text(json.dumps(document))
+        own_files.append(own)
+        for event in document["traceEvents"]:
+            event = dict(event)
+            event["args"] = {**(event.get("args") or {}), "rank": rank}
+            if offset_pids and isinstance(event.get("pid"), int):
+                event["pid"] += rank * 100_000_000
+            merged_events.append(event)
+    merged = tmp_path / ("tracelens_merged.json" if offset_pids else "rank_args_merged.json")
+    merged.write_text(json.dumps({"traceEvents": merged_events}))
+    return merged, own_files
+
+
+@pytest.mark.parametrize("offset_pids", [True, False], ids=["tracelens_pid_offset", "args_rank_only"])
+def test_a_merged_file_of_other_tools_is_read_as_its_ranks(tmp_path: Path, offset_pids: bool) -> None:
+    """Issue 40, class 1: before, a merged file was one rank: steps of every rank counted together (6 here for
+    3 per rank), world size 1, communication overlap measured against other ranks' compute."""
+    sources = [NCCL, DATA / "a100_80gb_rank0_of16.json.gz"]
+    merged, own_files = _foreign_merge(tmp_path, sources, offset_pids)
+    raw = json.loads(merged.read_text())["traceEvents"]
+    steps_per_rank = {r: sum(1 for e in raw if e.get("args", {}).get("rank") == r
+                             and str(e.get("name", "")).startswith("ProfilerStep#")) for r in (0, 1)}
+    assert steps_per_rank == {0: 3, 1: 5}  # by hand, from the raw events
+    ranks = load_traces(merged)
+    assert [(t.rank, t.world_size, len(t.steps)) for t in ranks] == [(0, 2, 3), (1, 2, 5)]
+    for trace, own in zip(ranks, own_files):
+        original = load_trace(own)
+        assert len(trace.kernels) == len(original.kernels)
+        assert {(k.pid, k.tid) for k in trace.kernels} == {(k.pid, k.tid) for k in original.kernels}
+    from_merged, from_files = analyze_paths([merged]), analyze_paths(own_files)
+    assert from_merged["ranks"]["step_ms"] == from_files["ranks"]["step_ms"]
+    assert from_merged["ranks"]["count"] == from_merged["ranks"]["expected"] == 2
+    assert from_merged["world_size"] == 2
+    assert [d["id"] for d in from_merged["diagnoses"]] == [d["id"] for d in from_files["diagnoses"]]
+    def figures(report: dict) -> list[dict]:
+        return [{k: v for k, v in rank.items() if k != "path"} for rank in report["ranks"]["per_rank"]]
+
+    assert figures(from_merged) == figures(from_files)  # the same figures, rank by rank
