@@ -114,6 +114,15 @@ def step_rule(trace: Trace) -> str:
     return "device_only" if trace.has_gpu else "none"
 
 
+#: Python frames of the profiler stopping (``torch/profiler/profiler.py``); ``record_function``'s ``__exit__``
+#: lives in ``torch/autograd/profiler.py`` and is the user's own range, not teardown.
+PROFILER_TEARDOWN = ("): __exit__", "): stop", "): stop_trace", "): _transit_action")
+
+
+def _is_profiler_teardown(name: str) -> bool:
+    return "torch/profiler/profiler.py(" in name and name.endswith(PROFILER_TEARDOWN)
+
+
 def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
     """One step over the host events (the device side is added by the launches, as for any step), or over
     the device events when the trace has no host side."""
@@ -125,6 +134,13 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
         host = [events for events in (trace.cpu_ops, trace.python, trace.annotations, runtimes) if events]
         if not host:
             host = [trace.runtimes]
+        # the profiler's own stop (and what runs inside it: a synchronize, the trace's collection) is teardown,
+        # not the window's work: recorded with stacks it can outlast the last kernel by most of a second
+        teardown = [(e.ts, e.ts + e.dur) for e in trace.python if _is_profiler_teardown(e.name or "")]
+        if teardown:
+            kept = [[e for e in events if not any(lo <= e.ts and e.ts + e.dur <= hi for lo, hi in teardown)]
+                    for events in host]
+            host = [events for events in kept if events] or host
         return [(0, min(e.ts for events in host for e in events),
                  max(e.ts + e.dur for events in host for e in events))]
     if rule == "device_only":

@@ -121,3 +121,34 @@ def test_a_lazy_first_launch_is_start_up(tmp_path: Path) -> None:
         events.append(kernel(name, start + 450.0, 400.0, correlation))
     report = analyze_paths([write_trace(tmp_path, events, devices=H100)])
     assert report["metrics"]["steady"]["first_call_us"] == 3 * 400.0
+
+
+def test_the_profilers_own_stop_does_not_stretch_the_window(tmp_path: Path) -> None:
+    """Issue 40, class 4: recorded with stacks, the profiler's stop (``torch/profiler/profiler.py: stop_trace``
+    and the frames inside it) can end most of a second after the last kernel. The real H100 trace, without its
+    ProfilerStep (so that the window is the host's events, as in the MI300X trace of the issue), and a copy whose
+    stop frames end 657 ms after its last kernel: the window, and so the utilization, must be the same."""
+    source = TRACES / "more" / "tl_h100_qwen05b.json.gz"
+    document = json.loads(gzip.decompress(source.read_bytes()))
+    document["traceEvents"] = [e for e in document["traceEvents"] if not str(e.get("name")).startswith("ProfilerStep")]
+    unstretched = tmp_path / "no_step.json"
+    unstretched.write_text(json.dumps(document))
+    events = document["traceEvents"]
+    last_kernel = max(e["ts"] + e["dur"] for e in events if e.get("cat") == "kernel")
+    [stop] = [e for e in events if e.get("ph") == "X" and e["name"].startswith("torch/profiler/profiler.py(")
+              and e["name"].endswith("): stop_trace")]
+    inside = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function" and e is not stop
+              and stop["ts"] <= e["ts"] and e["ts"] + e["dur"] <= stop["ts"] + stop["dur"]]
+    assert inside  # the autograd profiler's __exit__ and a synchronize run inside the stop
+    stretch = last_kernel + 657_000.0 - (stop["ts"] + stop["dur"])
+    for event in [stop, *inside]:
+        if event["ts"] + event["dur"] == stop["ts"] + stop["dur"]:
+            event["dur"] += stretch
+    stop["dur"] += 0 if stop["ts"] + stop["dur"] >= last_kernel + 657_000.0 else stretch
+    path = tmp_path / "stretched.json"
+    path.write_text(json.dumps(document))
+
+    original, stretched = analyze_paths([unstretched]), analyze_paths([path])
+    assert original["metrics"]["step_rule"] == "host_window"
+    assert stretched["metrics"]["step_us"] == original["metrics"]["step_us"]
+    assert stretched["metrics"]["gpu_utilization"] == original["metrics"]["gpu_utilization"] > 0.5
