@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.operators import device_time_by_op
+from perfhooks.analysis.operators import device_time_inside
 from perfhooks.analysis.overview import communication_ids, is_communication_kernel
 from perfhooks.analysis.trace import Trace
 
@@ -157,23 +157,38 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
         kind = attention_kind(kernel.name or "")
         if kind is not None:
             found[kind] = found.get(kind, 0.0) + kernel.dur
-    device_time = device_time_by_op(trace)
-    on_device = bool(device_time)
-    softmax_ops, bmm_ops = [], []
+    on_device = trace.has_gpu
+    softmax_ops, bmm_ops, slow_ops = [], [], []
     for op in trace.cpu_ops:
         name = op.name or ""
         kind = ATTENTION_OPS.get(name) or ATTENTION_OPS_CPU.get(name)
-        if kind in ("math", "unfused") or (kind is not None and not on_device):
+        if kind in ("math", "unfused"):
+            slow_ops.append((kind, op))
+        elif kind is not None and not on_device:
             found[kind] = found.get(kind, 0.0) + op.dur
         elif name in SOFTMAX_OPS and _attention_shaped(op):
             softmax_ops.append(op)
         elif name in BATCHED_MATMUL_OPS:
             bmm_ops.append(op)
+    for kind in ("math", "unfused"):
+        ops = [op for k, op in slow_ops if k == kind]
+        if ops:  # on a GPU, the device time of everything launched inside the op, not its host time
+            found[kind] = found.get(kind, 0.0) + _time_of(trace, ops, on_device)
     if softmax_ops and bmm_ops and not any(found.get(k) for k in ("flash", "memory_efficient", "cudnn", "math")):
         # attention written out by hand (nn.MultiheadAttention with need_weights=True): bmm, softmax, bmm
-        found["unfused"] = found.get("unfused", 0.0) + sum(
-            device_time.get(op.external_id, 0.0) if on_device else op.dur for op in softmax_ops + bmm_ops)
+        found["unfused"] = found.get("unfused", 0.0) + _time_of(trace, softmax_ops + bmm_ops, on_device)
     return found
+
+
+def _time_of(trace: Trace, ops: list[Any], on_device: bool) -> float:
+    """µs of ``ops``: the device time of what they launched on a GPU trace, their host time (nested ops, such as
+    ``aten::softmax`` around ``aten::_softmax``, counted once) on a CPU trace."""
+    if on_device:
+        return device_time_inside(trace, ops)
+    by_thread: dict[Any, list[tuple[float, float]]] = {}
+    for op in ops:
+        by_thread.setdefault((op.pid, op.tid), []).append((op.ts, op.ts + op.dur))
+    return sum(ranges.total(ranges.merge(found)) for found in by_thread.values())
 
 
 #: The op SDPA's math path runs as; its arguments are SDPA's own: q, k, v, attn_mask, dropout_p, is_causal, ...

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
+from perfhooks.analysis import ranges
 from perfhooks.analysis.trace import Trace
 
 #: Ops whose math Tensor Cores can run (GEMMs and convolutions, attention).
@@ -26,6 +28,40 @@ def device_time_by_op(trace: Trace) -> dict[Any, float]:
             by_id[ext] = by_id.get(ext, 0.0) + event.dur
     trace.__dict__["_device_time_by_op"] = by_id
     return by_id
+
+
+def device_time_inside(trace: Trace, ops: list[Any]) -> float:
+    """Device µs of everything launched inside ``ops`` (a launch on the op's own thread between its start and its
+    end: the op's own kernels and its children's); nested ops are counted once."""
+    cached = trace.__dict__.get("_launches_by_thread")
+    if cached is None:
+        device: dict[Any, float] = {}
+        for event in trace.device_events:
+            if event.correlation is not None:
+                device[event.correlation] = device.get(event.correlation, 0.0) + event.dur
+        by_thread: dict[Any, list[tuple[float, float]]] = {}
+        for call in trace.runtimes:
+            if call.correlation in device:
+                by_thread.setdefault((call.pid, call.tid), []).append((call.ts, device[call.correlation]))
+        cached = {}
+        for thread, launches in by_thread.items():
+            launches.sort()
+            sums = [0.0]
+            for _, us in launches:
+                sums.append(sums[-1] + us)
+            cached[thread] = ([ts for ts, _ in launches], sums)
+        trace.__dict__["_launches_by_thread"] = cached
+    total = 0.0
+    by_thread_ops: dict[Any, list[tuple[float, float]]] = {}
+    for op in ops:
+        by_thread_ops.setdefault((op.pid, op.tid), []).append((op.ts, op.ts + op.dur))
+    for thread, found in by_thread_ops.items():
+        if thread not in cached:
+            continue
+        times, sums = cached[thread]
+        for start, end in ranges.merge(found):
+            total += sums[bisect.bisect_left(times, end)] - sums[bisect.bisect_left(times, start)]
+    return total
 
 
 def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:

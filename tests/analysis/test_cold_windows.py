@@ -18,9 +18,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fixtures import DATA, TRACES
 from test_misreadings import H100, kernel, write_trace, x
 
+from fixtures import DATA, TRACES
 from perfhooks.offline.analyze import analyze_paths
 
 
@@ -82,13 +82,12 @@ def test_a_window_that_is_mostly_compilation_is_said_to_be_and_not_judged() -> N
 def first_call_trace(tmp_path: Path, queries: int) -> Path:
     """No step markers, 100 ms: a first convolution whose algorithm search makes ``queries`` cudaFuncGetAttributes
     calls over 60 ms, then 40 convolutions of 1 ms, each launching a 0.5 ms kernel 5 µs after its launch."""
-    events, correlation = [], 0
-    events.append(x("cpu_op", "aten::cudnn_convolution", 0.0, 60_000.0))
+    events = [x("cpu_op", "aten::cudnn_convolution", 0.0, 60_000.0)]
     for index in range(queries):
         events.append(x("cuda_runtime", "cudaFuncGetAttributes", 10.0 + index * (59_000.0 / queries), 2.0))
     for index in range(40):
         start = 60_000.0 + index * 1_000.0
-        correlation += 1
+        correlation = index + 1
         events.append(x("cpu_op", "aten::cudnn_convolution", start, 1_000.0))
         events.append(x("cuda_runtime", "cudaLaunchKernel", start + 10.0, 5.0, correlation=correlation))
         events.append(kernel("sm80_xmma_fprop_implicit_gemm", start + 20.0, 500.0, correlation))
@@ -111,9 +110,9 @@ def test_a_first_call_algorithm_search_is_start_up_and_the_rest_is_judged(tmp_pa
 
 def test_a_lazy_first_launch_is_start_up(tmp_path: Path) -> None:
     """Each of 3 kernels' first launch takes 400 µs (module loaded lazily), later launches 5 µs."""
-    events, correlation = [], 0
+    events = []
     for index in range(60):
-        correlation += 1
+        correlation = index + 1
         name = f"kernel_{index % 3}"
         first = index < 3
         start = index * 1_000.0

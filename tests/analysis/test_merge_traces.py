@@ -163,7 +163,7 @@ def test_a_merged_file_of_other_tools_is_read_as_its_ranks(tmp_path: Path, offse
     assert steps_per_rank == {0: 3, 1: 5}  # by hand, from the raw events
     ranks = load_traces(merged)
     assert [(t.rank, t.world_size, len(t.steps)) for t in ranks] == [(0, 2, 3), (1, 2, 5)]
-    for trace, own in zip(ranks, own_files):
+    for trace, own in zip(ranks, own_files, strict=True):
         original = load_trace(own)
         assert len(trace.kernels) == len(original.kernels)
         assert {(k.pid, k.tid) for k in trace.kernels} == {(k.pid, k.tid) for k in original.kernels}
