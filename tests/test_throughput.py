@@ -244,7 +244,8 @@ def test_the_peak_table_resolves_every_test_traces_gpu_or_says_which_is_missing(
     resolved = {name: find_peak(name) for found in names.values() for name in found}
     # never guessed: a GPU with no datasheet row in the table says so (no MFU) rather than borrowing another's
     assert {name for name, peak in resolved.items() if peak is None} == {"AMD Radeon Graphics",
-                                                                         "NVIDIA GeForce RTX 4090"}
+                                                                         "NVIDIA GeForce RTX 4090",
+                                                                         "NVIDIA RTX A4000"}
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.5e12
     assert peak_flops("NVIDIA A100-SXM4-80GB", "tf32") == 156e12
     assert peak_flops("AMD Instinct MI300X", "fp8") == 2614.9e12

@@ -127,6 +127,9 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
         device = {"type": "cuda", "name": next(iter(devices.values()))["name"]}
     elif trace.unmodeled:  # activity of a device perfhooks does not model: never called "cpu"
         device = {"type": "unknown", "name": f"a device perfhooks does not model ({', '.join(trace.unmodeled)})"}
+    elif _listed_gpus(trace):  # the machine had a GPU, and the trace recorded none of its activity
+        device = {"type": "not_recorded",
+                  "name": f"{_listed_gpus(trace)[0]} (listed; its activity was not recorded)"}
     else:
         device = {"type": "cpu", "name": "cpu"}
     report = build_report(framework="trace", status="completed", rank=trace.rank or 0,
@@ -140,9 +143,21 @@ def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[st
     return report
 
 
+def _listed_gpus(trace: Trace) -> list[str]:
+    """The GPU names ``deviceProperties`` lists, when the trace holds no device event and no launch."""
+    if trace.has_gpu or any("Launch" in (call.name or "") for call in trace.runtimes):
+        return []
+    return [str(props.get("name")) for props in trace.device_properties.values() if props.get("name")]
+
+
 def _coverage_warnings(trace: Trace, metrics: dict[str, Any]) -> list[str]:
     """What the trace lacks that its figures depend on (said once, so that absent figures are not misread)."""
     out = []
+    listed = _listed_gpus(trace)
+    if listed:
+        out.append(f"the machine lists {len(listed)} GPU(s) ({listed[0]}), but the trace holds no device activity "
+                   "and no kernel launch: ProfilerActivity.CUDA was off (or the work ran on the CPU); the figures "
+                   "are the host's, and nothing is said about the GPU")
     launches = sum(1 for call in trace.runtimes if "Launch" in (call.name or ""))
     if launches and not trace.kernels:
         out.append(f"{launches} kernel launches but no kernel events: device activity was not recorded "

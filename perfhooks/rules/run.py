@@ -35,7 +35,9 @@ def diagnose_run(run: dict[str, Any] | None, t: Thresholds = Thresholds()) -> li
         share = run[seconds] / wall
         limit = getattr(t, threshold)
         if share >= limit:
-            out.append(make(rule_id, "warning", title,
-                            f"{run[count]} {what} took {run[seconds]:.2f} s, {pct(share)} of the {wall:.2f} s run; "
-                            f"threshold {pct(limit)}", share * gain, fix, **{f"{seconds[:-2]}_share": share}))
+            verdict = make(rule_id, "warning", title,
+                           f"{run[count]} {what} took {run[seconds]:.2f} s, {pct(share)} of the {wall:.2f} s run; "
+                           f"threshold {pct(limit)}", share * gain, fix, **{f"{seconds[:-2]}_share": share})
+            verdict["gain_basis"] = "run"
+            out.append(verdict)
     return out

@@ -83,23 +83,24 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     launch_heavy = launch.get("short_kernel_share", 0.0) >= t.short_kernel_share
     # GPU idle time spent waiting on the host, less what the DataLoader already explains, and no more than the
     # time the host spent in launch calls: idle time behind other host work (Python, allocation) is not launch cost
+    # it fires on that; the gain is the ceiling: CUDA graphs remove all of the host's gaps between launches
     launch_calls = launch.get("launch_call_share")
-    launch_gain = temporal.get("idle", 0.0) * idle.get("host_wait", 0.0) - dataloader
-    if launch_calls is not None:
-        launch_gain = min(launch_gain, launch_calls)
-    if (launch_heavy and idle.get("host_wait", 0.0) >= t.host_wait_share and launch_gain >= 0.05
+    host_wait = max(0.0, temporal.get("idle", 0.0) * idle.get("host_wait", 0.0) - dataloader)
+    in_launches = min(host_wait, launch_calls) if launch_calls is not None else host_wait
+    if (launch_heavy and idle.get("host_wait", 0.0) >= t.host_wait_share and in_launches >= 0.05
             and utilization is not None and utilization < 0.8):
         out.append(make(
             "launch_bound", "warning", "Kernel launches cannot keep the GPU fed",
             f"{pct(launch['short_kernel_share'])} of kernels run < 10 µs ({launch['kernels_per_step']:.0f} per step), "
             f"{pct(idle['host_wait'])} of GPU idle time waits on the host, and the host spends "
-            f"{pct(launch_calls or 0.0)} of the step in launch calls; thresholds {pct(t.short_kernel_share)} "
-            f"and {pct(t.host_wait_share)}",
-            launch_gain,
+            f"{pct(launch_calls or 0.0)} of the step in launch calls; the GPU waits on the host "
+            f"{pct(host_wait)} of the step beyond the DataLoader, which CUDA graphs remove at most; thresholds "
+            f"{pct(t.short_kernel_share)} and {pct(t.host_wait_share)}",
+            host_wait,
             "Cut per-kernel launch cost: model = torch.compile(model, mode=\"reduce-overhead\") (CUDA graphs), "
             "fuse small ops, or raise the batch size.",
             short_kernel_share=launch["short_kernel_share"], host_wait_share=idle["host_wait"],
-            launch_call_share=launch_calls))
+            launch_call_share=launch_calls, host_wait_share_of_step=host_wait))
     out.extend(_steady_state_rules(metrics, step_us, breakdown, utilization, t))
     return out
 

@@ -2,7 +2,8 @@
 
 Every diagnosis is a dict with ``id`` (stable, documented), ``severity`` (``critical``, ``warning``, ``info``),
 ``title``, ``evidence`` (the numbers that fired and the thresholds they crossed), ``measured`` (those numbers),
-``estimated_gain`` (an Amdahl-style upper bound on the fraction 0..1 of step time saved if fixed),
+``estimated_gain`` (a ceiling: the most of the step, as a fraction 0..1, that the fix can save, the time on the
+critical path it removes; of the run's wall time where ``gain_basis`` is ``"run"``),
 ``recommendation`` (a concrete fix) and ``docs`` (a link).
 """
 
@@ -74,6 +75,8 @@ class Diagnosis(_Verdict, total=False):
     """One verdict, as ``report.json`` carries it (docs/report.md, "diagnoses"): the keys above always, these
     where they apply."""
 
+    #: What ``estimated_gain`` is a share of: ``"step"`` (the default when absent) or ``"run"`` (wall time).
+    gain_basis: str
     #: The rank whose figures it quotes, in a merged report of several ranks.
     rank: int
     #: The other ranks where the same verdict fired.
@@ -97,6 +100,16 @@ def rank(diagnoses: Iterable[Diagnosis]) -> list[Diagnosis]:
         if kept is None or diagnosis["estimated_gain"] > kept["estimated_gain"]:
             best[diagnosis["id"]] = diagnosis
     return sorted(best.values(), key=lambda d: (-d["estimated_gain"], SEVERITY_ORDER[d["severity"]], d["id"]))
+
+
+def gain_phrase(diagnosis: Diagnosis | dict[str, Any]) -> str:
+    """The estimated gain in words, as the ceiling it is: the most the fix can save, of the step (or, with
+    ``gain_basis`` ``"run"``, of the run's wall time). Empty for a verdict that saves nothing by itself."""
+    gain = float(diagnosis.get("estimated_gain") or 0.0)
+    if gain <= 0:
+        return ""
+    basis = "the run's wall time" if diagnosis.get("gain_basis") == "run" else "the step"
+    return f"saves at most {gain:.0%} of {basis}" if gain >= 0.01 else f"saves under 1% of {basis}"
 
 
 def pct(value: float) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfhooks.rules.verdicts import gain_phrase
+
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
@@ -22,7 +24,11 @@ def format_analysis(report: dict[str, Any], top: int = 5) -> str:
     lines.append(f"  steps {metrics.get('steps', 0)}, {step_us / 1e3:.2f} ms per step on "
                  f"{report['device'].get('name') or report['device']['type']}")
     occupancy = metrics.get("achieved_occupancy")
-    lines.append(f"  GPU utilization {_pct(metrics.get('gpu_utilization'))}, est. SM efficiency "
+    steady = metrics.get("steady") or {}
+    judged = ("" if not steady else
+              " over the whole window; steady state (less start-up, capture and compilation) "
+              + (_pct(steady["gpu_utilization"]) if steady.get("gpu_utilization") is not None else "not judged"))
+    lines.append(f"  GPU utilization {_pct(metrics.get('gpu_utilization'))}{judged}, est. SM efficiency "
                  f"{_pct(metrics.get('sm_efficiency'))}, est. achieved occupancy "
                  f"{'n/a' if occupancy is None else f'{occupancy:.1f}%'}")
     breakdown = metrics.get("breakdown") or {}
@@ -49,8 +55,9 @@ def format_analysis(report: dict[str, Any], top: int = 5) -> str:
                          f"{kernel['name'][:90]}")
     lines.append(f"  diagnoses ({len(report['diagnoses'])}):" if report["diagnoses"] else "  no diagnoses fired")
     for index, diagnosis in enumerate(report["diagnoses"], 1):
-        lines.append(f"  {index}. [{diagnosis['severity']}] {diagnosis['id']}: {diagnosis['title']} "
-                     f"(up to {diagnosis.get('estimated_gain', 0):.0%} of step time)")
+        gain = gain_phrase(diagnosis)
+        lines.append(f"  {index}. [{diagnosis['severity']}] {diagnosis['id']}: {diagnosis['title']}"
+                     + (f" (fixing it {gain})" if gain else ""))
         lines.append(f"     evidence: {diagnosis['evidence']}")
         lines.append(f"     fix: {diagnosis['recommendation']}")
     return "\n".join(lines)

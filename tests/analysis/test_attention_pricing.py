@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_misreadings import H100, kernel, write_trace, x
 
 from perfhooks.offline.analyze import analyze_paths
