@@ -11,6 +11,9 @@ from perfhooks.analysis.trace import Trace
 SYNC_RUNTIME = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
                 "hipStreamSynchronize", "hipEventSynchronize")
 SYNC_OPS = ("aten::item", "aten::_local_scalar_dense")
+#: A synchronize call shorter than this (µs) returned at once: the work it named was done, and the host did not
+#: wait (an event already complete costs a call of a few µs). Counted apart, as ``no_wait_per_step``.
+NO_WAIT_US = 10.0
 #: Names that only compilation produces: dynamo's timed phases (``record_function("... (dynamo_timed)")``) and the
 #: frames of tracing, graph lowering and kernel compilation. Frames that run on every call of an already
 #: compiled model (``eval_frame.py _fn``, ``TorchDynamo Cache Lookup``, inductor's runtime launchers) are not.
@@ -25,7 +28,8 @@ COMPILED_REGION_MARKERS = ("Torch-Compiled Region", "CompiledFunction", "Compile
 
 
 def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
-    """Syncs per step by kind, their total host time, and call sites when stacks were recorded.
+    """Syncs per step by kind, their total host time, and call sites when stacks were recorded. A synchronize
+    call that returned at once (under :data:`NO_WAIT_US`) did not wait: it is counted in ``no_wait_per_step``.
 
     Only syncs inside a host ``ProfilerStep``, after the step launched device work, count (the whole
     trace is one step when it has none): a ``cudaDeviceSynchronize`` before that waits for work that is
@@ -40,14 +44,18 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
     inside = _inside_steps(candidates, trace)
     counted = _outermost(inside)
     counts: dict[str, int] = {}
+    no_wait = 0
     time_us = idle_us = 0.0
     sites: dict[str, int] = {}
     busy = _device_busy(trace) if trace.has_gpu else None
     step_ends = sorted(end for _, _, end in trace.steps)
     for event in counted:
         name = event.name or ""
-        counts[name] = counts.get(name, 0) + 1
         time_us += event.dur
+        if event.dur < NO_WAIT_US and name not in SYNC_OPS:
+            no_wait += 1
+            continue
+        counts[name] = counts.get(name, 0) + 1
         idle_us += event.dur if busy is None else _idle_because_of(event, busy, step_ends)
         stack = event.a.call_stack if name in SYNC_OPS else None
         if isinstance(stack, str) and stack:
@@ -60,10 +68,11 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
     return {
         "per_step": syncs / per_step,
         "by_kind_per_step": {name: count / per_step for name, count in sorted(counts.items())},
+        "no_wait_per_step": no_wait / per_step,
         "time_us_per_step": time_us / per_step,
         # what the syncs cost the device: its idle time during each and until the host gave it work again
         "device_idle_us_per_step": idle_us / per_step,
-        "outside_steps": len(_outermost(candidates)) - syncs,
+        "outside_steps": len(_outermost(candidates)) - syncs - no_wait,
         "call_sites": [{"site": site, "count": count} for site, count in
                        sorted(sites.items(), key=lambda kv: -kv[1])[:5]],
         "cuda_sync_events": len(trace.syncs),

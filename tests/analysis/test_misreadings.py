@@ -409,3 +409,25 @@ def test_collectives_do_not_drag_the_occupancy_down_and_a_forward_gets_no_ddp_ad
     assert "low_occupancy" not in fired and weighted > 40
     assert "DDP" not in fired["communication_heavy"]["recommendation"]
     assert "no backward" in fired["communication_heavy"]["recommendation"]
+
+
+def test_a_synchronize_that_returned_at_once_is_not_a_sync(tmp_path: Path) -> None:
+    """Issue 40, class 2: zero-wait ``hipEventSynchronize`` calls of a few µs (the event was already complete)
+    read as 5.8 syncs per step. Built here: 3 steps of 10 ms, each with 6 event synchronizes of 3 µs and one
+    stream synchronize of 2 ms on an idle device."""
+    events, correlation = [], 0
+    for step in range(3):
+        start = step * 10_000.0
+        events.append(x("user_annotation", f"ProfilerStep#{step + 1}", start, 10_000.0))
+        correlation += 1
+        events.append(x("cuda_runtime", "hipLaunchKernel", start + 10.0, 5.0, correlation=correlation))
+        events.append(kernel("Cijk_Ailk_Bljk_HHS_BH", start + 20.0, 1_000.0, correlation))
+        for index in range(6):
+            events.append(x("cuda_runtime", "hipEventSynchronize", start + 2_000.0 + index * 100.0, 3.0))
+        events.append(x("cuda_runtime", "hipStreamSynchronize", start + 3_000.0, 2_000.0))
+    path = write_trace(tmp_path, events, devices=H100)
+    raw = json.loads(path.read_text())["traceEvents"]
+    assert sum(1 for e in raw if e["name"].endswith("Synchronize") and e["dur"] < 10.0) == 18  # by hand
+    syncs = analyze_paths([path])["metrics"]["host_sync"]
+    assert syncs["per_step"] == 1.0 and syncs["by_kind_per_step"] == {"hipStreamSynchronize": 1.0}
+    assert syncs["no_wait_per_step"] == 6.0
