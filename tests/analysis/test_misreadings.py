@@ -415,11 +415,11 @@ def test_a_synchronize_that_returned_at_once_is_not_a_sync(tmp_path: Path) -> No
     """Issue 40, class 2: zero-wait ``hipEventSynchronize`` calls of a few µs (the event was already complete)
     read as 5.8 syncs per step. Built here: 3 steps of 10 ms, each with 6 event synchronizes of 3 µs and one
     stream synchronize of 2 ms on an idle device."""
-    events, correlation = [], 0
+    events = []
     for step in range(3):
         start = step * 10_000.0
         events.append(x("user_annotation", f"ProfilerStep#{step + 1}", start, 10_000.0))
-        correlation += 1
+        correlation = step + 1
         events.append(x("cuda_runtime", "hipLaunchKernel", start + 10.0, 5.0, correlation=correlation))
         events.append(kernel("Cijk_Ailk_Bljk_HHS_BH", start + 20.0, 1_000.0, correlation))
         for index in range(6):
