@@ -90,8 +90,11 @@ def first_call_spans(trace: Trace) -> list[ranges.Span]:
 
 def compilation_spans(trace: Trace) -> list[ranges.Span]:
     """Spans (µs) of compiler frames and phases (dynamo, inductor) in the trace, merged."""
-    events = [e for e in trace.python + trace.annotations + trace.cpu_ops if is_compilation(e.name or "")]
-    return ranges.merge((e.ts, e.ts + e.dur) for e in events if e.dur > 0)
+    host = (trace.python, trace.annotations, trace.cpu_ops)
+    names = {name for events in host for name in {e.name for e in events} if name and is_compilation(name)}
+    if not names:
+        return []
+    return ranges.merge((e.ts, e.ts + e.dur) for events in host for e in events if e.name in names and e.dur > 0)
 
 
 def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: int | None) -> dict[str, Any]:

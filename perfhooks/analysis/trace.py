@@ -421,10 +421,11 @@ def _split_foreign(events: list[Any], pid_and_rank: Any, with_pid: Any) -> dict[
     return out if len(out) >= 2 else {}
 
 
-def _may_hold_ranks(events: list[Any]) -> bool:
-    """Whether any event carries ``args.rank`` or an offset pid: one cheap pass, over before the end for a merged
-    file."""
-    for event in events:
+def _may_hold_ranks(events: list[Any], sample: int = 4096) -> bool:
+    """Whether events carry ``args.rank`` or an offset pid, from an even sample of them: a merged file marks every
+    event with its rank (TraceLens) or offsets most of them, so a sample finds it, and a plain file costs a few
+    thousand checks, not a pass."""
+    for event in events[::max(1, len(events) // sample)]:
         if type(event) is Event:
             args, pid = event.args, event.pid
             if (args is not None and args.rank is not None) or (type(pid) is int and pid >= RANK_PID_OFFSET):
