@@ -192,3 +192,13 @@ def test_run_help_lists_every_setting_with_its_variable() -> None:
     assert "--max-traces MAX_TRACES most trace files kept per rank; the oldest are deleted first. (default 5; " \
            "PERFHOOKS_MAX_TRACES)" in text
     assert "(default True, off with --no-record-shapes; PERFHOOKS_RECORD_SHAPES)" in text
+
+
+@pytest.mark.parametrize("script", ["plain_profiled.py", "transformers_with_callback.py"])
+def test_a_script_that_already_uses_perfhooks_gets_no_nothing_was_profiled(tmp_path: Path, script: str) -> None:
+    """Issue 41, item 2: a script with its own perfhooks.profile or PerfTrainerCallback, under perfhooks run,
+    printed its table and then "nothing was profiled" (for nanoGPT, with advice to add the line it had)."""
+    done = launch("--no-wandb", "--no-console", str(SCRIPTS / script), str(tmp_path))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not any("nothing was profiled" in line for line in own_lines(done.stderr)), done.stderr[-2000:]
+    assert report(tmp_path if script.startswith("plain") else tmp_path / "_perfhooks")["steps"] in (3, 4)

@@ -36,6 +36,7 @@ from typing import Any
 from perfhooks.capture.schedule import Schedule
 from perfhooks.config import PerfConfig, signal_names
 from perfhooks.rules.thresholds import Thresholds
+from perfhooks.runtime import exit_guard
 
 #: Settings that are not command-line material (objects built in code).
 _NOT_OPTIONS = ("wandb_run", "thresholds", "schedule", "output_dir", "wandb")
@@ -243,6 +244,9 @@ class Launcher:
         self.attached: list[Any] = []
         self.closers: list[Callable[[BaseException | None], None]] = []
         self.finished = False
+        #: Runs begun in this process before the script ran: any begun after are the script's own (a
+        #: PerfTrainerCallback, PerfCallback or perfhooks.profile it already uses) or the launcher's.
+        self.runs_before = exit_guard.runs_begun()
 
     def install(self) -> None:
         from perfhooks.integrations.versions import TESTED  # the integrations' table: imported when a run starts
@@ -276,7 +280,8 @@ class Launcher:
         for undo in reversed(self.undo):
             undo()
         self.undo.clear()
-        if not self.attached and not isinstance(error, KeyboardInterrupt):
+        profiled = exit_guard.runs_begun() > self.runs_before  # the script's own perfhooks counts too
+        if not self.attached and not profiled and not isinstance(error, KeyboardInterrupt):
             print("perfhooks run: no Lightning Trainer, transformers Trainer or Accelerator was built; nothing was "
                   "profiled (a plain PyTorch loop adds `with perfhooks.profile(model, optimizer) as perf:`; "
                   "docs/plain-loop.md)", file=sys.stderr)

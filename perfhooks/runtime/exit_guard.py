@@ -48,6 +48,14 @@ _lock = threading.Lock()
 _current: weakref.ref[Any] | None = None
 _installed = False
 _previous_hook: Any = None
+#: How many runs began in this process (any integration, or ``perfhooks.profile``): the launcher's "nothing was
+#: profiled" notice reads it.
+_begun = 0
+
+
+def runs_begun() -> int:
+    """How many runs began in this process so far."""
+    return _begun
 
 
 def current() -> Any | None:
@@ -69,8 +77,9 @@ def begin(run: GuardedRun, signals: tuple[str, ...] = ()) -> None:
     """``run`` is the process's run from now on; a previous one that never ended is abandoned first (the HF
     Trainer's ``auto_find_batch_size`` retry, an OOM the caller caught, a notebook cell re-run). ``signals``: the
     names whose arrival saves its report as terminated (installed from the main thread only)."""
-    global _current
+    global _current, _begun
     previous = current()
+    _begun += 1
     if previous is not None and previous is not run and not previous.closed:
         previous.abandon(deadline_s=EXIT_DEADLINE_S, quiet=True)  # the new run's start waits no longer
     with _lock:
