@@ -108,3 +108,19 @@ def test_unknown_asides_and_unmatched_ends() -> None:
         account.begin("lunch")
     assert account.end("evaluation") is False
     assert account.section(0.0) is None  # no step yet
+
+
+def test_an_evaluation_before_the_first_step_is_inside_the_wall_clock() -> None:
+    """Issue 41, item 1: HF ``eval_on_start`` and nanoGPT's iteration-0 evaluation ran before the first step,
+    and the wall clock started at that step: training 78.3% + evaluation 27.2% + checkpointing 1.7%."""
+    ticks = iter([0, 3_000_000_000, 3_000_000_000, 10_000_000_000])  # ns: eval 0-3 s, steps 3-10 s
+    account = RunAccount(clock=ticks.__next__)
+    account.begin("evaluation")
+    account.end("evaluation")
+    account.started()
+    account.close()
+    run = account.section(training_ms=7_000.0)
+    assert run is not None
+    assert (run["wall_s"], run["evaluation_s"], run["training_s"]) == (10.0, 3.0, 7.0)
+    assert sum(run["shares"].values()) == pytest.approx(1.0)
+    assert run["shares"]["evaluation"] == 0.3

@@ -19,15 +19,20 @@ class RunAccount:
     def __init__(self, clock: Any = time.perf_counter_ns) -> None:
         self._clock = clock
         self.first_ns: int | None = None
+        #: When the first step or aside began: an evaluation before the first step (HF ``eval_on_start``,
+        #: nanoGPT's iteration-0 evaluation) is inside the wall clock it is a share of.
+        self.began_ns: int | None = None
         self.end_ns: int | None = None
         self.total_ns: dict[str, int] = dict.fromkeys(ASIDES, 0)
         self.counts: dict[str, int] = dict.fromkeys(ASIDES, 0)
         self._stack: list[list[Any]] = []  # [kind, start of the stretch now charged to it]
 
     def started(self) -> None:
-        """The first step started: the wall clock runs from here."""
+        """The first step started: the wall clock runs from here, or from an aside that began before it."""
         if self.first_ns is None:
             self.first_ns = self._clock()
+            if self.began_ns is None:
+                self.began_ns = self.first_ns
 
     @property
     def depth(self) -> int:
@@ -42,6 +47,8 @@ class RunAccount:
         if kind not in ASIDES:
             raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
         now = self._clock()
+        if self.began_ns is None:
+            self.began_ns = now
         nested_in_same = bool(self._stack) and self._stack[-1][0] == kind  # a save inside a save: one save
         if self._stack:
             outer = self._stack[-1]
@@ -84,7 +91,8 @@ class RunAccount:
         if self.first_ns is None:
             return None
         end = self.end_ns if self.end_ns is not None else self._clock()
-        wall_s = max(0.0, (end - self.first_ns) / 1e9)
+        began = self.began_ns if self.began_ns is not None else self.first_ns
+        wall_s = max(0.0, (end - min(began, self.first_ns)) / 1e9)
         evaluation_s = self.total_ns[EVALUATION] / 1e9
         checkpointing_s = self.total_ns[CHECKPOINT] / 1e9
         compiling_s = self.total_ns[COMPILING] / 1e9
