@@ -37,3 +37,30 @@ def test_an_evaluation_before_the_first_step_keeps_the_run_account_under_100_per
     assert run["evaluations"] == 3  # on start, at step 3 and at step 6
     assert run["training_s"] + run["evaluation_s"] + run["checkpointing_s"] <= run["wall_s"] * 1.0001
     assert sum(run["shares"].values()) == pytest.approx(1.0, abs=1e-4)
+
+
+# ----------------------------------------------------------------------------- item 7: no step completed
+def test_a_run_that_fails_before_its_first_step_says_so_in_one_line(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import lightning.pytorch as pl
+
+    from helpers import default_trainer, lightning_mlp, random_loader
+    from perfhooks.integrations.lightning import PerfCallback
+
+    class FailsAtOnce(pl.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            raise ValueError("the user's error before step 1")
+
+    trainer = default_trainer(tmp_path, max_steps=4, callbacks=[FailsAtOnce(), PerfCallback(wandb=False)])
+    with pytest.raises(ValueError, match="before step 1"):
+        trainer.fit(lightning_mlp(), random_loader(4), random_loader(2))
+    captured = capsys.readouterr()
+    said = [line for line in captured.err.splitlines() + captured.out.splitlines()
+            if line.startswith("perfhooks:") or line.startswith("  ")]
+    perf_lines = [line for line in said if line.startswith("perfhooks:")]
+    assert perf_lines == ["perfhooks: no training step completed (Run FAILED at step 0 (data_wait): ValueError: "
+                          "the user's error before step 1); no figures to report"], said
+    assert not [line for line in said if "0.000" in line]  # before: a full table of 0.000 rows
+    folder = next(tmp_path.rglob("report.json")).parent
+    page = (folder / "report.html").read_text()
+    assert "at step None" not in page and "(None)" not in page

@@ -11,6 +11,10 @@ from perfhooks.rules.verdicts import gain_phrase
 
 
 def format_table(report: dict[str, Any]) -> str:
+    if not report.get("steps"):  # no step completed: a table of zeros would say nothing
+        status = status_line(report)
+        why = status.split("; the figures")[0] if status else "the run ended"
+        return f"perfhooks: no training step completed ({why}); no figures to report"
     step = report["step_ms"]
     lines = [
         f"perfhooks: {report['steps']} steps on {report['device'].get('name', report['device']['type'])} "

@@ -199,6 +199,8 @@ def _memory_line(memory: dict[str, Any], width: int = 1000, height: int = 140) -
     used = series.get("used_bytes") or []
     capacity = memory.get("capacity_bytes") or 0
     gib = 2**30
+    if memory.get("peak_step") is None and not used:  # no sample was taken: a run that never stepped
+        return "<p>No memory sample was taken (no training step completed).</p>"
     text = (f"<p>peak {memory.get('peak_used_bytes', 0) / gib:.2f} GiB at step {_e(memory.get('peak_step'))} "
             f"({_e(memory.get('peak_phase'))})" + (f" of {capacity / gib:.2f} GiB ({_e(memory.get('limit'))})"
                                                   if capacity else "") + f"; device {_e(memory.get('device'))}</p>")
