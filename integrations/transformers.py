@@ -97,9 +97,11 @@ class PerfTrainerCallback(TrainerCallback):
         self._hooks = HookHandles()
         self._patches = InstancePatches()
         self._logged_through = -1  # the last step whose figures went into a training log
-        self._followed: weakref.ref[Any] | None = None  # the Trainer whose train() this callback wraps
         self._ends_at_train_exit = False
         self._flos_at_start = (0.0, 0)  # the Trainer's total_flos and global_step when this run started
+        self._global_step = 0  # the Trainer's global_step at the last step this run counted
+        self._trainer: weakref.ref[Any] | None = None  # the Trainer of the open run
+        _TRAIN_EXITS.watch(self)
 
     # --------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
@@ -112,30 +114,24 @@ class PerfTrainerCallback(TrainerCallback):
         self.add_to_trainer_logs = state.get("add_to_trainer_logs", False)
 
     # --------------------------------------------------------------- lifecycle
-    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> None:
-        trainer = _calling_trainer(self)
-        if trainer is not None:
-            self.follow_train(trainer)
-
     def follow_train(self, trainer: Any) -> None:
-        """End this callback's runs on ``trainer`` when its ``train()`` returns or raises (once per Trainer)."""
-        if self._followed is not None and self._followed() is trainer:
+        """Kept for callers of earlier versions: every ``Trainer.train()`` is followed now (see
+        :class:`_TrainExits`), whatever the callback was added with."""
+
+    def _train_exited(self, trainer: Any, error: BaseException | None) -> None:
+        """``trainer.train()`` returned or raised: the run on it ends here, after every callback and the progress
+        bar, with the step the Trainer completed before an error counted (an earlier callback's ``on_step_end``
+        can raise after ``global_step`` moved, before this callback's ran)."""
+        if self._trainer is None or self._trainer() is not trainer:
             return
-        train = trainer.train
-
-        @functools.wraps(train)
-        def train_then_end(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return train(*args, **kwargs)
-            except BaseException as error:
-                self._end_run(error)
-                raise
-            finally:
-                self._end_run(None)
-
-        trainer.__dict__["train"] = train_then_end
-        self._followed = weakref.ref(trainer)
+        self._trainer = None
+        if not self.engine.closed:
+            step = getattr(getattr(trainer, "state", None), "global_step", None)
+            if isinstance(step, int) and step > self._global_step:
+                self._global_step = step
+                self.engine.stepped(step)
+                self.engine.step_end()
+        self._end_run(error)
 
     def _end_run(self, error: BaseException | None) -> None:
         self._detach()
@@ -154,7 +150,9 @@ class PerfTrainerCallback(TrainerCallback):
         output_dir = self.config.output_dir or Path(args.output_dir or ".") / DEFAULT_FOLDER
         self._logged_through = -1
         trainer = _calling_trainer(self)
-        self._ends_at_train_exit = trainer is not None and self._followed is not None and self._followed() is trainer
+        self._ends_at_train_exit = trainer is not None and _TRAIN_EXITS.inside(trainer)
+        self._trainer = weakref.ref(trainer) if self._ends_at_train_exit else None
+        self._global_step = state.global_step
         self.engine = Engine.start(self.config, output_dir, framework="transformers", device=args.device,
                                    start_step=state.global_step, wandb_source=_wandb_source(args),
                                    ends_explicitly=True)
@@ -219,6 +217,7 @@ class PerfTrainerCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     **kwargs: Any) -> None:
         self.engine.phase_end(OPTIMIZER)
+        self._global_step = state.global_step
         self.engine.stepped(state.global_step)
 
     # --------------------------------------------------------------- not training
@@ -292,6 +291,79 @@ class PerfTrainerCallback(TrainerCallback):
             callbacks.insert(0, self)
 
 
+class _TrainExits:
+    """Where a run learns that ``Trainer.train()`` returned or raised, with no attribute on the Trainer.
+
+    ``Trainer.train`` is wrapped on the class while a :class:`PerfTrainerCallback` is alive (put back when the last
+    one is collected): a copy's ``train()`` trains the copy, ``del trainer`` frees it at once (nothing refers to it
+    but the caller), and a callback added with ``add_callback()`` after the Trainer was built is followed too.
+    Each call tells the callbacks in the Trainer's list (read when it ends) that it ended, with its error."""
+
+    def __init__(self) -> None:
+        self._alive = 0
+        self._original: Any = None
+        self._running: dict[int, int] = {}  # id(trainer) -> train() calls in progress on this thread and others
+
+    def watch(self, callback: PerfTrainerCallback) -> None:
+        try:
+            from transformers import Trainer
+
+            if self._alive == 0 and self._original is None:
+                self._install(Trainer)
+            self._alive += 1
+            weakref.finalize(callback, self._release)
+        except Exception as error:  # never into the user's program: runs then end at on_train_end
+            print(f"perfhooks: train() is not followed ({type(error).__name__}: {error})", file=sys.stderr)
+
+    def inside(self, trainer: Any) -> bool:
+        """Whether ``trainer.train()`` is running (the wrapper will tell this run when it ends)."""
+        return self._running.get(id(trainer), 0) > 0
+
+    def _install(self, trainer_class: type) -> None:
+        original = trainer_class.__dict__["train"]
+        running = self._running
+
+        @functools.wraps(original)
+        def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            key = id(trainer)
+            running[key] = running.get(key, 0) + 1
+            error: BaseException | None = None
+            try:
+                return original(trainer, *args, **kwargs)
+            except BaseException as raised:
+                error = raised
+                raise
+            finally:
+                running[key] -= 1
+                if not running[key]:
+                    del running[key]
+                _tell(trainer, error)
+
+        trainer_class.train = train  # type: ignore[method-assign]
+        self._original = (trainer_class, original, train)
+
+    def _release(self) -> None:
+        self._alive -= 1
+        if self._alive == 0 and self._original is not None:
+            trainer_class, original, wrapper = self._original
+            if trainer_class.__dict__.get("train") is wrapper:  # someone else's wrapper on top stays, with ours
+                trainer_class.train = original
+                self._original = None
+
+
+def _tell(trainer: Any, error: BaseException | None) -> None:
+    handler = getattr(trainer, "callback_handler", None)
+    for callback in list(getattr(handler, "callbacks", None) or []):
+        if isinstance(callback, PerfTrainerCallback):
+            try:
+                callback._train_exited(trainer, error)
+            except Exception as fault:  # a fault inside perfhooks: reported, never into the user's train()
+                print(f"perfhooks: ending the run failed ({type(fault).__name__}: {fault})", file=sys.stderr)
+
+
+_TRAIN_EXITS = _TrainExits()
+
+
 def _calling_trainer(callback: TrainerCallback) -> Any | None:
     """The ``Trainer`` whose callback handler is calling ``callback`` now (the nearest ``self`` up the stack)."""
     from transformers import Trainer
@@ -325,14 +397,13 @@ def instrument_constructions(module: Any, launcher: Any) -> Any:
         """``report_to="perfhooks"``: transformers builds it with no arguments; the launcher's settings apply."""
 
         def __init__(self) -> None:
-            super().__init__(**launcher.settings)
+            super().__init__(**launcher.settings, **launcher.transformers_options)
             launcher.attached.append(self)
 
     def add_callback(trainer: Any) -> None:
         if not any(isinstance(callback, PerfTrainerCallback) for callback in trainer.callback_handler.callbacks):
-            callback = PerfTrainerCallback(**launcher.settings)
+            callback = PerfTrainerCallback(**launcher.settings, **launcher.transformers_options)
             trainer.add_callback(callback)
-            callback.follow_train(trainer)
             launcher.attached.append(callback)
 
     restore_init = wrap_construction(module.Trainer, after=add_callback)

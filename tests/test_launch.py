@@ -202,3 +202,14 @@ def test_a_script_that_already_uses_perfhooks_gets_no_nothing_was_profiled(tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     assert not any("nothing was profiled" in line for line in own_lines(done.stderr)), done.stderr[-2000:]
     assert report(tmp_path if script.startswith("plain") else tmp_path / "_perfhooks")["steps"] in (3, 4)
+
+
+def test_add_to_trainer_logs_is_an_option_of_perfhooks_run(tmp_path: Path) -> None:
+    """Issue 41, item 8: docs/usage.md said the figures go into the Trainer's logs; they do with this option."""
+    args = (str(SCRIPTS / "transformers_train.py"), "--output_dir", str(tmp_path), "--max_steps", "4",
+            "--logging_steps", "2", "--report_to", "none", "--save_strategy", "no")
+    own = launch("--no-wandb", "--no-console", *args)
+    added = launch("--no-wandb", "--no-console", "--add-to-trainer-logs", *args)
+    assert own.returncode == added.returncode == 0, added.stderr[-2000:]
+    assert "perf/step_ms" not in own.stdout + own.stderr
+    assert "perf/step_ms" in added.stdout + added.stderr

@@ -64,3 +64,77 @@ def test_a_run_that_fails_before_its_first_step_says_so_in_one_line(tmp_path: Pa
     folder = next(tmp_path.rglob("report.json")).parent
     page = (folder / "report.html").read_text()
     assert "at step None" not in page and "(None)" not in page
+
+
+# ----------------------------------------------------------------------------- items 13-15: transformers
+def test_a_step_completed_before_an_earlier_callbacks_error_is_counted(tmp_path: Path) -> None:
+    from transformers import TrainerCallback
+
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    class FailsAtStep5(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 5:
+                raise RuntimeError("the user's callback failed at step 5")
+
+    trainer = hf_trainer(tmp_path, 8, None)
+    trainer.add_callback(FailsAtStep5())  # before perfhooks' in the list: HF runs them in order
+    trainer.add_callback(PerfTrainerCallback(console=False, schedule=None))
+    with pytest.raises(RuntimeError, match="at step 5"):
+        trainer.train()
+    report = read_report(tmp_path / "_perfhooks")
+    assert trainer.state.global_step == 5
+    assert (report["status"], report["steps"], report["global_step"]) == ("failed", 5, 5)  # before: 4 steps
+
+
+def test_after_train_the_trainer_is_freed_at_once_and_a_copy_trains_itself(tmp_path: Path) -> None:
+    import copy
+    import gc
+    import weakref
+
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    trainer = hf_trainer(tmp_path, 2, PerfTrainerCallback(console=False, schedule=None), disable_tqdm=True)
+    trainer.train()
+    assert "train" not in vars(trainer)  # no per-instance attribute outlives the run (nor is there one during it)
+    twin = copy.copy(trainer)
+    assert twin.train.__self__ is twin  # before: the copied wrapper trained the original
+    del twin
+    model = weakref.ref(trainer.model)
+    gc.collect()
+    gc.disable()
+    try:
+        del trainer
+        assert model() is None  # freed without a GC pass, as without perfhooks
+    finally:
+        gc.enable()
+
+
+def test_a_callback_added_later_leaves_nothing_behind_after_a_caught_error(tmp_path: Path) -> None:
+    import tempfile
+    import threading
+
+    from perfhooks import Schedule
+    from perfhooks.integrations.transformers import PerfTrainerCallback
+
+    before = {t.name for t in threading.enumerate() if t.name.startswith("perfhooks")}
+    for attempt in range(3):
+        with tempfile.TemporaryDirectory(dir=tmp_path) as folder:  # its cleanup must not raise
+            trainer = hf_trainer(Path(folder), 6, None, disable_tqdm=True)
+            trainer.add_callback(PerfTrainerCallback(console=False, schedule=Schedule(skip_first=0, warmup=0, active=2)))
+            calls = {"n": 0}
+
+            def fail_fifth(module: Any, args: Any) -> None:
+                calls["n"] += 1
+                if calls["n"] == 5:
+                    raise ValueError("user error")
+
+            hook = trainer.model.register_forward_pre_hook(fail_fifth)
+            with pytest.raises(ValueError, match="user error"):
+                trainer.train()
+            assert not {"get_batch_samples", "training_step", "compute_loss", "evaluate",
+                        "_save_checkpoint"} & set(vars(trainer))
+            assert list(trainer.model._forward_pre_hooks) == [hook.id] and not trainer.model._forward_hooks
+            assert read_report(Path(folder) / "_perfhooks")["status"] == "failed"
+        assert not Path(folder).exists(), f"attempt {attempt}: the folder was made again"
+    assert {t.name for t in threading.enumerate() if t.name.startswith("perfhooks")} <= before

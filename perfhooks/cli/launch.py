@@ -236,8 +236,10 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
 class Launcher:
     """Installs the construction hooks; :meth:`finish` closes what they attached and undoes every patch."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: dict[str, Any], transformers_options: dict[str, Any] | None = None) -> None:
         self.settings = settings
+        #: Arguments of PerfTrainerCallback that are not settings (``add_to_trainer_logs``).
+        self.transformers_options = dict(transformers_options or {})
         self.hooks = PostImportHooks()
         self.undo: list[Callable[[], None]] = []
         #: Objects perfhooks was added to (trainers, accelerator sessions), for the final notice.
@@ -299,12 +301,13 @@ def _check_version(distribution: str, tested: tuple[tuple[int, int], tuple[int, 
               f"(tested {low[0]}.{low[1]} to {high[0]}.{high[1]}); profiling it anyway", file=sys.stderr)
 
 
-def run(target: str, arguments: list[str], settings: dict[str, Any], module: bool = False) -> int:
+def run(target: str, arguments: list[str], settings: dict[str, Any], module: bool = False,
+        transformers_options: dict[str, Any] | None = None) -> int:
     """Run ``target`` (a script path, or a module with ``module=True``) as ``__main__``; its exit status."""
     if not module and not Path(target).is_file():
         print(f"perfhooks run: {target}: no such script", file=sys.stderr)
         return 2
-    launcher = Launcher(settings)
+    launcher = Launcher(settings, transformers_options)
     launcher.install()
     saved_argv = sys.argv[:]
     script_dir = None if module else str(Path(target).resolve().parent)

@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     from perfhooks.cli.launch import add_setting_options
 
     add_setting_options(launch)
+    launch.add_argument("--add-to-trainer-logs", action="store_true",
+                        help="transformers only: add the perf/* figures to the Trainer's training logs, so that every "
+                        "report_to tracker and its printed lines get them (default: the Trainer's logs are its own)")
     launch.add_argument("-m", dest="module", action="store_true", help="run a module, as python -m does")
     launch.add_argument("target", metavar="SCRIPT", help="the training script (or module, with -m)")
     launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -276,7 +279,8 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as error:
         print(f"perfhooks run: {error}", file=sys.stderr)
         return 2
-    return run(args.target, args.arguments, settings, module=args.module)
+    return run(args.target, args.arguments, settings, module=args.module,
+               transformers_options={"add_to_trainer_logs": True} if args.add_to_trainer_logs else None)
 
 
 def main(argv: list[str] | None = None) -> int:

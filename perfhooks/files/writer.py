@@ -16,8 +16,12 @@ Job = Callable[[], None]
 class BackgroundWriter:
     """Runs jobs in order on one daemon thread; a bounded queue drops jobs when full (counted)."""
 
-    def __init__(self, faults: FaultLog, capacity: int = 64, name: str = "perfhooks-writer") -> None:
+    def __init__(self, faults: FaultLog, capacity: int = 64, name: str = "perfhooks-writer",
+                 output_removed: Callable[[], bool] | None = None) -> None:
         self.faults = faults
+        #: Whether the user removed the output folder during the run: then no job runs (a write would make the
+        #: folder, and its parents, again: a deleted TemporaryDirectory's cleanup would then fail).
+        self.output_removed = output_removed
         self.name = name
         self.dropped = 0
         #: Jobs started so far, and whether one is running now: steps that overlap one are marked as
@@ -69,6 +73,12 @@ class BackgroundWriter:
             self._thread.join(timeout=0.0 if late else 1.0)
             self._thread = None
 
+    def _removed(self) -> bool:
+        try:
+            return self.output_removed is not None and self.output_removed()
+        except Exception:
+            return False
+
     def _run(self, jobs: queue.Queue[tuple[str, Job] | None], discard: threading.Event) -> None:
         while True:
             try:
@@ -78,7 +88,7 @@ class BackgroundWriter:
             if item is None:
                 return
             kind, job = item
-            if discard.is_set() and kind != "flush":
+            if kind != "flush" and (discard.is_set() or self._removed()):
                 self.dropped += 1
                 continue
             if kind != "flush":

@@ -84,7 +84,7 @@ class Engine:
         self.facts = RunFacts(framework, ranks.rank(), ranks.world_size(), self.room.describe(), new_run_id(),
                               time.time())
         self.clock: HostClock = clock or (DeviceClock(self.room) if self.room.timed else HostClock())
-        self.writer = BackgroundWriter(self.faults)
+        self.writer = BackgroundWriter(self.faults, output_removed=self.output_removed)
         self.hooks = HookHandles()
         self.status = "running"
         self.error: dict[str, Any] | None = None
