@@ -121,10 +121,10 @@ def test_a_callback_added_later_leaves_nothing_behind_after_a_caught_error(tmp_p
     for attempt in range(3):
         with tempfile.TemporaryDirectory(dir=tmp_path) as folder:  # its cleanup must not raise
             trainer = hf_trainer(Path(folder), 6, None, disable_tqdm=True)
-            trainer.add_callback(PerfTrainerCallback(console=False, schedule=Schedule(skip_first=0, warmup=0, active=2)))
-            calls = {"n": 0}
+            window = Schedule(skip_first=0, warmup=0, active=2)
+            trainer.add_callback(PerfTrainerCallback(console=False, schedule=window))
 
-            def fail_fifth(module: Any, args: Any) -> None:
+            def fail_fifth(module: Any, args: Any, calls: dict[str, int] = {"n": 0}) -> None:  # noqa: B006
                 calls["n"] += 1
                 if calls["n"] == 5:
                     raise ValueError("user error")
