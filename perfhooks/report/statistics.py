@@ -168,6 +168,8 @@ class StepTiming:
     #: Samples and tokens the step trained on (0: not counted).
     samples: int = 0
     tokens: int = 0
+    #: Token slots, padding included, where the batches' attention_mask was read (0: not read).
+    padded_tokens: int = 0
 
 
 class StatsSnapshot(NamedTuple):

@@ -12,8 +12,8 @@ from perfhooks.rules.verdicts import TITLES, make, pct
 
 
 def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
-                  run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None
-                  ) -> list[dict[str, Any]]:
+                  run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None,
+                  framework: str | None = None) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
@@ -48,12 +48,26 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if other is not None:
         out.append(other)
     recent = list(stats.recent)
+    padding = _padding_waste(recent, stats, t, framework)
+    if padding is not None:
+        out.append(padding)
     own = sum(1 for timing in recent if timing.own)
     # steady state only: the first steps are warm-up, and perfhooks' own steps are not the user's
     steady = sorted(timing.step_ms for timing in recent[3:] if not timing.own)
     p50 = steady[len(steady) // 2] if steady else 0.0
     p95 = steady[min(len(steady) - 1, round(0.95 * (len(steady) - 1)))] if steady else 0.0
-    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
+    follows = _follows_the_length(recent[3:], t)
+    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50 and follows is not None:
+        out.append(make(
+            "step_time_variance", "info", TITLES["step_time_variance"],
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steps, and the step "
+            f"time follows the batch's {follows[1]} (correlation {follows[0]:.2f}; threshold "
+            f"{t.length_correlation:g}): longer batches take longer, which is not a stall; threshold "
+            f"{t.step_p95_over_p50:g}×",
+            0.0,
+            _length_fix(framework),
+            p95_over_p50=p95 / p50, length_correlation=follows[0]))
+    elif len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
         out.append(make(
             "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
             TITLES["step_time_variance"],
@@ -80,6 +94,53 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
                 "(torch._logging.set_logs(recompiles=True)) and mark dynamic shapes (torch._dynamo.mark_dynamic).",
                 first_steps_ms=statistics.fmean(first), steady_ms=steady_ms))
     return out
+
+
+def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str | None) -> dict[str, Any] | None:
+    """``padding_waste``: the share of the steady steps' token slots that are padding (from each batch's
+    ``attention_mask``); the most it can save is that share of the forward and backward time."""
+    steady = [timing for timing in recent[3:] if not timing.own and not timing.compiled and timing.padded_tokens]
+    slots = sum(timing.padded_tokens for timing in steady)
+    if len(steady) < 5 or not slots:
+        return None
+    share = 1.0 - sum(timing.tokens for timing in steady) / slots
+    if share < t.padding_share:
+        return None
+    compute = sum(timing.phase_ms.get("forward", 0.0) + timing.phase_ms.get("backward", 0.0) for timing in steady)
+    total = sum(timing.step_ms for timing in steady)
+    pads = slots - sum(timing.tokens for timing in steady)
+    return make(
+        "padding_waste", "warning", "Much of each batch is padding",
+        f"{pct(share)} of the token slots in {len(steady)} steady steps are padding ({pads} of {slots}, from the "
+        f"batches' attention_mask); forward and backward, which run on the padding too, "
+        f"take {pct(compute / total if total else 0.0)} of the step; threshold {pct(t.padding_share)}",
+        share * (compute / total if total else 0.0),
+        _length_fix(framework),
+        padding_share=share)
+
+
+def _length_fix(framework: str | None) -> str:
+    if framework == "transformers":
+        return ("Batch samples of similar length together: TrainingArguments(group_by_length=True); with TRL's "
+                "SFTTrainer, SFTConfig(packing=True) packs samples with no padding at all.")
+    return ("Batch samples of similar length together: a length-bucketing batch sampler (sort indices by length "
+            "within chunks of ~100 batches, then shuffle the batches), or pack sequences into fixed-length rows; "
+            "pad each batch to its own longest sample (DataCollatorWithPadding), not to a fixed max_length.")
+
+
+def _follows_the_length(recent: list[Any], t: Thresholds) -> tuple[float, str] | None:
+    """``(correlation, what)`` when the steady steps' time follows their padded token count (or, without a
+    mask, their token count), so that variance is the batches' lengths; None otherwise."""
+    steady = [timing for timing in recent if not timing.own and not timing.compiled]
+    for what, sizes in (("padded length", [timing.padded_tokens for timing in steady]),
+                        ("token count", [timing.tokens for timing in steady])):
+        if len(steady) >= 5 and all(sizes) and len(set(sizes)) > 1:
+            try:
+                correlation = statistics.correlation(sizes, [timing.step_ms for timing in steady])
+            except statistics.StatisticsError:
+                return None
+            return (correlation, what) if correlation >= t.length_correlation else None
+    return None
 
 
 def _share_without_the_longest(recent: Any, phase: str) -> float:

@@ -20,6 +20,10 @@ class Thresholds:
     fp32_eligible_share: float = 0.10
     tensor_core_share: float = 0.10
     unfused_attention_share: float = 0.02
+    #: Share 0..1 of the steady steps' token slots that are padding, for ``padding_waste``.
+    padding_share: float = 0.20
+    #: Correlation (0..1) of step time with the step's padded tokens past which variance follows the batch length.
+    length_correlation: float = 0.70
     #: Share 0..1 of a window that one-time start-up calls must take for ``startup_in_window``.
     startup_share: float = 0.10
     occupancy_percent: float = 15.0

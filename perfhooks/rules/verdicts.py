@@ -38,6 +38,7 @@ DOCS = {
     "graph_capture_in_window": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
     "window_not_steady": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
     "device_queued": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
+    "padding_waste": "https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments.group_by_length",
     "other_heavy": "https://lightning.ai/docs/pytorch/stable/tuning/profiler_basic.html",
     "stalled": "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",

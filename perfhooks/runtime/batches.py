@@ -28,6 +28,8 @@ class BatchCount:
     samples: int
     tokens: int
     token_source: str | None
+    #: Token slots the batch holds, padding included (``attention_mask.numel()``); 0 when no mask was read.
+    padded: int = 0
 
 
 def count_batch(batch: Any) -> BatchCount | None:
@@ -41,7 +43,7 @@ def count_batch(batch: Any) -> BatchCount | None:
     samples = int(lead.shape[0])
     if _is_batched(mask) and mask.dim() == 2:
         if mask.device.type == "cpu":
-            return BatchCount(samples, int(mask.sum()), FROM_MASK)
+            return BatchCount(samples, int(mask.sum()), FROM_MASK, int(mask.numel()))
         if _is_batched(ids) and ids.dim() == 2:
             return BatchCount(samples, int(ids.numel()), FROM_IDS_MASK_ON_DEVICE)
     if _is_batched(ids) and ids.dim() == 2:

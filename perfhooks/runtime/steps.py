@@ -34,6 +34,8 @@ class StepRecord:
     #: Samples and tokens of the step's micro-batches (0: not counted).
     samples: int = 0
     tokens: int = 0
+    #: Token slots, padding included, of the micro-batches whose attention_mask was read (0: none was).
+    padded_tokens: int = 0
 
 
 class PendingSteps:
@@ -115,7 +117,7 @@ class PendingSteps:
         step_ms = max(0.0, step_ms - aside_ms)
         phase_ms[OTHER] = max(0.0, step_ms - covered)
         return StepTiming(record.step, step_ms, phase_ms, record.micro_batches, record.global_step, record.own,
-                          aside_ms, fetch_ms, record.compiled, record.samples, record.tokens)
+                          aside_ms, fetch_ms, record.compiled, record.samples, record.tokens, record.padded_tokens)
 
     def discard(self, record: StepRecord) -> None:
         """Return a step's device events to the pool (host marks hold nothing)."""

@@ -138,6 +138,7 @@ class StepTracker:
             return
         record.samples += counted.samples
         record.tokens += counted.tokens
+        record.padded_tokens += counted.padded
         if counted.token_source is not None:
             self.token_source = counted.token_source
 
