@@ -16,6 +16,39 @@ USER_SAMPLE = "user: flops_per_sample x samples per step"
 COUNTER = "measured: torch.utils.flop_counter.FlopCounterMode over one training step"
 
 
+#: Fused attention kernels ``FlopCounterMode`` has no formula for (torch 2.13): PyTorch's CPU flash kernel (what
+#: ``scaled_dot_product_attention`` runs on the CPU with no dropout) and the overrideable fused path. Counted as
+#: model FLOPs, the math path's matmuls: torch's SDPA formula forward (two matmuls), twice that backward (four; the
+#: scores a flash kernel recomputes are not the model's), so that a model gets the same count, and MFU the same
+#: meaning, whichever attention backend ran.
+FUSED_ATTENTION = (("_scaled_dot_product_flash_attention_for_cpu", False),
+                   ("_scaled_dot_product_flash_attention_for_cpu_backward", True),
+                   ("_scaled_dot_product_fused_attention_overrideable", False),
+                   ("_scaled_dot_product_fused_attention_overrideable_backward", True))
+
+
+def fused_attention_formulas() -> dict[Any, Any]:
+    """``FlopCounterMode(custom_mapping=...)`` entries for :data:`FUSED_ATTENTION` that this torch has and does not
+    count itself."""
+    import torch
+    from torch.utils import flop_counter
+
+    def forward(query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        return flop_counter.sdpa_flop_count(query, key, value)
+
+    def backward(grad_out: Any, query: Any, key: Any, value: Any, *args: Any, out_shape: Any = None,
+                 **kwargs: Any) -> int:
+        return 2 * flop_counter.sdpa_flop_count(query, key, value)
+
+    out: dict[Any, Any] = {}
+    for name, is_backward in FUSED_ATTENTION:
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None or packet in flop_counter.flop_registry or packet.default in flop_counter.flop_registry:
+            continue
+        out[packet] = backward if is_backward else forward
+    return out
+
+
 class FlopMeter:
     """Counts one step's FLOPs; every method is safe to call at any time and never raises."""
 
@@ -36,7 +69,7 @@ class FlopMeter:
             return
         from torch.utils.flop_counter import FlopCounterMode
 
-        mode = FlopCounterMode(display=False)
+        mode = FlopCounterMode(display=False, custom_mapping=fused_attention_formulas())
         mode.__enter__()
         self._mode, self.step = mode, step
 
