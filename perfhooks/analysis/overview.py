@@ -136,10 +136,12 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
             host = [trace.runtimes]
         # the profiler's own stop (and what runs inside it: a synchronize, the trace's collection) is teardown,
         # not the window's work: recorded with stacks it can outlast the last kernel by most of a second
-        teardown = [(e.ts, e.ts + e.dur) for e in trace.python if _is_profiler_teardown(e.name or "")]
+        names = {name for name in {e.name for e in trace.python} if name and _is_profiler_teardown(name)}
+        teardown = [(e.ts, e.ts + e.dur) for e in trace.python if e.name in names] if names else []
         if teardown:
-            kept = [[e for e in events if not any(lo <= e.ts and e.ts + e.dur <= hi for lo, hi in teardown)]
-                    for events in host]
+            first = min(lo for lo, _ in teardown)
+            kept = [[e for e in events if e.ts < first
+                     or not any(lo <= e.ts and e.ts + e.dur <= hi for lo, hi in teardown)] for events in host]
             host = [events for events in kept if events] or host
         return [(0, min(e.ts for events in host for e in events),
                  max(e.ts + e.dur for events in host for e in events))]

@@ -71,8 +71,9 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
         out.append(make(
             "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
             TITLES["step_time_variance"],
-            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steps "
-            f"({own} steps that overlapped perfhooks' own work left out); threshold {t.step_p95_over_p50:g}×",
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steady steps "
+            f"(of {len(recent)}: the first {min(3, len(recent))} are warm-up, and {own} overlapped perfhooks' own "
+            f"work); threshold {t.step_p95_over_p50:g}×",
             max(0.0, 1 - p50 / statistics.fmean(steady)),
             "Look at what the slow steps do (periodic logging, .item() calls in callbacks, GC, data stalls); the "
             "per-phase p95 in the report shows which phase spikes.",

@@ -87,6 +87,7 @@ class WandbSink:
         self._thread = BackgroundWriter(faults, capacity=queue, name="perfhooks-wandb")
         self._last_step = -1
         self._declared = False
+        self._quiet: set[str] = set()  # perf/* keys declared with summary="none"
         #: Window results that came before the run was found (windows can end before the first row): logged,
         #: in order, on the training thread as soon as the run is found. At most MAX_PENDING_WINDOWS kept.
         self._pending_windows: deque[tuple[int, dict[str, Any], list[dict[str, Any]]]] = deque(
@@ -178,18 +179,10 @@ class WandbSink:
         memory = report.get("memory") or {}
         row = interval_metrics([t for t in timings if t.step > self._last_step], memory_latest)
         diagnoses = [dict(d) for d in report.get("diagnoses", [])]
-        summary = headline_metrics(report, top=SUMMARY_TOP)
-        summary["perf/steps"] = report.get("steps", 0)
-        summary["perf/global_step"] = report.get("global_step", report.get("steps", 0))
-        for key, value in (report.get("run") or {}).items():
-            if isinstance(value, (int, float)):
-                summary[f"perf/run/{key}"] = value
-        for index, diagnosis in enumerate(diagnoses[:SUMMARY_TOP], 1):
-            summary[f"perf/top{index}/id"] = diagnosis["id"]
-            summary[f"perf/top{index}/gain"] = float(diagnosis.get("estimated_gain", 0.0))
-        if "capacity_bytes" in memory:
-            summary["perf/mem/capacity_bytes"] = memory["capacity_bytes"]
-            summary["perf/mem/peak_used_bytes"] = memory.get("peak_used_bytes", 0)
+        summary = summary_keys(report, diagnoses)
+        figures = _figures_table(report, memory)
+        headline = headline_metrics(report, top=0)  # the run's MFU and FLOP/s: a point on their panels' lines
+        row.update({key: headline[key] for key in ("perf/mfu", "perf/achieved_flops_per_s") if key in headline})
         memory_files = self._memory_files(memory)
         ranks = (report.get("ranks") or {}).get("per_rank")
 
@@ -197,7 +190,7 @@ class WandbSink:
             import wandb
 
             extra = {"perf/ranks": _ranks_table(ranks)} if ranks else {}
-            self._log_row({**row, **extra, "perf/diagnoses": self._table(diagnoses),
+            self._log_row({**row, **extra, "perf/diagnoses": self._table(diagnoses), "perf/figures": figures(),
                            "perf/report": wandb.Html(html, inject=False)}, step)
             self.run.summary.update(summary)
             if memory_files:
@@ -225,6 +218,10 @@ class WandbSink:
         :data:`JOIN_WAIT_S` on this thread for the user's next row before joining."""
         self._declare()
         data = {**row, PERF_STEP: step}
+        for key in data.keys() - self._quiet:  # each figure's first row: kept out of the summary by name (a glob's
+            self._quiet.add(key)              # summary setting is not applied to the keys it matches)
+            if key.startswith("perf/") and key != self.step_key:
+                self.run.define_metric(key, step_metric=self.step_key, summary="none")
         if self.step_key != PERF_STEP:
             data[self.step_key] = step
         if not self.commit:
@@ -241,6 +238,8 @@ class WandbSink:
             return
         self._declared = True
         self.run.define_metric(self.step_key)
+        # the rows' figures stay out of the run's summary (see _log_row), whose end-of-run printout would list them
+        # ahead of the user's own metrics ("perf" sorts before "train"); the summary gets a few keys of its own
         self.run.define_metric("perf/*", step_metric=self.step_key)
 
     def _table(self, diagnoses: list[dict[str, Any]]) -> Any:
@@ -324,6 +323,52 @@ def _row(diagnosis: dict[str, Any]) -> list[Any]:
 
 RANK_COLUMNS = ("rank", "status", "steps", "step_ms", "coverage", "data_wait_share", "forward_share",
                 "backward_share", "optimizer_share", "diagnoses")
+
+
+#: The run summary's own keys (at most these, so that the user's metrics lead W&B's end-of-run printout).
+SUMMARY_KEYS = ("perf/step_ms", "perf/steps", "perf/top1/id", "perf/top1/gain", "perf/tokens_per_s", "perf/mfu")
+
+
+def summary_keys(report: dict[str, Any], diagnoses: list[dict[str, Any]]) -> dict[str, Any]:
+    """The few keys perfhooks puts in the W&B run summary: step time, steps, the top diagnosis and its gain,
+    tokens per second (samples where no tokens were counted) and MFU where known. The rest is the ``perf/figures``
+    table."""
+    headline = headline_metrics(report, top=0)
+    summary: dict[str, Any] = {"perf/step_ms": headline["perf/step_ms"], "perf/steps": report.get("steps", 0)}
+    if diagnoses:
+        summary["perf/top1/id"] = diagnoses[0]["id"]
+        summary["perf/top1/gain"] = float(diagnoses[0].get("estimated_gain", 0.0))
+    rate = headline.get("perf/tokens_per_s")
+    if rate is not None:
+        summary["perf/tokens_per_s"] = rate
+    elif headline.get("perf/samples_per_s") is not None:
+        summary["perf/samples_per_s"] = headline["perf/samples_per_s"]
+    if headline.get("perf/mfu") is not None:
+        summary["perf/mfu"] = headline["perf/mfu"]
+    return summary
+
+
+def _figures_table(report: dict[str, Any], memory: dict[str, Any]) -> Any:
+    """Every headline figure, the run account (s), the top diagnoses and the memory peak, as one ``wandb.Table``
+    of (figure, value) rows, built on the logging thread."""
+    figures: dict[str, Any] = dict(headline_metrics(report, top=SUMMARY_TOP))
+    figures["perf/global_step"] = report.get("global_step", report.get("steps", 0))
+    for key, value in (report.get("run") or {}).items():
+        if isinstance(value, (int, float)):
+            figures[f"perf/run/{key}"] = value
+    for index, diagnosis in enumerate(report.get("diagnoses", [])[:SUMMARY_TOP], 1):
+        figures[f"perf/top{index}/id"] = diagnosis["id"]
+        figures[f"perf/top{index}/gain"] = float(diagnosis.get("estimated_gain", 0.0))
+    if "capacity_bytes" in memory:
+        figures["perf/mem/capacity_bytes"] = memory["capacity_bytes"]
+        figures["perf/mem/peak_used_bytes"] = memory.get("peak_used_bytes", 0)
+
+    def table() -> Any:
+        import wandb
+
+        return wandb.Table(columns=["figure", "value"], data=[[key, str(value)] for key, value in figures.items()])
+
+    return table
 
 
 def _ranks_table(per_rank: list[dict[str, Any]]) -> Any:

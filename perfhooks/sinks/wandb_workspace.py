@@ -37,10 +37,9 @@ SECTIONS: list[dict[str, Any]] = [
         {"kind": "lines", "title": "Achieved FLOP/s", "y": ["perf/achieved_flops_per_s"]}]},
     {"name": "perf: memory", "panels": [
         {"kind": "lines", "title": "Memory (bytes)", "regex": r"perf/mem/.*_bytes"}]},
-    {"name": "perf: run account", "panels": [
-        {"kind": "bars", "title": "Where the run's wall time went (s)",
-         "metrics": ["perf/run/training_s", "perf/run/evaluation_s", "perf/run/checkpointing_s",
-                     "perf/run/other_s"]}]},
+    {"name": "perf: run account and figures", "panels": [
+        {"kind": "table", "title": "The run's figures (the run account in s, headline figures, top diagnoses)",
+         "key": "perf/figures"}]},
     {"name": "perf: GPU (capture windows)", "panels": [
         {"kind": "lines", "title": "GPU utilization, SM efficiency, occupancy",
          "y": [f"perf/{name}" for name in WINDOW_FIGURES]}]},

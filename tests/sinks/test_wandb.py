@@ -101,6 +101,11 @@ def test_hf_trainer_report_to_wandb_uses_its_run_and_step(offline_wandb: Path, t
     loss_rows = [row for row in history(records) if "train/loss" in row]
     assert loss_rows and not any(key.startswith("train/perf/") for row in history(records) for key in row)
     assert summary(records)["perf/steps"] == 12
+    # issue 41, item 9: ~45 perf/* summary keys sorted ahead of the user's and pushed train_loss behind "+36 ..."
+    printed = [key for key, value in summary(records).items()  # what W&B prints at the end: numbers and strings
+               if key.startswith("perf/") and "." not in key and isinstance(value, (int, float, str))]
+    assert len(printed) <= 6, printed
+    assert "train/loss" in summary(records) or "train_loss" in summary(records)
 
 
 def test_accelerate_tracker_rows_never_move_the_users_step(offline_wandb: Path, tmp_path: Path) -> None:
