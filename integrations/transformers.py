@@ -160,8 +160,6 @@ class PerfTrainerCallback(TrainerCallback):
         if not self.engine.active:
             return
         self._flos_at_start = (state.total_flos, state.global_step)
-        if callable(getattr(model, "floating_point_ops", None)):  # the Trainer counts FLOPs: none measured here
-            self.engine.expect_framework_flops()
         for flag, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
             if getattr(args, flag, False):
                 self.engine.note_precision(dtype, f"TrainingArguments({flag}=True)")

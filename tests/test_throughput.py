@@ -201,19 +201,22 @@ def test_user_counts_win_and_name_their_source(tmp_path: Path) -> None:
     assert throughput["peak_source"] == "user: peak_flops"
 
 
-def test_hf_total_flos_is_six_times_the_parameters_times_the_tokens(tmp_path: Path) -> None:
-    """The framework's own count, as transformers defines it (embeddings left out; attention and the tied output
-    projection are not in it: the README says so)."""
+def test_hf_total_flos_is_reported_beside_the_measured_count(tmp_path: Path) -> None:
+    """Issue 41, item 4: the same tiny GPT-2 read 2.44 GFLOP/step under the HF Trainer (total_flos) and 4.39 under
+    accelerate (measured). MFU uses the measured count in both; HF's own definition (6 x non-embedding parameters x
+    tokens: no attention, no tied output projection) is beside it, named."""
     from hf_trainer_example import build_trainer
     from perfhooks.integrations.transformers import PerfTrainerCallback
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    trainer = build_trainer(str(tmp_path), steps=3, batch_size=2, callback=PerfTrainerCallback(console=False))
+    trainer = build_trainer(str(tmp_path), steps=12, batch_size=2, callback=PerfTrainerCallback(console=False))
     trainer.train()
     throughput = read_report(tmp_path / "_perfhooks")["throughput"]
     parameters = trainer.model.num_parameters(exclude_embeddings=True)
-    assert throughput["flops_per_step"] == pytest.approx(6 * parameters * 2 * 64)
-    assert "FlopCounterMode" not in throughput["flops_source"]  # no step was measured beside the Trainer's count
+    assert throughput["framework_flops_per_step"] == pytest.approx(6 * parameters * 2 * 64)
+    assert "total_flos" in throughput["framework_flops_source"]
+    assert "FlopCounterMode" in throughput["flops_source"]
+    assert throughput["flops_per_step"] > throughput["framework_flops_per_step"]  # attention and the LM head
 
 
 def test_no_count_and_no_peak_say_why(tmp_path: Path) -> None:

@@ -37,6 +37,9 @@ def throughput_section(stats: Any, flops: dict[str, Any], device: dict[str, Any]
         "token_source": token_source if stats.tokens else None,
         "flops_per_step": flops.get("per_step"),
         "flops_source": flops.get("source"),
+        # the framework's own count where it has one (HF: 6 x non-embedding parameters x tokens), by its own name
+        "framework_flops_per_step": flops.get("framework_per_step"),
+        "framework_flops_source": flops.get("framework_source"),
         "achieved_flops_per_s": None,
         "matmul_dtype": dtype[0],
         "dtype_source": dtype[1],

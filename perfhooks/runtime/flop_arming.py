@@ -82,11 +82,16 @@ class FlopArming:
             if steps and samples:
                 return {"per_step": config.flops_per_sample * (samples / steps), "source": flops_sources.USER_SAMPLE}
             return {"missing": "flops_per_sample was given but no batch's samples were seen"}
-        if self.framework_flops is not None:
-            return {"per_step": self.framework_flops[0], "source": self.framework_flops[1]}
+        # one definition across frameworks: the measured count first; the framework's own (HF's total_flos,
+        # 6 x parameters x tokens) is reported beside it under its own name
+        beside = ({"framework_per_step": self.framework_flops[0], "framework_source": self.framework_flops[1]}
+                  if self.framework_flops is not None else {})
         meter = self.meter
         if meter.flops_per_step is not None:
-            return {"per_step": meter.flops_per_step, "source": f"{flops_sources.COUNTER} (step {meter.step})"}
+            return {"per_step": meter.flops_per_step, "source": f"{flops_sources.COUNTER} (step {meter.step})",
+                    **beside}
+        if self.framework_flops is not None:
+            return {"per_step": self.framework_flops[0], "source": self.framework_flops[1], **beside}
         if meter.skipped:
             return {"missing": meter.skipped}
         if not config.count_flops:
