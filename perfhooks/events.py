@@ -39,6 +39,9 @@ ASIDES: frozenset[str] = frozenset({EVALUATION, CHECKPOINT, COMPILING})
 #: this one. transformers' ``Trainer._get_num_items_in_batch`` gathers each step's token count from every rank
 #: (``average_tokens_across_devices``, on by default).
 NUM_ITEMS_GATHER = "transformers: num_items_in_batch (gather across ranks)"
+#: Named work: the model's forwards in eval mode or under no_grad inside a training step (a validation loop the
+#: loop does not mark with ``perf.evaluation()``).
+EVALUATION_FORWARDS = "evaluation forwards (eval mode or no_grad)"
 RANK_WAITS: frozenset[str] = frozenset({NUM_ITEMS_GATHER})
 
 #: The measured phases, in loop order.

@@ -236,3 +236,33 @@ def test_fused_cpu_sdpa_counts_the_math_paths_flops() -> None:
         counts[name] = meter.flops_per_step
     assert counts["math"] and counts["fused"]
     assert abs(counts["fused"] / counts["math"] - 1) < 0.03, counts
+
+
+# ----------------------------------------------------------------------------- item 6: unmarked validation
+def test_a_validation_loop_inside_the_steps_is_named_and_the_fix_is_perf_evaluation(tmp_path: Path) -> None:
+    """Lightning Fabric's example through the plain-loop API: a validation pass after every optimizer step, not
+    marked; 'other' was 85% of the step and the fix pointed at Trainer logging settings."""
+    import torch
+
+    import perfhooks
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    train = [torch.randn(16, 64) for _ in range(30)]
+    validation = [torch.randn(256, 64) for _ in range(8)]
+    with perfhooks.profile(model, optimizer, output_dir=tmp_path, console=False, wandb=False, schedule=None):
+        for x in train:
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            model.eval()
+            with torch.no_grad():
+                for v in validation:
+                    model(v)
+            model.train()
+    report = read_report(tmp_path)
+    [verdict] = [d for d in report["diagnoses"] if d["id"] == "other_heavy"]
+    assert "with perf.evaluation()" in verdict["recommendation"]
+    assert "logging_steps" not in verdict["recommendation"]
+    assert "evaluation forwards" in " ".join(verdict["measured"]["named_work_ms"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from perfhooks.events import RANK_WAITS
+from perfhooks.events import EVALUATION_FORWARDS, RANK_WAITS
 from perfhooks.rules.run import diagnose_run
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import TITLES, make, pct
@@ -186,6 +186,15 @@ def _other_heavy(stats: Any, t: Thresholds, named_work: dict[str, float]) -> dic
                 f"({other_ms:.2f} ms a step); threshold {pct(t.other_share)}")
     if waits:
         evidence += f" (less {waits:.2f} ms a step waiting for the other ranks, which the slowest rank sets)"
+    evaluating = dict(named).get(EVALUATION_FORWARDS, 0.0)
+    if named and evaluating >= 0.5 * other_ms:  # most of it is the model evaluated inside the steps
+        evidence += (f"; the model ran forwards in eval mode or under no_grad inside the steps for {evaluating:.2f} ms "
+                     "a step: a validation loop counted as training")
+        fix = ("Mark the validation loop: with perf.evaluation(): for batch in val_loader: ... (its time is then "
+               "reported apart, as evaluation, and taken out of the steps); evaluate less often if it is a large "
+               "share of the run.")
+        return make("other_heavy", "warning", "Work outside the training phases holds each step back", evidence,
+                    other, fix, other_share=other, named_work_ms=dict(named))
     if named:
         evidence += "; the framework names who ran in the steps: " + ", ".join(
             f"{name} {ms:.2f} ms a step" for name, ms in named)

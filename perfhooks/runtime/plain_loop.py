@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from perfhooks.config import PerfConfig
-from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, EVALUATION_FORWARDS, FORWARD, OPTIMIZER
 from perfhooks.runtime.engine import Engine, NullEngine
 from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
 from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps, watch_training_forward
@@ -83,7 +83,8 @@ class ProfiledLoop(LoopSession):
             return
         try:
             for model in models:
-                watch_training_forward(model, self._forward_start, self._forward_end, self._hooks, with_inputs=True)
+                watch_training_forward(model, self._forward_start, self._forward_end, self._hooks, with_inputs=True,
+                                       on_evaluation_forward=self._evaluation_forward)
                 self.engine.watch_model(model)
             watch_optimizer_steps(optimizers, self._optimizer_end, self._hooks, on_before_step=self._optimizer_start)
         except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched
@@ -107,6 +108,11 @@ class ProfiledLoop(LoopSession):
 
     def _forward_end(self) -> None:
         self.engine.phase_start(BACKWARD)
+
+    def _evaluation_forward(self, ms: float) -> None:
+        """A forward in eval mode or under no_grad took ``ms`` (host): inside a step, a validation the loop did
+        not mark (named work; nothing inside ``perf.evaluation()``, which is an aside)."""
+        self.engine.named(EVALUATION_FORWARDS, ms)
 
     def _optimizer_start(self) -> None:
         self.engine.phase_start(OPTIMIZER)

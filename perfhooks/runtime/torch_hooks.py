@@ -56,7 +56,8 @@ def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[[],
 
 
 def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None],
-                           on_end: Callable[[], None] | None, handles: HookHandles, with_inputs: bool = False) -> None:
+                           on_end: Callable[[], None] | None, handles: HookHandles, with_inputs: bool = False,
+                           on_evaluation_forward: Callable[[float], None] | None = None) -> None:
     """Call ``on_start``/``on_end`` around the model's training forward passes (``on_start(args)``, the forward's
     positional arguments, with ``with_inputs``).
 
@@ -70,8 +71,16 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     ``fullgraph=True`` (and then it does not fire: the caller must get its event elsewhere).
     """
     import threading
+    import time
 
     training_thread = threading.get_ident()
+    #: Start times (ns) of evaluation forwards in progress: eval mode or no grad, on the training thread, outside
+    #: a backward (``on_evaluation_forward(ms)`` gets each one's host time).
+    evaluating: list[int] = []
+
+    def evaluation_forward(module: torch.nn.Module) -> bool:
+        return (on_evaluation_forward is not None and not (module.training and torch.is_grad_enabled())
+                and threading.get_ident() == training_thread and torch._C._current_graph_task_id() == -1)
 
     def training_forward(module: torch.nn.Module) -> bool:
         return (module.training and torch.is_grad_enabled() and threading.get_ident() == training_thread
@@ -85,14 +94,19 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
                 on_start(args)
             else:
                 on_start()
+        elif evaluation_forward(module):
+            evaluating.append(time.perf_counter_ns())
 
     handles.add(model.register_forward_pre_hook(pre))
-    if on_end is not None:
+    if on_end is not None or on_evaluation_forward is not None:
         def post(module: torch.nn.Module, _args: Any, _output: Any) -> None:
             if compiling():
                 return
             if training_forward(module):
-                on_end()
+                if on_end is not None:
+                    on_end()
+            elif evaluating and evaluation_forward(module):
+                on_evaluation_forward((time.perf_counter_ns() - evaluating.pop()) / 1e6)  # type: ignore[misc]
 
         handles.add(model.register_forward_hook(post))
 
