@@ -51,33 +51,9 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     padding = _padding_waste(recent, stats, t, framework)
     if padding is not None:
         out.append(padding)
-    own = sum(1 for timing in recent if timing.own)
-    # steady state only: the first steps are warm-up, and perfhooks' own steps are not the user's
-    steady = sorted(timing.step_ms for timing in recent[3:] if not timing.own)
-    p50 = steady[len(steady) // 2] if steady else 0.0
-    p95 = steady[min(len(steady) - 1, round(0.95 * (len(steady) - 1)))] if steady else 0.0
-    follows = _follows_the_length(recent[3:], t)
-    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50 and follows is not None:
-        out.append(make(
-            "step_time_variance", "info", TITLES["step_time_variance"],
-            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steps, and the step "
-            f"time follows the batch's {follows[1]} (correlation {follows[0]:.2f}; threshold "
-            f"{t.length_correlation:g}): longer batches take longer, which is not a stall; threshold "
-            f"{t.step_p95_over_p50:g}×",
-            0.0,
-            _length_fix(framework),
-            p95_over_p50=p95 / p50, length_correlation=follows[0]))
-    elif len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
-        out.append(make(
-            "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
-            TITLES["step_time_variance"],
-            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steady steps "
-            f"(of {len(recent)}: the first {min(3, len(recent))} are warm-up, and {own} overlapped perfhooks' own "
-            f"work); threshold {t.step_p95_over_p50:g}×",
-            max(0.0, 1 - p50 / statistics.fmean(steady)),
-            "Look at what the slow steps do (periodic logging, .item() calls in callbacks, GC, data stalls); the "
-            "per-phase p95 in the report shows which phase spikes.",
-            p95_over_p50=p95 / p50))
+    variance = _step_time_variance(recent, t, min_steps, framework)
+    if variance is not None:
+        out.append(variance)
     if compiled and len(recent) >= min_steps:
         first = [timing.step_ms for timing in recent[:3]]
         steady_ms = statistics.median(timing.step_ms for timing in recent[3:])
@@ -95,6 +71,40 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
                 "(torch._logging.set_logs(recompiles=True)) and mark dynamic shapes (torch._dynamo.mark_dynamic).",
                 first_steps_ms=statistics.fmean(first), steady_ms=steady_ms))
     return out
+
+
+def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framework: str | None
+                        ) -> dict[str, Any] | None:
+    """``step_time_variance`` over the steady steps (after the first 3, perfhooks' own left out); said as the
+    batches' lengths when the step time follows them."""
+    own = sum(1 for timing in recent if timing.own)
+    # steady state only: the first steps are warm-up, and perfhooks' own steps are not the user's
+    steady = sorted(timing.step_ms for timing in recent[3:] if not timing.own)
+    p50 = steady[len(steady) // 2] if steady else 0.0
+    p95 = steady[min(len(steady) - 1, round(0.95 * (len(steady) - 1)))] if steady else 0.0
+    follows = _follows_the_length(recent[3:], t)
+    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50 and follows is not None:
+        return make(
+            "step_time_variance", "info", TITLES["step_time_variance"],
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steps, and the step "
+            f"time follows the batch's {follows[1]} (correlation {follows[0]:.2f}; threshold "
+            f"{t.length_correlation:g}): longer batches take longer, which is not a stall; threshold "
+            f"{t.step_p95_over_p50:g}×",
+            0.0,
+            _length_fix(framework),
+            p95_over_p50=p95 / p50, length_correlation=follows[0])
+    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
+        return make(
+            "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",
+            TITLES["step_time_variance"],
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steady steps "
+            f"(of {len(recent)}: the first {min(3, len(recent))} are warm-up, and {own} overlapped perfhooks' own "
+            f"work); threshold {t.step_p95_over_p50:g}×",
+            max(0.0, 1 - p50 / statistics.fmean(steady)),
+            "Look at what the slow steps do (periodic logging, .item() calls in callbacks, GC, data stalls); the "
+            "per-phase p95 in the report shows which phase spikes.",
+            p95_over_p50=p95 / p50)
+    return None
 
 
 def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str | None) -> dict[str, Any] | None:
