@@ -266,3 +266,20 @@ def test_a_validation_loop_inside_the_steps_is_named_and_the_fix_is_perf_evaluat
     assert "with perf.evaluation()" in verdict["recommendation"]
     assert "logging_steps" not in verdict["recommendation"]
     assert "evaluation forwards" in " ".join(verdict["measured"]["named_work_ms"])
+
+
+# ----------------------------------------------------------------------------- item 10: clipped outliers
+def test_an_outlier_above_the_charts_axis_is_marked_with_its_value() -> None:
+    """Forward 194.7 ms at step 14 was drawn flat at a 106 ms axis top, with no mark."""
+    from perfhooks.sinks.html import _series, _stacked_series
+
+    forward = [50.0] * 60
+    forward[14] = 194.7
+    backward = [40.0] * 60
+    chart = _series({"forward": forward, "backward": backward}, steps=list(range(60)))
+    assert "step 14: forward 194.70 ms, above the axis top" in chart
+    assert "1 value(s) above the axis top" in chart
+    stacked = _stacked_series({"forward": forward, "backward": backward}, steps=list(range(60)))
+    assert "step 14: step total 234.70 ms, above the axis top" in stacked
+    calm = _series({"forward": [50.0] * 60}, steps=list(range(60)))
+    assert "above the axis top" not in calm

@@ -73,6 +73,24 @@ def _y(value: float, top: float, height: int) -> str:
     return f"{TOP_PAD + (height - TOP_PAD) * (1 - min(value, top) / top):.1f}"
 
 
+def _clipped(values: list[float], top: float, dx: float, color: str, label: str, axis: list[Any]) -> list[str]:
+    """A marker (▲ at the top edge, with its value in the tooltip) for each value above the axis top ``top``:
+    a clipped outlier is never drawn as if it were the top."""
+    out = []
+    for i, value in enumerate(values):
+        if value > top:
+            x = LEFT + i * dx
+            step = axis[i] if i < len(axis) else i
+            out.append(f'<path d="M{x - 4:.1f},{TOP_PAD + 7} L{x + 4:.1f},{TOP_PAD + 7} L{x:.1f},{TOP_PAD} Z" '
+                       f'fill="{color}" stroke="#000" stroke-width="0.5"><title>step {_e(step)}: {_e(label)} '
+                       f'{value:.2f} ms, above the axis top {top:.2f} ms</title></path>')
+    return out
+
+
+def _above(count: int, top: float) -> str:
+    return f"; {count} value(s) above the axis top {top:.2f} ms, marked ▲" if count else ""
+
+
 def _ticks(top: float, count: int = 4) -> list[float]:
     return [top * i / count for i in range(count + 1)]
 
@@ -147,6 +165,7 @@ def _series(series: dict[str, list[float]], steps: list[Any] | None = None, widt
     lines = []
     count = max(len(points) for points in series.values())
     axis = _step_axis(series, count, steps)
+    marks: list[str] = []
     for name, points in series.items():
         if len(points) < 2:
             continue
@@ -154,12 +173,13 @@ def _series(series: dict[str, list[float]], steps: list[Any] | None = None, widt
         coords = " ".join(f"{LEFT + i * dx:.1f},{_y(v, top, height)}" for i, v in enumerate(points))
         lines.append(f'<polyline fill="none" stroke="{COLORS.get(name, "#999")}" stroke-width="1.5" '
                      f'points="{coords}"><title>{_e(name)}</title></polyline>')
+        marks += _clipped(points, top, dx, COLORS.get(name, "#999"), name, axis)
     texts = [f"step {axis[i]}: " + ", ".join(f"{n} {p[i]:.3f} ms" for n, p in series.items() if i < len(p))
              for i in range(count)]
     legend = _legend(dict.fromkeys(series, ""))
-    return (_chart("".join(lines) + _hover_columns(axis, texts, plot, height), _axes(plot, height, top, "ms", axis),
-                   width, height, "phase time series")
-            + f'<div class="legend">{legend} (max {max(values):.2f} ms; x: step)</div>')
+    return (_chart("".join(lines) + "".join(marks) + _hover_columns(axis, texts, plot, height),
+                   _axes(plot, height, top, "ms", axis), width, height, "phase time series")
+            + f'<div class="legend">{legend} (max {max(values):.2f} ms{_above(len(marks), top)}; x: step)</div>')
 
 
 def _stacked_series(series: dict[str, list[float]], steps: list[Any] | None = None, width: int = 1000,
@@ -188,9 +208,11 @@ def _stacked_series(series: dict[str, list[float]], steps: list[Any] | None = No
     texts = [f"step {axis[i]}: {totals[i]:.3f} ms = " + ", ".join(f"{n} {series[n][i]:.3f}" for n in names)
              for i in range(count)]
     legend = _legend(dict.fromkeys(names, ""))
-    return (_chart("".join(areas) + _hover_columns(axis, texts, plot, height), _axes(plot, height, top, "ms", axis),
-                   width, height, "stacked phase breakdown")
-            + f'<div class="legend">{legend} (max {max(totals):.2f} ms per step; x: step)</div>')
+    marks = _clipped(totals, top, dx, "#2c3e50", "step total", axis)
+    return (_chart("".join(areas) + "".join(marks) + _hover_columns(axis, texts, plot, height),
+                   _axes(plot, height, top, "ms", axis), width, height, "stacked phase breakdown")
+            + f'<div class="legend">{legend} (max {max(totals):.2f} ms per step{_above(len(marks), top)}; '
+            f'x: step)</div>')
 
 
 def _memory_line(memory: dict[str, Any], width: int = 1000, height: int = 140) -> str:
