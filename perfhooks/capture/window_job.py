@@ -31,8 +31,10 @@ WINDOW_METRICS = ("gpu_utilization", "sm_efficiency", "achieved_occupancy", "col
 TOP_WORK = 5
 
 
-#: Gzipped trace bytes up to which a window is analysed in the training process (about 10 MB of JSON, tens of ms).
-IN_PROCESS_MAX_BYTES = 1 << 20
+#: Gzipped trace bytes up to which a window is analysed in the training process (about 2.5 MB of JSON, a few ms).
+#: A larger one is analysed in a child process: parsing it here would leave the training process's heap tens of MB
+#: larger for the rest of the run (Python's small-object arenas keep what a few survivors pin).
+IN_PROCESS_MAX_BYTES = 1 << 18
 #: How much lower the analysis child's CPU priority is (``nice`` increment).
 CHILD_NICENESS = 10
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfhooks.capture.heap import release_freed_heap
 from perfhooks.capture.labels import profiler_recording
 from perfhooks.capture.schedule import Action
 from perfhooks.device import cuda_extras
@@ -110,6 +111,7 @@ class CaptureWindows:
             if action is Action.NONE:
                 self._profiler.stop()
                 self._profiler = None
+            release_freed_heap()  # the recorded step's freed tensors, kept in the heap by the profiler's events
         if action.recording:
             if self._first_step is None:
                 self._first_step = step
@@ -233,8 +235,12 @@ class CaptureWindows:
             self.update(record, pruned=True, error=f"export failed: {type(error).__name__}")
             raise
         self._prune()
-        if self.on_written is not None and final.exists():
-            self.on_written(final, record)
+        del results  # the cycle's events
+        try:
+            if self.on_written is not None and final.exists():
+                self.on_written(final, record)  # the window's analysis
+        finally:
+            release_freed_heap()  # what the export and the analysis freed, given back
 
     def _sweep_leftovers(self) -> None:
         """Delete what a killed export of this rank left: a raw JSON whose process is gone, a temp file older than
