@@ -16,7 +16,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 
 CHILD = r"""
 import json, sys, tempfile, warnings
