@@ -283,3 +283,31 @@ def test_an_outlier_above_the_charts_axis_is_marked_with_its_value() -> None:
     assert "step 14: step total 234.70 ms, above the axis top" in stacked
     calm = _series({"forward": [50.0] * 60}, steps=list(range(60)))
     assert "above the axis top" not in calm
+
+
+# ----------------------------------------------------------------------------- item 3: FLOPs follow the tokens
+def test_measured_flops_scale_with_the_steps_tokens(tmp_path: Path) -> None:
+    """FLOPs measured on one step were applied to every step (off by up to 30% with varying lengths). A plain loop
+    whose batches are 8 rows of 16, 32 or 48 tokens: the count measured on one step is scaled to the run's mean."""
+    import torch
+
+    import perfhooks
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    lengths = [16, 32, 48] * 6
+    schedule = perfhooks.Schedule(skip_first=0, warmup=1, active=1)  # measured in the first step: 8 x 16 tokens
+    with perfhooks.profile(model, optimizer, output_dir=tmp_path, console=False, wandb=False,
+                           schedule=schedule) as perf:
+        for length in lengths:
+            with perf.data_wait():
+                batch = torch.randint(0, 64, (8, length))
+            model(batch).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    throughput = read_report(tmp_path)["throughput"]
+    per_token = 3 * 2 * 32 * 64  # the Linear: 2 x in x out a token forward, twice that backward (no mm in Embedding)
+    mean_tokens = 8 * sum(lengths) / len(lengths)
+    assert "scaled by the run's 256 tokens per step against the measured step's 128" in throughput["flops_source"]
+    assert throughput["flops_per_step"] == pytest.approx(per_token * mean_tokens, rel=0.05)

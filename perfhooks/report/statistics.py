@@ -219,6 +219,8 @@ class PhaseStatistics:
         self.training_ms = 0.0
         #: Samples and tokens over every step, and over the steady ones (0 where the loop's batches were not seen).
         self.samples = self.tokens = 0
+        #: Token slots, padding included, over every step whose batches' attention_mask was read.
+        self.padded_tokens = 0
         self.steady_samples = self.steady_tokens = 0
         self._unfolded: list[StepTiming] = []
         self._fold_every = fold_every
@@ -278,6 +280,7 @@ class PhaseStatistics:
         self._steady_step.add_many([timing.step_ms for timing in steady])
         self.samples += sum(timing.samples for timing in batch)
         self.tokens += sum(timing.tokens for timing in batch)
+        self.padded_tokens += sum(timing.padded_tokens for timing in batch)
         self.steady_samples += sum(timing.samples for timing in steady)
         self.steady_tokens += sum(timing.tokens for timing in steady)
         for name in self._steady_phase_total:

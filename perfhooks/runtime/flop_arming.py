@@ -36,6 +36,8 @@ class FlopArming:
         #: Armed for the next forward, or counting: the tracker tells this part of phase starts only then.
         self.watching = False
         self._armed = False
+        #: Tokens of the step whose FLOPs were measured (0: not counted): the count scales with the tokens.
+        self.measured_tokens = 0
 
     def expect_framework_flops(self) -> None:
         """The framework counts FLOPs itself and will say so (``note_flops``): no step is measured."""
@@ -72,7 +74,7 @@ class FlopArming:
         if self.meter.flops_per_step is None and self.meter.skipped is None:  # cut short: the next warm-up tries
             self.may_count = True
 
-    def flops(self, steps: int, samples: int) -> dict[str, Any]:
+    def flops(self, steps: int, samples: int, tokens: int = 0) -> dict[str, Any]:
         """FLOPs per step and their source: the user's, the framework's, the measured step's; else why none.
         ``steps`` and ``samples``: the run's so far (for ``flops_per_sample``)."""
         config = self.config
@@ -88,8 +90,13 @@ class FlopArming:
                   if self.framework_flops is not None else {})
         meter = self.meter
         if meter.flops_per_step is not None:
-            return {"per_step": meter.flops_per_step, "source": f"{flops_sources.COUNTER} (step {meter.step})",
-                    **beside}
+            source = f"{flops_sources.COUNTER} (step {meter.step})"
+            per_step = meter.flops_per_step
+            if self.measured_tokens and tokens and steps:  # a step's FLOPs follow its tokens (padding, lengths)
+                per_step *= tokens / steps / self.measured_tokens
+                source += (f", scaled by the run's {tokens / steps:.0f} tokens per step against the measured "
+                           f"step's {self.measured_tokens}")
+            return {"per_step": per_step, "source": source, **beside}
         if self.framework_flops is not None:
             return {"per_step": self.framework_flops[0], "source": self.framework_flops[1], **beside}
         if meter.skipped:

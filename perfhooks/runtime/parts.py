@@ -98,6 +98,9 @@ class RunParts:
     def phase_opening(self, name: str) -> None:
         if self.flops.watching:
             self.flops.phase_opening(self.tracker.step, name)
+            if not self.flops.watching:  # the count just ended: the tokens it was measured on
+                record = self.tracker.record  # padded slots where a mask was read: the model runs on padding too
+                self.flops.measured_tokens = (record.padded_tokens or record.tokens) if record is not None else 0
             self.watch_phases()
         if self.tag_allocations and self.memory.history:  # type: ignore[union-attr]
             cuda_extras.tag_allocations(name)  # the snapshot shows each allocation's phase
@@ -175,7 +178,7 @@ class RunParts:
             compiled_in_run=self.compile.compiled_in_run(),
             memory=self._guarded("memory_report", memory.section) if memory is not None else None,
             memory_figures=self._guarded("memory_report", memory.figures) if memory is not None else None,
-            flops=self.flops.flops(steps, stats.samples), matmul_dtype=dtype,
+            flops=self.flops.flops(steps, stats.samples, stats.padded_tokens or stats.tokens), matmul_dtype=dtype,
             device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
             faults=tuple(self.faults.as_list()), error=dict(error) if error else None,
             unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()),
