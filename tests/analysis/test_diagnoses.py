@@ -41,10 +41,12 @@ def test_fp32_matmul_fires_on_a_v100_without_tensor_cores(name: str) -> None:
 
 
 def test_host_sync_is_silent_when_the_syncs_hold_nothing_back() -> None:
-    """alexnet's 21 syncs (its cuda_sync events) hold the host 1.5 ms of a 43 s window: counted, no verdict."""
+    """alexnet's 21 syncs (its cuda_sync events) hold the host 1.5 ms of a 43 s window: counted, no verdict. Five of
+    its stream synchronizes returned at once (under 10 us): counted apart, as no wait (issue 40)."""
     result = report("a100_alexnet_sync.json.gz")
     syncs = result["metrics"]["host_sync"]
-    assert syncs["by_kind_per_step"] == {"cudaDeviceSynchronize": 5.0, "cudaStreamSynchronize": 16.0}
+    assert syncs["by_kind_per_step"] == {"cudaDeviceSynchronize": 5.0, "cudaStreamSynchronize": 11.0}
+    assert syncs["no_wait_per_step"] == 5.0
     assert syncs["time_us_per_step"] < 2000
     assert "host_sync" not in [d["id"] for d in result["diagnoses"]]
 
