@@ -126,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("after", help="the same kinds as BEFORE")
     diff.add_argument("--format", choices=("text", "json", "html"), default="text")
     diff.add_argument("--output", "-o", help="write here instead of standard output")
+    diff.add_argument("--gate", type=float, default=None, metavar="PCT",
+                      help="exit 1 when AFTER's steady step is more than PCT percent slower than BEFORE's and outside "
+                      "both runs' noise (bootstrap intervals of the median), 0 when not, 2 when the runs are not "
+                      "comparable (framework, device, world size, samples per step or precision differ)")
+    diff.add_argument("--force", action="store_true", help="with --gate: compare runs that are not comparable")
     diff.set_defaults(run=_diff)
     merge = commands.add_parser(
         "merge-traces", help="merge the ranks' traces of one window into one timeline (Perfetto, HTA)",
@@ -197,20 +202,29 @@ def _top(args: argparse.Namespace) -> int:
 def _diff(args: argparse.Namespace) -> int:
     from perfhooks.analysis.trace import TraceError
     from perfhooks.offline.diff import compare, format_html, format_text, load_side
+    from perfhooks.offline.gate import format_gate, gate
     from perfhooks.report.schema import json_safe
 
+    if args.gate is not None and not (args.gate >= 0):
+        print(f"perfhooks diff: --gate must be a percentage >= 0, got {args.gate}", file=sys.stderr)
+        return 2
     try:
-        result = compare(load_side(args.before), load_side(args.after))
+        before, after = load_side(args.before), load_side(args.after)
+        result = compare(before, after)
     except TraceError as error:
         print(f"perfhooks: {error}", file=sys.stderr)
         return 2
+    gated = gate(before["report"], after["report"], args.gate, args.force) if args.gate is not None else None
+    if gated is not None:
+        result = {"verdict": gated["verdict"], "gate": gated, **result}
     if args.format == "json":
         text = json.dumps(json_safe(result), indent=2, allow_nan=False)
     elif args.format == "html":
         text = format_html(result)
     else:
-        text = format_text(result)
-    return _emit(text, args.output)
+        text = format_text(result) + ("\n" + format_gate(gated) if gated is not None else "")
+    status = _emit(text, args.output)
+    return gated["exit"] if gated is not None and status == 0 else status
 
 
 def _merge_traces(args: argparse.Namespace) -> int:
