@@ -114,10 +114,6 @@ class PerfTrainerCallback(TrainerCallback):
         self.add_to_trainer_logs = state.get("add_to_trainer_logs", False)
 
     # --------------------------------------------------------------- lifecycle
-    def follow_train(self, trainer: Any) -> None:
-        """Kept for callers of earlier versions: every ``Trainer.train()`` is followed now (see
-        :class:`_TrainExits`), whatever the callback was added with."""
-
     def _train_exited(self, trainer: Any, error: BaseException | None) -> None:
         """``trainer.train()`` returned or raised: the run on it ends here, after every callback and the progress
         bar, with the step the Trainer completed before an error counted (an earlier callback's ``on_step_end``

@@ -265,9 +265,6 @@ class Engine:
         """The run's matmul dtype (``bf16``, ``fp16``, ``fp8``, ``tf32``, ``fp32``) from the framework's setting."""
         self.flops.precision = (dtype, source)
 
-    def expect_framework_flops(self) -> None:
-        """The framework counts FLOPs itself and will say so (``note_flops``): no step is measured."""
-        self.flops.expect_framework_flops()
 
     @guarded("watch_model")
     def watch_model(self, model: torch.nn.Module) -> None:

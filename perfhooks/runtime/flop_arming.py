@@ -39,9 +39,6 @@ class FlopArming:
         #: Tokens of the step whose FLOPs were measured (0: not counted): the count scales with the tokens.
         self.measured_tokens = 0
 
-    def expect_framework_flops(self) -> None:
-        """The framework counts FLOPs itself and will say so (``note_flops``): no step is measured."""
-        self.may_count = False
 
     def note_flops(self, per_step: float, source: str) -> None:
         if per_step > 0:

@@ -31,8 +31,6 @@ class NullEngine:
     def training_ended(self) -> None:
         pass
 
-    def expect_framework_flops(self) -> None:
-        pass
 
     def named(self, name: str, ms: float) -> None:
         pass
