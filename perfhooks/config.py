@@ -43,6 +43,23 @@ def _seconds(name: str, value: Any, default: float) -> float:
     return float(value)
 
 
+def _price(value: Any) -> float | None:
+    """A price per device-hour >= 0: the value given, else ``PERFHOOKS_DEVICE_HOUR_COST``, else ``None``."""
+    source = "device_hour_cost"
+    if value is None:
+        variable = ENV_PREFIX + "DEVICE_HOUR_COST"
+        if not os.environ.get(variable):
+            return None
+        value, source = os.environ[variable], variable
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{source} must be a price per device-hour >= 0 (a number), got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{source} must be a finite price per device-hour >= 0, got {value!r}")
+    return float(value)
+
+
 def _console_default() -> float:
     """300 s of live lines where standard error is a file or a pipe (a SLURM log); none on a terminal."""
     import sys
@@ -143,6 +160,9 @@ class PerfConfig:
             ``PERFHOOKS_STALL_AFTER_S`` variable.
         console_every_s: seconds between two live lines on standard error (rank 0); default 300 when standard error
             is not a terminal (a SLURM log), off on a terminal, or the ``PERFHOOKS_CONSOLE_EVERY_S`` variable; 0: off.
+        device_hour_cost: the price of one device-hour (a GPU-hour; a process-hour on CPU), in the currency you
+            budget in; each diagnosis' ``cost`` then gives its waste in money beside its device-hours. Default
+            none, or the ``PERFHOOKS_DEVICE_HOUR_COST`` variable.
     """
 
     output_dir: str | os.PathLike[str] | None = None
@@ -181,6 +201,7 @@ class PerfConfig:
     signals: tuple[str, ...] | str | None = None
     stall_after_s: float | None = None
     console_every_s: float | None = None
+    device_hour_cost: float | None = None
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -242,6 +263,7 @@ class PerfConfig:
         stall = _seconds("stall_after_s", self.stall_after_s, 0.0)
         self.stall_after_s = stall or None  # None: the larger of 120 s and 20 x the p95 step
         self.console_every_s = _seconds("console_every_s", self.console_every_s, _console_default())
+        self.device_hour_cost = _price(self.device_hour_cost)
 
     @classmethod
     def from_kwargs(cls, owner: str, kwargs: dict[str, Any]) -> PerfConfig:

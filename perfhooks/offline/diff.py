@@ -174,7 +174,21 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         "kernels": _changes(b_kernels, a_kernels),
         "memory": {"before_peak_bytes": b_peak, "after_peak_bytes": a_peak, "ratio": _ratio(a_peak, b_peak)},
         "throughput": _throughput_rows(before["report"].get("throughput"), after["report"].get("throughput")),
+        "waste": {"before": _waste(before["report"]), "after": _waste(after["report"])},
     }
+
+
+def _waste_line(result: dict[str, Any], side: str) -> str:
+    """``waste before: dataloader_bound about 0.2 of 1.5 GPU-hours (12.00); ...``, or empty."""
+    waste = (result.get("waste") or {}).get(side) or []
+    return (f"waste {side}: " + "; ".join(
+        f"{w['id']} about {w['device_hours']:.3g} of {w['of_device_hours']:.3g} {w['unit']}"
+        + (f" ({w['money']:,.2f})" if w.get("money") is not None else "") for w in waste)) if waste else ""
+
+
+def _waste(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each priced diagnosis' waste (the ledger's ``cost``): ``{id, device_hours, of_device_hours, unit, money}``."""
+    return [{"id": d["id"], **d["cost"]} for d in report.get("diagnoses") or [] if d.get("cost")]
 
 
 #: The throughput figures a diff compares (a run's report has them; a trace's has none).
@@ -227,6 +241,10 @@ def format_text(result: dict[str, Any]) -> str:
             lines += ["", f"{title} whose time per step changed most (us):"]
             lines += [f"  {_change(row):>12}  {_us(row['before_us'], result, key, 0):>10} -> "
                       f"{_us(row['after_us'], result, key, 1):>10}  {row['name'][:80]}" for row in result[key]]
+    for side in ("before", "after"):
+        line = _waste_line(result, side)
+        if line:
+            lines.append(line)
     memory = result["memory"]
     if memory["before_peak_bytes"] or memory["after_peak_bytes"]:
         lines += ["", f"memory peak {_bytes(memory['before_peak_bytes'])} -> {_bytes(memory['after_peak_bytes'])} "
@@ -276,6 +294,10 @@ def format_html(result: dict[str, Any]) -> str:
                 [key, "before µs/step", "after µs/step", "change"],
                 [[r["name"], _us(r["before_us"], result, key, 0), _us(r["after_us"], result, key, 1), _change(r)]
                  for r in result[key]]))
+    for side in ("before", "after"):
+        line = _waste_line(result, side)
+        if line:
+            parts.append(f"<p class='waste'>{e(line)}</p>")
     memory = result["memory"]
     if memory["before_peak_bytes"] or memory["after_peak_bytes"]:
         parts.append(f"<p id='memory'>memory peak {_bytes(memory['before_peak_bytes'])} → "

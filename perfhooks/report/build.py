@@ -9,6 +9,7 @@ from typing import Any
 
 from perfhooks import __version__
 from perfhooks.events import OTHER, PHASES
+from perfhooks.report.cost import ledger, price
 from perfhooks.report.schema import SCHEMA_VERSION
 from perfhooks.report.statistics import PhaseStatistics
 
@@ -30,9 +31,11 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                  unfinished_steps: int = 0,
                  throughput: dict[str, Any] | None = None,
                  named_work: dict[str, float] | None = None,
-                 signal: str | None = None) -> dict[str, Any]:
+                 signal: str | None = None,
+                 device_hour_cost: float | None = None) -> dict[str, Any]:
     step = stats.step.summary()
     steady = stats.steady_step.summary("_ms")
+    spent = ledger(run, device, device_hour_cost)
     phases = {}
     for name in (*PHASES, OTHER):
         phase = stats.phases[name].summary("_ms")
@@ -62,7 +65,7 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
                    "step_ms": {key: steady[f"{key}_ms"] for key in ("mean", "p50", "p95", "max")},
                    "shares": {name: round(stats.steady_share(name), 6) for name in (*PHASES, OTHER)}},
         "windows": windows,
-        "diagnoses": list(diagnoses or []),
+        "diagnoses": [price(diagnosis, spent) for diagnosis in diagnoses or []],
         "faults": list(faults or []),
         "series": _series(list(stats.recent)[-SERIES_STEPS:]),
     }
@@ -72,6 +75,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         report["named_work_ms"] = named_work
     if run is not None:
         report["run"] = run
+    if spent is not None:
+        report["ledger"] = spent
     if memory is not None:
         report["memory"] = memory
     if compile is not None:

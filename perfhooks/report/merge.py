@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from perfhooks.events import RANK_WAITS
+from perfhooks.report.cost import merged_ledger, price_merged
 from perfhooks.rules.pipeline import merge_verdicts
 from perfhooks.rules.ranks import diagnose_stragglers
 from perfhooks.rules.stalls import diagnose_stalls
@@ -39,7 +40,13 @@ def merge_summaries(base: dict[str, Any], summaries: list[dict[str, Any]], thres
         cross += diagnose_stalls(stalls)
     local = base.get("diagnoses") or [] if diagnoses is None else diagnoses
     replaced = {d["id"] for d in cross}  # a verdict of the ranks together stands for each rank's own
-    merged["diagnoses"] = merge_verdicts(live=[d for d in local if d["id"] not in replaced], ranks=cross)
+    diagnoses_kept = merge_verdicts(live=[d for d in local if d["id"] not in replaced], ranks=cross)
+    spent = merged_ledger([s.get("ledger") for s in summaries])
+    if spent is not None:  # the waste ledger sums over the ranks
+        merged["ledger"] = spent
+        costs = [s.get("costs") or {} for s in summaries]
+        diagnoses_kept = [price_merged(d, costs, spent) for d in diagnoses_kept]
+    merged["diagnoses"] = diagnoses_kept
     if any(s.get("status") == "failed" for s in summaries):
         merged["status"] = "failed"
     if base.get("throughput"):
@@ -88,6 +95,8 @@ def rank_summary(report: dict[str, Any]) -> dict[str, Any]:
             "samples_per_s": (report.get("throughput") or {}).get("samples_per_s"),
             "tokens_per_s": (report.get("throughput") or {}).get("tokens_per_s"),
             "diagnoses": [d["id"] for d in report.get("diagnoses") or []], "faults": len(report.get("faults") or []),
+            "ledger": report.get("ledger"),
+            "costs": {d["id"]: d["cost"] for d in report.get("diagnoses") or [] if d.get("cost")},
             "stalls": [{**stall, "stack": stall.get("stack", [])[-STALL_FRAMES:]}
                        for stall in report.get("stalls") or []],
             "path": (report.get("source") or {}).get("path")}

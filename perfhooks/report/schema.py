@@ -6,7 +6,8 @@ Keys are only ever added within a version; a key that changes meaning or goes aw
 signal ``used_bytes`` counts reserved and outside-PyTorch memory against the limit (``memory.limit``); and
 ``run.compiling_s``, ``run.compilations``, ``steady.compiled_steps`` and the ``compile`` section are new. Added
 within 3: the ``throughput`` section (samples and tokens per second, FLOPs per step and their source, MFU, the
-waterfall).
+waterfall); the ``ledger`` section and each diagnosis' ``cost`` (the waste in device-hours, and in money with a
+price per device-hour).
 """
 
 from __future__ import annotations

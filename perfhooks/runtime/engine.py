@@ -82,7 +82,7 @@ class Engine:
         #: All device access for this run, bound to its device index.
         self.room = DeviceRoom(device)
         self.facts = RunFacts(framework, ranks.rank(), ranks.world_size(), self.room.describe(), new_run_id(),
-                              time.time())
+                              time.time(), self.config.device_hour_cost)
         self.clock: HostClock = clock or (DeviceClock(self.room) if self.room.timed else HostClock())
         self.writer = BackgroundWriter(self.faults, output_removed=self.output_removed)
         self.hooks = HookHandles()

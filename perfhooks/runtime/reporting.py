@@ -66,7 +66,7 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
                           memory=_copy(parts.memory), run=_copy(parts.run), global_step=state.global_step,
                           run_id=facts.run_id, started_at=facts.started_at, compile=_copy(parts.compile),
                           unfinished_steps=parts.unfinished_steps, named_work=dict(parts.named_work or {}) or None,
-                          signal=state.signal)
+                          signal=state.signal, device_hour_cost=facts.device_hour_cost)
     if stalls:
         report["stalls"] = stalls
     if parts.missed_windows:

@@ -39,6 +39,8 @@ class RunFacts(NamedTuple):
     run_id: str
     #: ``time.time()`` when the engine started (s).
     started_at: float
+    #: The price of a device-hour (the ``device_hour_cost`` setting), or None.
+    device_hour_cost: float | None = None
 
 
 class ReportParts(NamedTuple):

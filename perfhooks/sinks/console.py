@@ -7,7 +7,7 @@ from typing import Any
 
 from perfhooks.events import OTHER, PHASES
 from perfhooks.report.build import status_line
-from perfhooks.rules.verdicts import gain_phrase
+from perfhooks.report.cost import worth_phrase
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -53,7 +53,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"  all ranks on one timeline: {merged['path']}" if merged.get("path") else
                      f"  all ranks on one timeline: {merged['command']}")
     for diagnosis in report["diagnoses"][:3]:
-        gain = gain_phrase(diagnosis)
+        gain = worth_phrase(diagnosis)
         lines.append(f"  [{diagnosis['severity']}] {diagnosis['title']}" + (f" (fixing it {gain})" if gain else "")
                      + f": {diagnosis['recommendation']}")
     if report["faults"]:

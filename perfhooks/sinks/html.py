@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import quote
 
 from perfhooks.report.build import status_line
-from perfhooks.rules.verdicts import gain_phrase
+from perfhooks.report.cost import worth_phrase
 
 COLORS = {"kernel": "#2e86de", "memcpy": "#e67e22", "memset": "#f1c40f", "communication": "#8e44ad",
           "runtime": "#16a085", "dataloader": "#e8a317", "cpu_exec": "#7f8c8d", "other": "#bdc3c7",
@@ -322,7 +322,7 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
         parts.append(
             f'<div class="diag {_e(diagnosis["severity"])}"><b>{_e(diagnosis["title"])}</b> '
             f'<code>{_e(diagnosis["id"])}</code> [{_e(diagnosis["severity"])}]'
-            + (f", fixing it {_e(gain_phrase(diagnosis))}" if gain_phrase(diagnosis) else "")
+            + (f", fixing it {_e(worth_phrase(diagnosis))}" if worth_phrase(diagnosis) else "")
             + f'<br>Evidence: {_e(diagnosis["evidence"])}<br>'
             f'Fix: {_e(diagnosis["recommendation"])}'
             + (f' (<a href="{_e(diagnosis["docs"])}">docs</a>)' if diagnosis.get("docs") else "") + "</div>")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfhooks.rules.verdicts import gain_phrase
+from perfhooks.report.cost import worth_phrase
 
 
 def _pct(value: float | None) -> str:
@@ -55,7 +55,7 @@ def format_analysis(report: dict[str, Any], top: int = 5) -> str:
                          f"{kernel['name'][:90]}")
     lines.append(f"  diagnoses ({len(report['diagnoses'])}):" if report["diagnoses"] else "  no diagnoses fired")
     for index, diagnosis in enumerate(report["diagnoses"], 1):
-        gain = gain_phrase(diagnosis)
+        gain = worth_phrase(diagnosis)
         lines.append(f"  {index}. [{diagnosis['severity']}] {diagnosis['id']}: {diagnosis['title']}"
                      + (f" (fixing it {gain})" if gain else ""))
         lines.append(f"     evidence: {diagnosis['evidence']}")

@@ -35,7 +35,8 @@ from perfhooks.report.build import headline_metrics, interval_metrics
 #: The step metric when the framework has none: the optimizer step (0-based count of steps done).
 PERF_STEP = "perf/step"
 #: Columns of the ``perf/diagnoses`` table.
-DIAGNOSIS_COLUMNS = ("id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step")
+DIAGNOSIS_COLUMNS = ("id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step",
+                     "device_hours")
 #: Diagnoses whose id and gain go to the run summary.
 SUMMARY_TOP = 3
 #: A window's figures logged as ``perf/<name>`` (from its trace; CUDA only).
@@ -318,7 +319,14 @@ def _row(diagnosis: dict[str, Any]) -> list[Any]:
     step = diagnosis.get("step")
     return [str(diagnosis.get("id", "")), str(diagnosis.get("severity", "")), str(diagnosis.get("title", "")),
             str(diagnosis.get("evidence", "")), round(float(gain), 4) if gain is not None else None,
-            str(diagnosis.get("recommendation", "")), int(step) if step is not None else None]
+            str(diagnosis.get("recommendation", "")), int(step) if step is not None else None,
+            _device_hours(diagnosis)]
+
+
+def _device_hours(diagnosis: dict[str, Any]) -> float | None:
+    """The diagnosis' waste in device-hours (its ``cost``), or None without a ledger."""
+    cost = diagnosis.get("cost") or {}
+    return float(cost["device_hours"]) if cost.get("device_hours") is not None else None
 
 
 RANK_COLUMNS = ("rank", "status", "steps", "step_ms", "coverage", "data_wait_share", "forward_share",
@@ -326,18 +334,21 @@ RANK_COLUMNS = ("rank", "status", "steps", "step_ms", "coverage", "data_wait_sha
 
 
 #: The run summary's own keys (at most these, so that the user's metrics lead W&B's end-of-run printout).
-SUMMARY_KEYS = ("perf/step_ms", "perf/steps", "perf/top1/id", "perf/top1/gain", "perf/tokens_per_s", "perf/mfu")
+SUMMARY_KEYS = ("perf/step_ms", "perf/steps", "perf/top1/id", "perf/top1/gain", "perf/top1/device_hours",
+                "perf/tokens_per_s", "perf/mfu")
 
 
 def summary_keys(report: dict[str, Any], diagnoses: list[dict[str, Any]]) -> dict[str, Any]:
-    """The few keys perfhooks puts in the W&B run summary: step time, steps, the top diagnosis and its gain,
-    tokens per second (samples where no tokens were counted) and MFU where known. The rest is the ``perf/figures``
-    table."""
+    """The few keys perfhooks puts in the W&B run summary: step time, steps, the top diagnosis, its gain and its
+    waste in device-hours (the ledger), tokens per second (samples where no tokens were counted) and MFU where
+    known. The rest is the ``perf/figures`` table."""
     headline = headline_metrics(report, top=0)
     summary: dict[str, Any] = {"perf/step_ms": headline["perf/step_ms"], "perf/steps": report.get("steps", 0)}
     if diagnoses:
         summary["perf/top1/id"] = diagnoses[0]["id"]
         summary["perf/top1/gain"] = float(diagnoses[0].get("estimated_gain", 0.0))
+        if _device_hours(diagnoses[0]) is not None:
+            summary["perf/top1/device_hours"] = _device_hours(diagnoses[0])
     rate = headline.get("perf/tokens_per_s")
     if rate is not None:
         summary["perf/tokens_per_s"] = rate
@@ -359,6 +370,13 @@ def _figures_table(report: dict[str, Any], memory: dict[str, Any]) -> Any:
     for index, diagnosis in enumerate(report.get("diagnoses", [])[:SUMMARY_TOP], 1):
         figures[f"perf/top{index}/id"] = diagnosis["id"]
         figures[f"perf/top{index}/gain"] = float(diagnosis.get("estimated_gain", 0.0))
+        if _device_hours(diagnosis) is not None:
+            figures[f"perf/top{index}/device_hours"] = _device_hours(diagnosis)
+            if (diagnosis.get("cost") or {}).get("money") is not None:
+                figures[f"perf/top{index}/device_cost"] = diagnosis["cost"]["money"]
+    for key, value in (report.get("ledger") or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            figures[f"perf/ledger/{key}"] = value
     if "capacity_bytes" in memory:
         figures["perf/mem/capacity_bytes"] = memory["capacity_bytes"]
         figures["perf/mem/peak_used_bytes"] = memory.get("peak_used_bytes", 0)

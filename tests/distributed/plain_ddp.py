@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node 2 tests/distributed/plain_ddp.py OUTPUT_DIR
 
-Environment: SLOW_RANK (that rank sleeps SLOW_MS in each forward), SLOW_EXPORT_S (rank 1's trace
+Environment: SLOW_RANK (that rank sleeps SLOW_MS in each forward), SLOW_DATA_MS (every rank waits that long
+for each batch), SLOW_EXPORT_S (rank 1's trace
 export sleeps that long first, as on a slow filesystem), PG_TIMEOUT_S (the process group's timeout),
 PER_RANK_DIRS (each rank writes to OUTPUT_DIR/rank<R>, as node-local disks), VANISH_RANK (that rank
 leaves with os._exit(0) before perfhooks' end: it never reports), COUNT_STORE (count the store calls by
@@ -58,6 +59,7 @@ def main(output_dir: str) -> int:
     slow_rank = int(os.environ.get("SLOW_RANK", "-1"))
     slow_s = float(os.environ.get("SLOW_MS", "30")) / 1e3
     slow_export_s = float(os.environ.get("SLOW_EXPORT_S", "0"))
+    slow_data_s = float(os.environ.get("SLOW_DATA_MS", "0")) / 1e3
     if slow_export_s and rank == 1:  # the trace export itself is slow (a slow or remote filesystem)
         export = torch.autograd.profiler.profile.export_chrome_trace
 
@@ -86,6 +88,7 @@ def main(output_dir: str) -> int:
         trigger_env.at_step(output_dir, rank, step)
         engine.phase_start("data_wait")
         x, y = torch.randn(32, 32), torch.randn(32, 32)
+        time.sleep(slow_data_s)
         engine.phase_start("forward")
         engine.batch((x, y))
         if rank == slow_rank:

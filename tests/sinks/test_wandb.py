@@ -13,6 +13,7 @@ import torch
 import perfhooks
 from helpers import lightning_mlp, quiet_trainer, random_loader, read_report
 from perfhooks.faults import PerfhooksWarning
+from perfhooks.sinks.wandb import SUMMARY_KEYS
 from wandb_records import artifacts, history, metric_definitions, summary, wandb_records
 
 wandb = pytest.importorskip("wandb")
@@ -66,13 +67,17 @@ def test_lightning_wandb_logger_run_gets_perf_metrics_table_and_trace(offline_wa
     assert len(tables) == 2
     table_files = sorted((run_dir / "files" / "media" / "table" / "perf").glob("diagnoses_*.table.json"))
     final = json.loads(table_files[-1].read_text())
-    assert final["columns"] == ["id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step"]
+    assert final["columns"] == ["id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step",
+                                "device_hours"]
     assert [row[0] for row in final["data"]] == [d["id"] for d in report["diagnoses"]]
+    # the waste ledger: each row's device-hours are the report's cost, the top one's in the summary
+    assert [row[7] for row in final["data"]] == [d["cost"]["device_hours"] for d in report["diagnoses"]]
     assert "memory_near_limit" in [row[0] for row in final["data"]]
 
     # The summary names the top diagnoses; the HTML report is there; the artifacts are logged.
     top = summary(records)
     assert top["perf/top1/id"] == report["diagnoses"][0]["id"]
+    assert top["perf/top1/device_hours"] == report["diagnoses"][0]["cost"]["device_hours"]
     assert top["perf/steps"] == 20
     pages = list((run_dir / "files" / "media" / "html" / "perf").glob("report_*.html"))
     assert len(pages) == 1 and 'id="diagnoses"' in pages[0].read_text()
@@ -104,7 +109,7 @@ def test_hf_trainer_report_to_wandb_uses_its_run_and_step(offline_wandb: Path, t
     # issue 41, item 9: ~45 perf/* summary keys sorted ahead of the user's and pushed train_loss behind "+36 ..."
     printed = [key for key, value in summary(records).items()  # what W&B prints at the end: numbers and strings
                if key.startswith("perf/") and "." not in key and isinstance(value, (int, float, str))]
-    assert len(printed) <= 6, printed
+    assert len(printed) <= len(SUMMARY_KEYS), printed
     assert "train/loss" in summary(records) or "train_loss" in summary(records)
 
 
