@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -146,12 +147,24 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--max-bytes", type=int, default=512 * 2**20, help="the most the output may take; steps "
                        "are dropped from the end to stay under it (default 512 MiB, as max_trace_bytes)")
     merge.set_defaults(run=_merge_traces)
+    _add_job_commands(commands)
+    return parser
+
+
+def _add_job_commands(commands: Any) -> None:
+    """The commands that reach a job or this machine: top, mcp, doctor, wandb-workspace, run."""
     top = commands.add_parser("top", help="a live view of a running job's ranks (their live.rank*.json files)")
     top.add_argument("folders", nargs="*", default=["."], metavar="DIR", help="output folders (one per node, or a "
                      "shared one; default: here)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     top.add_argument("--json", action="store_true", help="print one frame as JSON and exit")
     top.set_defaults(run=_top)
+    agents = commands.add_parser("mcp", help="an MCP server on stdio for agents: list runs, read diagnoses and live "
+                                 "status, open a window on a running job, analyze, diff (pip install "
+                                 "'perfhooks[mcp]')")
+    agents.add_argument("--root", default=".", metavar="DIR", help="the folder the server may read (every path a "
+                        "tool takes is inside it; it writes only a run's TRIGGER; default: here)")
+    agents.set_defaults(run=_mcp)
     check = commands.add_parser("doctor", help="check this machine, its device and frameworks for perfhooks "
                                 "(a table of pass/warn/fail/skip; exit 1 when a check failed)")
     check.add_argument("--device", default=None, help="the device to check, e.g. cuda:1 (default: the current one)")
@@ -181,7 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("target", metavar="SCRIPT", help="the training script (or module, with -m)")
     launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
     launch.set_defaults(run=_run)
-    return parser
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -191,6 +203,12 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"perfhooks doctor: --device must be cuda, cuda:N or cpu, got {args.device!r}", file=sys.stderr)
         return 2
     return run(None if args.device in (None, "cpu") else args.device, args.format, args.output)
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    from perfhooks.cli.mcp_server import serve
+
+    return serve(args.root)
 
 
 def _top(args: argparse.Namespace) -> int:
