@@ -108,6 +108,17 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=item.name, default=None, metavar=item.name.upper(), help=text)
 
 
+def settings_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The settings given as options, as the ``PERFHOOKS_<NAME>`` variables a launched process reads (``perfhooks
+    tune`` passes them to its trials; ``output_dir`` is the caller's own)."""
+    environment = {}
+    for name in ("thresholds", *(f.name for f in _option_fields())):
+        value = getattr(args, name, None)
+        if value is not None:
+            environment[ENV_PREFIX + name.upper()] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+    return environment
+
+
 def setting_help() -> dict[str, str]:
     """Each :class:`PerfConfig` setting's description, from its docstring's ``Args:`` section (one line each)."""
     out: dict[str, str] = {}
@@ -197,14 +208,15 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
     """
 
     def __init__(self) -> None:
-        self._hooks: dict[str, Callable[[types.ModuleType], None]] = {}
+        self._hooks: dict[str, list[Callable[[types.ModuleType], None]]] = {}
         self._finding: set[str] = set()
 
     def add(self, name: str, hook: Callable[[types.ModuleType], None]) -> None:
+        """``hook(module)`` once ``name`` is imported; several hooks on one module run in the order added."""
         if name in sys.modules:
             hook(sys.modules[name])
         else:
-            self._hooks[name] = hook
+            self._hooks.setdefault(name, []).append(hook)
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if name not in self._hooks or name in self._finding:
@@ -220,8 +232,7 @@ class PostImportHooks(importlib.abc.MetaPathFinder):
         return spec
 
     def _ran(self, name: str, module: types.ModuleType) -> None:
-        hook = self._hooks.pop(name, None)
-        if hook is not None:
+        for hook in self._hooks.pop(name, []):
             hook(module)
 
     def install(self) -> None:
@@ -309,6 +320,11 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
         return 2
     launcher = Launcher(settings, transformers_options)
     launcher.install()
+    plan = os.environ.get("PERFHOOKS_TUNE_TRIAL")
+    if plan:  # a perfhooks tune trial: its seams, its stop and its losses (perfhooks.integrations.trials)
+        from perfhooks.integrations.trials import install as install_trial
+
+        install_trial(launcher, plan)
     saved_argv = sys.argv[:]
     script_dir = None if module else str(Path(target).resolve().parent)
     sys.argv = [target, *arguments]

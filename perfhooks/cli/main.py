@@ -194,6 +194,24 @@ def _add_job_commands(commands: Any) -> None:
     launch.add_argument("target", metavar="SCRIPT", help="the training script (or module, with -m)")
     launch.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
     launch.set_defaults(run=_run)
+    tune = commands.add_parser(
+        "tune", allow_abbrev=False, help="try the fixes perfhooks' diagnoses name on a training script, a trial "
+        "each, and rank them by measured speedup",
+        description="perfhooks tune [OPTIONS] SCRIPT [ARGS...] runs SCRIPT under the launcher once as a baseline, "
+        "then once per change that applies (DataLoader workers, TF32, bf16, torch.compile, SDPA), each set at the "
+        "framework's own seam, and reports each one's measured steady-step speedup and loss difference. The "
+        "script's checkpoints, logs and W&B runs are left alone: trials write into temporary folders.")
+    add_setting_options(tune)
+    tune.add_argument("--steps", type=int, default=40, help="steady steps measured per trial, after 3 warm-up "
+                      "steps (default 40)")
+    tune.add_argument("--only", default=None, metavar="KNOBS", help="comma-separated knobs to try, among "
+                      "dataloader_workers, tf32, bf16, compile, sdpa (default: every one that applies)")
+    tune.add_argument("--format", choices=("text", "json"), default="text")
+    tune.add_argument("--max-trial-s", type=float, default=600.0, help="seconds a trial may run before it is "
+                      "stopped and reported as timed out (default 600)")
+    tune.add_argument("target", metavar="SCRIPT", help="the training script")
+    tune.add_argument("arguments", nargs=argparse.REMAINDER, help="the script's own arguments")
+    tune.set_defaults(run=_tune)
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -313,6 +331,28 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     return run(args.target, args.arguments, settings, module=args.module,
                transformers_options={"add_to_trainer_logs": True} if args.add_to_trainer_logs else None)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from perfhooks.cli.launch import settings_environment, settings_from
+    from perfhooks.cli.tune import check_only, run_tune
+
+    try:
+        settings_from(args)
+        only = check_only(args.only)
+        if args.steps < 5:
+            raise ValueError(f"--steps must be an integer >= 5, got {args.steps}")
+        if not args.max_trial_s > 0:
+            raise ValueError(f"--max-trial-s must be a number of seconds > 0, got {args.max_trial_s}")
+        if not Path(args.target).is_file():
+            raise ValueError(f"{args.target}: no such script")
+    except (ValueError, TypeError) as error:
+        print(f"perfhooks tune: {error}", file=sys.stderr)
+        return 2
+    return run_tune(args.target, args.arguments, settings_environment(args), args.steps, only, args.format,
+                    args.max_trial_s, args.output_dir or "perfhooks_tune")
 
 
 def main(argv: list[str] | None = None) -> int:

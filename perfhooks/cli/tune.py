@@ -1,0 +1,184 @@
+"""``perfhooks tune SCRIPT [ARGS...]``: try the fixes perfhooks' diagnoses name on the user's own script, one trial
+each, and report what each really gains.
+
+Each trial is the unmodified script under the launcher (``perfhooks run``) in a process of its own, in trial mode
+(:mod:`perfhooks.integrations.trials`): its framework writes into the trial's temporary folder, W&B is disabled, a
+knob is set at the framework's seam, and training stops after the warm-up and ``--steps`` steady steps. The
+baseline trial runs first; its facts and diagnoses choose the candidates (:func:`perfhooks.offline.tune.plan`).
+A trial that fails or passes ``--max-trial-s`` is reported and the others go on; Ctrl-C stops with the trials
+done so far. ``tune.json`` and each trial's report land in ``--output-dir`` (default ``perfhooks_tune``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from perfhooks.offline.gate import WARMUP_STEPS, steady_steps_ms
+from perfhooks.offline.tune import KNOB_NAMES, format_table, measure, plan, ranked
+
+#: The variables a trial's process gets on top of the user's environment.
+TRIAL_ENVIRONMENT = {"PERFHOOKS_SCHEDULE": "none", "PERFHOOKS_CONSOLE": "0", "PERFHOOKS_WANDB": "0",
+                     "PERFHOOKS_REPORT_EVERY_S": "0", "PERFHOOKS_CONSOLE_EVERY_S": "0", "WANDB_MODE": "disabled",
+                     "PYTHONHASHSEED": "0"}
+
+
+class Tuner:
+    """Runs the trials of one ``perfhooks tune`` call."""
+
+    def __init__(self, target: str, arguments: list[str], settings_env: dict[str, str], steps: int,
+                 max_trial_s: float, work: Path) -> None:
+        self.target, self.arguments = target, arguments
+        self.settings_env = settings_env
+        self.steps, self.max_trial_s = steps, max_trial_s
+        self.work = work
+
+    def trial(self, name: str, knobs: dict[str, Any]) -> dict[str, Any]:
+        """One trial: ``{name, status, report, losses, facts, stopped, wall_s, error}``; ``status`` is
+        ``measured``, ``failed`` or ``timed out``. Ctrl-C stops the trial's process and propagates."""
+        folder = self.work / name
+        folder.mkdir(parents=True)
+        plan_path, result_path = folder / "plan.json", folder / "trial.json"
+        plan_path.write_text(json.dumps({"name": name, "knobs": knobs, "stop_after": WARMUP_STEPS + self.steps,
+                                         "folder": str(folder / "framework"), "result": str(result_path)}))
+        env = {**os.environ, **self.settings_env, **TRIAL_ENVIRONMENT, "PERFHOOKS_TUNE_TRIAL": str(plan_path),
+               "PERFHOOKS_OUTPUT_DIR": str(folder / "perfhooks")}
+        command = [sys.executable, "-m", "perfhooks", "run", self.target, *self.arguments]
+        started = time.monotonic()
+        with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:
+            process = subprocess.Popen(command, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+            try:
+                code = process.wait(timeout=self.max_trial_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+                code = None
+            except KeyboardInterrupt:
+                process.kill()
+                process.wait()
+                raise
+        outcome: dict[str, Any] = {"name": name, "knobs": knobs, "wall_s": round(time.monotonic() - started, 2)}
+        return {**outcome, **_read_outcome(folder, code, self.max_trial_s)}
+
+
+def _read_outcome(folder: Path, code: int | None, max_trial_s: float) -> dict[str, Any]:
+    report_path = folder / "perfhooks" / "report.json"
+    result = _json(folder / "trial.json") or {}
+    report = _json(report_path)
+    outcome = {"losses": result.get("losses") or {}, "facts": result.get("facts") or {},
+               "stopped": result.get("stopped"), "report": report, "log": str(folder / "stderr.txt")}
+    if code is None:
+        return {**outcome, "status": "timed out", "error": f"still running after --max-trial-s {max_trial_s:g} s"}
+    if code != 0 or report is None:
+        tail = (folder / "stderr.txt").read_text(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
+        return {**outcome, "status": "failed", "error": f"exit {code}: {tail[0][:300]}"}
+    return {**outcome, "status": "measured"}
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], steps: int, only: tuple[str, ...],
+             output: str, max_trial_s: float, output_dir: str) -> int:
+    """The whole ``perfhooks tune``: baseline, plan, trials, table or JSON. 0 when the baseline was measured,
+    1 when it failed, 130 after Ctrl-C (with the trials done so far)."""
+    work = Path(tempfile.mkdtemp(prefix="perfhooks-tune-"))
+    tuner = Tuner(target, arguments, settings_env, steps, max_trial_s, work)
+    result: dict[str, Any] = {"script": target, "arguments": arguments, "steps": steps, "trials": [], "skipped": []}
+    status = 0
+    try:
+        _say(f"a baseline trial of {WARMUP_STEPS} warm-up and {steps} steady steps (at most {max_trial_s:g} s), then "
+             "one trial per change that applies")
+        base = tuner.trial("baseline", {})
+        if base["status"] != "measured":
+            _say(f"the baseline trial {base['status']}: {base.get('error')} (its log: {base['log']})")
+            return 1
+        result["baseline"] = _baseline_entry(base)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        device = ((base["report"] or {}).get("device") or {}).get("type")
+        diagnoses = [d["id"] for d in (base["report"] or {}).get("diagnoses") or []]
+        trials, result["skipped"] = plan(base["facts"], device, diagnoses, cores, only)
+        _say(f"{len(trials)} trial(s) of about {base['wall_s']:.0f} s each: "
+             f"{', '.join(t['knob'] for t in trials) or 'none'}"
+             + (f"; skipped: {', '.join(s['knob'] for s in result['skipped'])}" if result["skipped"] else ""))
+        for index, candidate in enumerate(trials, 1):
+            outcome = tuner.trial(candidate["knob"], candidate["knobs"])
+            entry = _trial_entry(candidate, outcome, base)
+            result["trials"].append(entry)
+            _say(f"trial {index}/{len(trials)} {candidate['knob']}: " + (
+                f"{entry['speedup']:.2f}x ({outcome['wall_s']:.0f} s)" if entry["status"] == "measured"
+                and entry["speedup"] is not None else f"{entry['status']}: {entry.get('error')}"))
+    except KeyboardInterrupt:
+        _say("interrupted: the trials done so far")
+        result["interrupted"] = True
+        status = 130
+    finally:
+        result["trials"] = ranked(result["trials"])
+        _save(result, Path(output_dir), work)
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2, default=str) if output == "json" else format_table(result))
+    return status
+
+
+def _baseline_entry(base: dict[str, Any]) -> dict[str, Any]:
+    steady = steady_steps_ms(base["report"])
+    import statistics
+
+    throughput = base["report"].get("throughput") or {}
+    return {"step_ms": round(statistics.fmean(steady), 4) if steady else None,
+            "p50_ms": round(statistics.median(steady), 4) if steady else None, "steps": len(steady),
+            "samples_per_s": throughput.get("samples_per_s"), "tokens_per_s": throughput.get("tokens_per_s"),
+            "stopped": base["stopped"], "facts": base["facts"], "wall_s": base["wall_s"],
+            "diagnoses": [d["id"] for d in base["report"].get("diagnoses") or []], "losses": base["losses"]}
+
+
+def _trial_entry(candidate: dict[str, Any], outcome: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    entry = {key: candidate[key] for key in ("knob", "title", "change", "named_by", "keeps_numerics")}
+    entry.update(numerics="unchanged" if candidate["keeps_numerics"] else "changed", status=outcome["status"],
+                 wall_s=outcome["wall_s"], stopped=outcome["stopped"])
+    if outcome["status"] != "measured":
+        return {**entry, "error": outcome.get("error"), "speedup": None, "interval": None}
+    return {**entry, **measure(base, outcome), "report": outcome["report"]}
+
+
+def _save(result: dict[str, Any], output_dir: Path, work: Path) -> None:
+    """``tune.json`` and each trial's ``report.json`` under ``output_dir``; the reports leave the result."""
+    try:
+        for entry in [result.get("baseline") and {"knob": "baseline"}, *result["trials"]]:
+            if entry:
+                source = work / entry["knob"] / "perfhooks" / "report.json"
+                if source.is_file():
+                    (output_dir / "trials" / entry["knob"]).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(source, output_dir / "trials" / entry["knob"] / "report.json")
+        for entry in result["trials"]:
+            entry.pop("report", None)
+        (output_dir / "tune.json").write_text(json.dumps(result, indent=2, default=str))
+    except OSError as error:
+        _say(f"could not write {output_dir / 'tune.json'} ({error})")
+
+
+def _say(message: str) -> None:
+    print(f"perfhooks tune: {message}", file=sys.stderr, flush=True)
+
+
+def check_only(text: str | None) -> tuple[str, ...]:
+    """``--only bf16,compile`` -> the knob names; an unknown one is an error naming the allowed."""
+    if not text:
+        return ()
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in KNOB_NAMES]
+    if unknown:
+        raise ValueError(f"--only takes knob names among {', '.join(KNOB_NAMES)}; got {', '.join(unknown)}")
+    return names

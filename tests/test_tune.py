@@ -1,0 +1,144 @@
+"""Issue 43: ``perfhooks tune`` on unmodified Lightning, HF Trainer and accelerate scripts whose dataset takes 4 ms a
+sample (batch 8, no workers), with the frameworks' defaults on; and its plan and statistics on exact figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from perfhooks.offline.tune import loss_delta, plan, speedup
+
+SCRIPTS = Path(__file__).parent / "scripts" / "tune"
+
+
+def tune(tmp_path: Path, script: str, *options: str, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``perfhooks tune --steps 40 --format json`` on a script, from a working folder of its own; the script's own
+    output folder is ``tmp_path/user`` (which the trials must leave alone)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "tune", "--steps", "40", "--format", "json",
+                           "--output-dir", str(tmp_path / "tuned"), *options, str(SCRIPTS / script),
+                           str(tmp_path / "user")], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **env})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, cwd
+
+
+def trial(result: dict, knob: str) -> dict:
+    return next(t for t in result["trials"] if t["knob"] == knob)
+
+
+def assert_left_alone(tmp_path: Path, cwd: Path) -> None:
+    """No file of the user's: not the script's output folder, not its working folder, not a W&B run."""
+    assert not (tmp_path / "user").exists()
+    assert list(cwd.iterdir()) == []
+    assert not (tmp_path / "wandb").exists() or not any((tmp_path / "wandb").rglob("*.wandb"))
+
+
+@pytest.mark.slow
+def test_tune_on_a_lightning_script_measures_the_loader_workers(tmp_path: Path) -> None:
+    done, cwd = tune(tmp_path, "lightning_slow_data.py")
+    result = json.loads(done.stdout)
+    assert result["baseline"]["stopped"] == "trainer.should_stop = True after step 43"
+    assert result["baseline"]["steps"] == 40 and "dataloader_bound" in result["baseline"]["diagnoses"]
+    workers = trial(result, "dataloader_workers")
+    assert workers["status"] == "measured" and workers["speedup"] >= 1.5 and workers["interval"][0] > 1.0
+    assert workers["loss_delta"]["identical"] and workers["loss_delta"]["steps"] >= 40
+    assert workers["named_by"] == ["dataloader_bound"] and "num_workers=" in workers["change"]
+    bf16 = trial(result, "bf16")  # a change of numerics: measured, and its loss difference said
+    assert bf16["status"] == "measured" and bf16["numerics"] == "changed" and bf16["speedup"] > 0
+    assert bf16["loss_delta"]["identical"] is False and bf16["loss_delta"]["max_abs"] > 0
+    assert bf16["change"] == 'Trainer(precision="bf16-mixed")'
+    skipped = {s["knob"]: s["reason"] for s in result["skipped"]}
+    assert "no torch.compile setting" in skipped["compile"] and "on CPU it changes nothing" in skipped["tf32"]
+    assert result["trials"][0]["knob"] == "dataloader_workers"  # ranked by measured speedup
+    saved = json.loads((tmp_path / "tuned" / "tune.json").read_text())
+    assert [t["knob"] for t in saved["trials"]] == [t["knob"] for t in result["trials"]]
+    assert (tmp_path / "tuned" / "trials" / "dataloader_workers" / "report.json").is_file()
+    assert "trial(s) of about" in done.stderr  # announced up front
+    assert_left_alone(tmp_path, cwd)
+
+
+@pytest.mark.slow
+def test_tune_on_an_hf_trainer_script_reporting_to_wandb(tmp_path: Path) -> None:
+    done, cwd = tune(tmp_path, "hf_slow_data.py", "--only", "dataloader_workers", REPORT_TO="wandb",
+                     WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"))
+    result = json.loads(done.stdout)
+    assert result["baseline"]["stopped"] == "control.should_training_stop = True after step 43"
+    workers = trial(result, "dataloader_workers")
+    assert workers["speedup"] >= 1.5 and workers["loss_delta"]["identical"]
+    assert workers["change"].startswith("TrainingArguments(dataloader_num_workers=")
+    assert_left_alone(tmp_path, cwd)
+
+
+@pytest.mark.slow
+def test_tune_on_an_accelerate_loop(tmp_path: Path) -> None:
+    done, cwd = tune(tmp_path, "accelerate_slow_data.py", "--only", "dataloader_workers,sdpa")
+    result = json.loads(done.stdout)
+    assert result["baseline"]["stopped"] == "the script ended cleanly (SystemExit(0)) after step 43"
+    workers = trial(result, "dataloader_workers")
+    assert workers["speedup"] >= 1.5 and workers["loss_delta"]["identical"]
+    assert [s["knob"] for s in result["skipped"]] == ["sdpa"]
+    assert_left_alone(tmp_path, cwd)
+
+
+@pytest.mark.slow
+def test_a_failing_trial_is_reported_and_ctrl_c_keeps_the_trials_done(tmp_path: Path) -> None:
+    done, _ = tune(tmp_path, "fails_under_bf16.py", "--steps", "5")
+    result = json.loads(done.stdout)
+    bf16 = trial(result, "bf16")
+    assert bf16["status"] == "failed" and "does not train under autocast" in bf16["error"]
+    assert trial(result, "dataloader_workers")["status"] == "measured"  # the others went on
+    # Ctrl-C while the second trial runs: the first is kept, the exit is 130
+    process = subprocess.Popen([sys.executable, "-m", "perfhooks", "tune", "--steps", "5", "--format", "json",
+                                "--output-dir", str(tmp_path / "again"), str(SCRIPTS / "fails_under_bf16.py"),
+                                str(tmp_path / "user2")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    deadline = time.monotonic() + 300
+    while "trial 1/" not in seen and time.monotonic() < deadline:
+        seen += process.stderr.readline()
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 130
+    interrupted = json.loads(out)
+    assert interrupted["interrupted"] and len(interrupted["trials"]) == 1
+
+
+def test_the_plan_and_the_figures_on_exact_inputs() -> None:
+    facts = {"framework": "transformers", "loader_workers": [0], "precision": "fp32", "attn_implementation": "eager"}
+    trials, skipped = plan(facts, "cuda", ["unfused_attention"], cores=16)
+    assert [t["knob"] for t in trials] == ["sdpa", "dataloader_workers", "tf32", "bf16", "compile"]
+    workers = trials[1]
+    assert workers["knobs"] == {"num_workers": 8, "pin_memory": True} and skipped == []
+    assert workers["change"] == ("TrainingArguments(dataloader_num_workers=8, dataloader_persistent_workers=True, "
+                                 "dataloader_pin_memory=True)")
+    trials, skipped = plan({**facts, "framework": "lightning", "loader_workers": [4, 0], "precision": "bf16-mixed"},
+                           "cpu", [], cores=2)
+    assert [t["knob"] for t in trials] == ["dataloader_workers"] and trials[0]["knobs"] == {"num_workers": 2}
+    assert {s["knob"] for s in skipped} == {"tf32", "bf16", "compile", "sdpa"}
+    assert plan({**facts, "loader_workers": [2]}, "cpu", [], 2, only=("dataloader_workers",))[1] == [
+        {"knob": "dataloader_workers", "reason": "the loaders already use 2 or more worker processes"}]
+    figures = speedup([20.0] * 30 + [40.0] * 10, [10.0] * 40)
+    assert figures["speedup"] == 2.5 and figures["base_p50_ms"] == 20.0 and figures["interval"][0] <= 2.5
+    assert loss_delta({"1": 2.0, "2": 1.5}, {"1": 2.0, "2": 1.5, "3": 1.0}) == {
+        "steps": 2, "max_abs": 0.0, "mean": 0.0, "identical": True}
+
+
+def test_bad_options_get_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from perfhooks.cli import main
+
+    script = SCRIPTS / "lightning_slow_data.py"
+    assert main(["tune", "--only", "bf16,warp_speed", str(script)]) == 2
+    assert "--only takes knob names among dataloader_workers, tf32, bf16, compile, sdpa; got warp_speed" in \
+        capsys.readouterr().err
+    assert main(["tune", "--steps", "2", str(script)]) == 2
+    assert "--steps must be an integer >= 5" in capsys.readouterr().err
+    assert main(["tune", str(tmp_path / "nope.py")]) == 2
+    assert "no such script" in capsys.readouterr().err
