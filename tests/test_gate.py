@@ -61,7 +61,7 @@ def test_the_gate_on_three_plain_runs(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_the_interval_and_the_verdicts_on_exact_figures() -> None:
-    from perfhooks.offline.gate import gate, median_interval
+    from perfhooks.offline.gate import gate, lower_quartile, median_interval
 
     def report(steps: list[float], **throughput: float) -> dict:
         return {"framework": "plain", "device": {"type": "cpu", "name": "cpu"}, "world_size": 1,
@@ -72,8 +72,14 @@ def test_the_interval_and_the_verdicts_on_exact_figures() -> None:
 
     median, low, high = median_interval([10.0] * 20 + [11.0] * 20)
     assert median == 10.5 and low == 10.0 and high == 11.0
-    noisy = [10.0, 12.0] * 30  # medians of resamples spread over [10, 12]
-    assert gate(report(noisy), report([11.6] * 60), 5)["verdict"] == "unchanged"  # +5.5%, inside the noise
+    assert lower_quartile([10.0, 11.0, 12.0, 13.0, 14.0]) == 11.0
+    # bursts from another process: a quarter of the steps caught before, half after; the code did not change
+    bursts = gate(report([10.0] * 45 + [20.0] * 15), report([10.0, 20.0] * 30), 5)
+    assert bursts["verdict"] == "unchanged" and bursts["step_ms"]["median"] == [10.0, 20.0]  # the median: +100%
+    slower = gate(report([10.0] * 45 + [20.0] * 15), report([11.0] * 45 + [21.0] * 15), 5)
+    assert slower["verdict"] == "regressed" and slower["step_ms"]["change"] == pytest.approx(0.1)
+    noisy = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0] * 10  # p25s of resamples spread over [10, 12]
+    assert gate(report(noisy), report([ms * 1.06 for ms in noisy]), 5)["verdict"] == "unchanged"  # inside the noise
     assert gate(report([10.0] * 60), report([10.4] * 60), 5)["verdict"] == "unchanged"  # +4%, under the gate
     assert gate(report([10.0] * 60), report([11.0] * 60), 5)["verdict"] == "regressed"
     assert gate(report([11.0] * 60), report([10.0] * 60), 5)["verdict"] == "improved"

@@ -220,3 +220,25 @@ def test_a_run_killed_during_a_stall_ends_with_a_stalled_verdict(tmp_path: Path)
     assert (report["status"], report["signal"]) == ("terminated", "SIGTERM")
     verdict = next(d for d in report["diagnoses"] if d["id"] == "stalled")
     assert verdict["title"] == "Rank 0 stalled in data_wait" and verdict["evidence"].endswith("in __getitem__")
+
+
+def test_the_live_file_ends_with_the_runs_last_step_and_status(tmp_path: Path) -> None:
+    """The last frame is written at the close: ``perfhooks top`` (and ``perfhooks mcp``'s live status) read a run
+    that ended as ended at its last step, not as running at the step of the last tick."""
+    import torch
+
+    import perfhooks
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with perfhooks.profile(model, optimizer, output_dir=tmp_path, console=False, wandb=False, schedule=None) as perf:
+        for _ in range(7):
+            with perf.data_wait():
+                x = torch.randn(2, 4)
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    live = json.loads((tmp_path / "live.rank0.json").read_text())
+    assert (live["status"], live["step"]) == ("completed", 7)
+    frame = read_frame([str(tmp_path)])
+    assert [(rank["status"], rank["step"]) for rank in frame["ranks"]] == [("completed", 7)]

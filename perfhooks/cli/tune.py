@@ -98,6 +98,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
     tuner = Tuner(target, arguments, settings_env, steps, max_trial_s, work)
     result: dict[str, Any] = {"script": target, "arguments": arguments, "steps": steps, "trials": [], "skipped": []}
     status = 0
+    running = "baseline"
     try:
         _say(f"a baseline trial of {WARMUP_STEPS} warm-up and {steps} steady steps (at most {max_trial_s:g} s), then "
              "one trial per change that applies")
@@ -114,6 +115,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
              f"{', '.join(t['knob'] for t in trials) or 'none'}"
              + (f"; skipped: {', '.join(s['knob'] for s in result['skipped'])}" if result["skipped"] else ""))
         for index, candidate in enumerate(trials, 1):
+            running = candidate["knob"]
             outcome = tuner.trial(candidate["knob"], candidate["knobs"])
             entry = _trial_entry(candidate, outcome, base)
             result["trials"].append(entry)
@@ -121,8 +123,8 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
                 f"{entry['speedup']:.2f}x ({outcome['wall_s']:.0f} s)" if entry["status"] == "measured"
                 and entry["speedup"] is not None else f"{entry['status']}: {entry.get('error')}"))
     except KeyboardInterrupt:
-        _say("interrupted: the trials done so far")
-        result["interrupted"] = True
+        _say(f"interrupted during the {running} trial: the trials done so far")
+        result["interrupted"] = {"during": running}
         status = 130
     finally:
         result["trials"] = ranked(result["trials"])

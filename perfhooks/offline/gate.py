@@ -23,7 +23,7 @@ from perfhooks.events import OTHER, PHASES
 EXIT_OK, EXIT_REGRESSED, EXIT_NOT_COMPARABLE = 0, 1, 2
 #: Steps at a series' start left out as warm-up.
 WARMUP_STEPS = 3
-#: Bootstrap resamples of the median, and the interval's coverage.
+#: Bootstrap resamples, and the interval's coverage.
 RESAMPLES, COVERAGE = 2000, 0.95
 #: Below this many steady steps, no interval is computed and no gate verdict is given but ``unchanged``.
 MIN_STEPS = 10
@@ -42,13 +42,24 @@ def steady_steps_ms(report: dict[str, Any]) -> list[float]:
     return [ms for i, ms in enumerate(steps) if i >= WARMUP_STEPS and not (i < len(own) and own[i])]
 
 
-def median_interval(values: list[float], seed: int = 0) -> tuple[float, float, float]:
-    """``(median, low, high)``: the median and its bootstrap interval (:data:`COVERAGE`), reproducible."""
+def lower_quartile(values: list[float]) -> float:
+    """The 25th percentile (inclusive method: between the sample's own values)."""
+    return statistics.quantiles(values, n=4, method="inclusive")[0] if len(values) > 1 else values[0]
+
+
+def bootstrap_interval(values: list[float], statistic: Any = statistics.median, seed: int = 0
+                       ) -> tuple[float, float, float]:
+    """``(statistic, low, high)``: the statistic of ``values`` and its bootstrap interval (:data:`COVERAGE`),
+    reproducible."""
     rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(RESAMPLES))
+    resampled = sorted(statistic(rng.choices(values, k=len(values))) for _ in range(RESAMPLES))
     tail = (1 - COVERAGE) / 2
-    return (statistics.median(values), medians[int(tail * (RESAMPLES - 1))],
-            medians[int((1 - tail) * (RESAMPLES - 1))])
+    return (statistic(values), resampled[int(tail * (RESAMPLES - 1))], resampled[int((1 - tail) * (RESAMPLES - 1))])
+
+
+def median_interval(values: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """``(median, low, high)``: the median and its bootstrap interval."""
+    return bootstrap_interval(values, statistics.median, seed)
 
 
 def comparability(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -82,10 +93,12 @@ def gate(before: dict[str, Any], after: dict[str, Any], percent: float, force: b
     }
     b_steps, a_steps = steady_steps_ms(before), steady_steps_ms(after)
     if len(b_steps) >= MIN_STEPS and len(a_steps) >= MIN_STEPS:
-        b_med, b_low, b_high = median_interval(b_steps)
-        a_med, a_low, a_high = median_interval(a_steps)
-        result["step_ms"] = {"before": b_med, "after": a_med, "change": a_med / b_med - 1 if b_med else None,
+        b_q, b_low, b_high = bootstrap_interval(b_steps, lower_quartile)
+        a_q, a_low, a_high = bootstrap_interval(a_steps, lower_quartile)
+        result["step_ms"] = {"statistic": "p25", "before": b_q, "after": a_q,
+                             "change": a_q / b_q - 1 if b_q else None,
                              "before_interval": [b_low, b_high], "after_interval": [a_low, a_high],
+                             "median": [statistics.median(b_steps), statistics.median(a_steps)],
                              "steps": [len(b_steps), len(a_steps)]}
     else:
         result["step_ms"] = {"steps": [len(b_steps), len(a_steps)],
@@ -118,9 +131,11 @@ def format_gate(result: dict[str, Any]) -> str:
     step = result["step_ms"]
     if "change" in step:
         (b_low, b_high), (a_low, a_high) = step["before_interval"], step["after_interval"]
-        lines.append(f"  steady step median {step['before']:.2f} ms [{b_low:.2f}, {b_high:.2f}] -> {step['after']:.2f}"
-                     f" ms [{a_low:.2f}, {a_high:.2f}] ({step['change']:+.1%}; 95% bootstrap intervals of the median "
-                     f"over {step['steps'][0]} and {step['steps'][1]} steady steps)")
+        b_median, a_median = step["median"]
+        lines.append(f"  steady step p25 {step['before']:.2f} ms [{b_low:.2f}, {b_high:.2f}] -> {step['after']:.2f}"
+                     f" ms [{a_low:.2f}, {a_high:.2f}] ({step['change']:+.1%}; 95% bootstrap intervals over "
+                     f"{step['steps'][0]} and {step['steps'][1]} steady steps); median {b_median:.2f} -> "
+                     f"{a_median:.2f} ms")
     else:
         lines.append(f"  {step['missing']}")
     if result["named"]:

@@ -397,6 +397,10 @@ class Engine:
         self.saving.write_now(self.state)  # a stall opened or ended (the watch's thread): the report now, W&B
         self.outputs.stalled(self.watch.records())
 
+    def last_live(self, state: RunState) -> None:
+        """The live file's last frame, with the run's final status (the watch has stopped)."""
+        self.watch.write_live(state, None, 0.0, self.watch.clock())
+
     def stop_memory(self) -> None:
         """End of training: stop the allocation history perfhooks started."""
         if self.memory is not None and not self.cuda_broken:
