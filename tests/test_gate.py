@@ -4,6 +4,9 @@ figures."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,59 +96,35 @@ def test_a_bad_gate_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Captur
 
 
 # ----------------------------------------------------------------------------- the same on Lightning and HF
-def lightning_fit(root: Path, step_s: float, batch: int = 8, steps: int = 60) -> Path:
-    """A Lightning fit with its defaults on (logger, checkpoint, progress bar, summary); each training step holds
-    the host ``step_s`` longer (the work a slower commit adds)."""
-    from helpers import default_trainer, lightning_mlp, random_loader
-    from perfhooks.integrations.lightning import PerfCallback
-
-    torch.manual_seed(0)
-    module = lightning_mlp()
-    step = module.training_step
-
-    def slower_step(batch_: object, batch_idx: int) -> torch.Tensor:
-        time.sleep(step_s)
-        return step(batch_, batch_idx)
-
-    module.training_step = slower_step  # type: ignore[method-assign]
-    trainer = default_trainer(root, max_steps=steps, limit_val_batches=2,
-                              callbacks=[PerfCallback(console=False, wandb=False, schedule=None)])
-    trainer.fit(module, random_loader(steps, batch_size=batch), random_loader(2, batch_size=batch))
-    return root / "lightning_logs" / "version_0" / "perfhooks"
-
-
-def hf_run(root: Path, step_s: float, batch: int = 2, steps: int = 60) -> Path:
-    """A real HF Trainer (transformers' defaults for logging, tqdm and ``report_to``) on a GPT-2 small enough that
-    the step is mostly the host ``step_s`` its forward holds, so that a rerun's CPU drift stays under the gate."""
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
-    from hf_trainer_example import SyntheticTokens
-    from perfhooks.integrations.transformers import PerfTrainerCallback
-
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=1, n_head=2))
-    model.register_forward_pre_hook(lambda *_: time.sleep(step_s))
-    args = TrainingArguments(output_dir=str(root), max_steps=steps, per_device_train_batch_size=batch,
-                             save_strategy="no", use_cpu=True, logging_steps=10)
-    Trainer(model=model, args=args, train_dataset=SyntheticTokens(steps * batch, seq_len=16, vocab=128),
-            callbacks=[PerfTrainerCallback(console=False, schedule=None)]).train()
-    return root / "_perfhooks"
+def side_by_side(tmp_path: Path, framework: str, runs: dict[str, tuple[float, int]]) -> dict[str, Path]:
+    """The runs, each in a process of its own, all at once: whatever else the machine does then (the other test
+    worker), it does to every run alike, as the gate assumes of two runs on one CI runner type."""
+    script = Path(__file__).parent / "scripts" / "gate_run.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    processes = {name: subprocess.Popen([sys.executable, str(script), framework, str(tmp_path / name), str(step_s),
+                                         str(batch)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env=env)
+                 for name, (step_s, batch) in runs.items()}
+    folders = {}
+    for name, process in processes.items():
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-3000:]
+        folders[name] = Path(out.strip().splitlines()[-1])
+    return folders
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [lightning_fit, hf_run], ids=["lightning", "transformers"])
-def test_the_gate_on_framework_runs(make: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base = make(tmp_path / "base", 0.040)  # type: ignore[operator]
-    slower = make(tmp_path / "slower", 0.048)  # type: ignore[operator]
-    rerun = make(tmp_path / "rerun", 0.040)  # type: ignore[operator]
-    other_batch = make(tmp_path / "batch", 0.040, batch=4 if make is hf_run else 16)  # type: ignore[operator]
-    capsys.readouterr()  # what the framework printed (Lightning's model summary)
-    assert diff(base, slower, capsys)[1]["verdict"] == "regressed"
-    assert diff(base, slower, capsys)[0] == 1
-    assert diff(base, rerun, capsys)[:1] == (0,)
-    status, result = diff(base, other_batch, capsys)
+@pytest.mark.parametrize("framework,batch", [("lightning", 8), ("transformers", 2)])
+def test_the_gate_on_framework_runs(framework: str, batch: int, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Three 60-step runs against a base: about 8 ms slower a step (exit 1), a rerun (exit 0), another batch
+    size (exit 2)."""
+    runs = side_by_side(tmp_path, framework, {"base": (0.040, batch), "slower": (0.048, batch),
+                                              "rerun": (0.040, batch), "batch": (0.040, batch * 2)})
+    status, result = diff(runs["base"], runs["slower"], capsys)
+    assert (status, result["verdict"]) == (1, "regressed"), result["gate"]["step_ms"]
+    status, result = diff(runs["base"], runs["rerun"], capsys)
+    assert (status, result["verdict"]) == (0, "unchanged"), result["gate"]["step_ms"]
+    status, result = diff(runs["base"], runs["batch"], capsys)
     assert (status, result["verdict"]) == (2, "not_comparable")
     assert result["gate"]["reasons"][0].startswith("samples per step:")

@@ -99,7 +99,7 @@ def test_a_failing_trial_is_reported_the_next_runs_and_ctrl_c_keeps_the_trials_d
                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     seen = ""
     deadline = time.monotonic() + 300
-    while "trial 1/2" not in seen and time.monotonic() < deadline and process.poll() is None:
+    while "trial 2/2 bf16: started" not in seen and time.monotonic() < deadline and process.poll() is None:
         seen += process.stderr.readline()
     assert "trial 1/2 dataloader_workers: failed" in seen, seen
     process.send_signal(signal.SIGINT)

@@ -116,6 +116,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
              + (f"; skipped: {', '.join(s['knob'] for s in result['skipped'])}" if result["skipped"] else ""))
         for index, candidate in enumerate(trials, 1):
             running = candidate["knob"]
+            _say(f"trial {index}/{len(trials)} {candidate['knob']}: started ({candidate['change']})")
             outcome = tuner.trial(candidate["knob"], candidate["knobs"])
             entry = _trial_entry(candidate, outcome, base)
             result["trials"].append(entry)
