@@ -26,38 +26,40 @@ class _Default:
 DEFAULT: Any = _Default()
 
 
+def _number(name: str, value: Any, what: str) -> tuple[float | None, str]:
+    """``(number, source)``: the value given, else the ``PERFHOOKS_<NAME>`` variable read as a number (an error names
+    the variable and ``what`` it must be), else ``(None, name)``. The caller checks the range."""
+    if value is not None:
+        return value, name
+    variable = ENV_PREFIX + name.upper()
+    if not os.environ.get(variable):
+        return None, name
+    try:
+        return float(os.environ[variable]), variable
+    except ValueError:
+        raise ValueError(f"{variable} must be {what}, got {os.environ[variable]!r}") from None
+
+
+def _finite_at_least_0(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+
+
 def _seconds(name: str, value: Any, default: float) -> float:
     """A number of seconds >= 0: the value given, else the ``PERFHOOKS_<NAME>`` variable, else ``default``."""
-    source = name
+    value, source = _number(name, value, "a number of seconds >= 0")
     if value is None:
-        variable = ENV_PREFIX + name.upper()
-        if variable not in os.environ:
-            return default
-        value, source = os.environ[variable], variable
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"{source} must be a number of seconds >= 0, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return default
+    if not _finite_at_least_0(value):
         raise ValueError(f"{source} must be a finite number of seconds >= 0, got {value!r}")
     return float(value)
 
 
 def _price(value: Any) -> float | None:
     """A price per device-hour >= 0: the value given, else ``PERFHOOKS_DEVICE_HOUR_COST``, else ``None``."""
-    source = "device_hour_cost"
-    if value is None:
-        variable = ENV_PREFIX + "DEVICE_HOUR_COST"
-        if not os.environ.get(variable):
-            return None
-        value, source = os.environ[variable], variable
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"{source} must be a price per device-hour >= 0 (a number), got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    value, source = _number("device_hour_cost", value, "a price per device-hour >= 0 (a number)")
+    if value is not None and not _finite_at_least_0(value):
         raise ValueError(f"{source} must be a finite price per device-hour >= 0, got {value!r}")
-    return float(value)
+    return None if value is None else float(value)
 
 
 def _console_default() -> float:

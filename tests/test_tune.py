@@ -47,7 +47,9 @@ def test_tune_on_a_lightning_script_measures_the_loader_workers(tmp_path: Path) 
     done, cwd = tune(tmp_path, "lightning_slow_data.py")
     result = json.loads(done.stdout)
     assert result["baseline"]["stopped"] == "trainer.should_stop = True after step 43"
-    assert result["baseline"]["steps"] == 40 and "dataloader_bound" in result["baseline"]["diagnoses"]
+    baseline = result["baseline"]
+    assert baseline["steps"] == 40 and "dataloader_bound" in baseline["diagnoses"]
+    assert baseline["p50_interval"][0] <= baseline["p50_ms"] <= baseline["p50_interval"][1]
     workers = trial(result, "dataloader_workers")
     assert workers["status"] == "measured" and workers["speedup"] >= 1.5 and workers["interval"][0] > 1.0
     assert workers["loss_delta"]["identical"] and workers["loss_delta"]["steps"] >= 40

@@ -9,12 +9,12 @@ Tools: ``list_runs``, ``run_summary``, ``diagnoses``, ``live_status``, ``open_wi
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
 
 from perfhooks.capture.trigger import TRIGGER_FILE
+from perfhooks.files.atomic import read_json_object
 
 #: Folders ``list_runs`` looks through, at most, and runs it returns.
 MAX_DEPTH, MAX_RUNS = 6, 200
@@ -60,11 +60,9 @@ class Runs:
 
     def _report(self, path: str) -> tuple[Path, dict[str, Any]]:
         folder = self.run_folder(path)
-        candidates = [folder / "report.json", *sorted(folder.glob("report.rank*.json"))]
-        for candidate in candidates:
-            report = _read_json(candidate)
-            if report is not None:
-                return folder, report
+        report = _first_report(folder)
+        if report is not None:
+            return folder, report
         raise PathRefused(f"run {path!r} has no readable report yet (it may have just started: try live_status)")
 
     # ------------------------------------------------------------------ tools
@@ -78,8 +76,7 @@ class Runs:
             if not _is_run_folder(candidate):
                 continue
             entry: dict[str, Any] = {"run": str(candidate.relative_to(self.root))}
-            report = _read_json(candidate / "report.json") or next(
-                (r for r in map(_read_json, sorted(candidate.glob("report.rank*.json"))) if r), None)
+            report = _first_report(candidate)
             if report:
                 diagnoses = report.get("diagnoses") or []
                 entry.update({"status": report.get("status"), "framework": report.get("framework"),
@@ -119,8 +116,7 @@ class Runs:
         from perfhooks.cli.top import live_files, read_frame
 
         folder = self.run_folder(run)
-        report = next((r for r in map(_read_json, [folder / "report.json", *sorted(folder.glob("report.rank*.json"))])
-                       if r), None)
+        report = _first_report(folder)
         ended = report is not None and report.get("status") not in (None, "running")
         if live_files([str(folder)]) and not ended:
             return {"source": "live files", **read_frame([str(folder)])}
@@ -137,7 +133,7 @@ class Runs:
         folder = self.run_folder(run)
         trigger = folder / TRIGGER_FILE
         trigger.touch()
-        _, report = self._report(run) if _read_json(folder / "report.json") else (folder, {})
+        report = _first_report(folder) or {}
         note = "" if report.get("status") in (None, "running") else (
             f" The run's report says {report.get('status')!r}: a finished run will not see it.")
         return {"trigger": str(trigger.relative_to(self.root)),
@@ -190,6 +186,12 @@ class Runs:
         return [{key: d[key] for key in keys if key in d} for d in report.get("diagnoses") or []]
 
 
+def _first_report(folder: Path) -> dict[str, Any] | None:
+    """The run's merged ``report.json``, else its lowest rank's readable ``report.rank<R>.json``, else None."""
+    candidates = [folder / "report.json", *sorted(folder.glob("report.rank*.json"))]
+    return next((report for report in map(read_json_object, candidates) if report is not None), None)
+
+
 def _is_run_folder(folder: Path) -> bool:
     return (folder / "report.json").is_file() or any(folder.glob("report.rank*.json")) \
         or any(folder.glob("live.rank*.json"))
@@ -210,14 +212,6 @@ def _children(folder: Path) -> list[Path]:
                 and child.name not in ("traces", "memory", "oom", "merged")]
     except OSError:
         return []
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def build_server(root: str | Path) -> Any:

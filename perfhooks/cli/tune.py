@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from perfhooks.offline.gate import WARMUP_STEPS, steady_steps_ms
+from perfhooks.files.atomic import read_json_object
+from perfhooks.offline.gate import WARMUP_STEPS, bootstrap_interval, steady_steps_ms
 from perfhooks.offline.tune import KNOB_NAMES, format_table, measure, plan, ranked
 
 #: The variables a trial's process gets on top of the user's environment.
@@ -70,8 +71,8 @@ class Tuner:
 
 def _read_outcome(folder: Path, code: int | None, max_trial_s: float) -> dict[str, Any]:
     report_path = folder / "perfhooks" / "report.json"
-    result = _json(folder / "trial.json") or {}
-    report = _json(report_path)
+    result = read_json_object(folder / "trial.json") or {}
+    report = read_json_object(report_path)
     outcome = {"losses": result.get("losses") or {}, "facts": result.get("facts") or {},
                "stopped": result.get("stopped"), "report": report, "log": str(folder / "stderr.txt")}
     if code is None:
@@ -80,14 +81,6 @@ def _read_outcome(folder: Path, code: int | None, max_trial_s: float) -> dict[st
         tail = (folder / "stderr.txt").read_text(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
         return {**outcome, "status": "failed", "error": f"exit {code}: {tail[0][:300]}"}
     return {**outcome, "status": "measured"}
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], steps: int, only: tuple[str, ...],
@@ -136,12 +129,15 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
 
 
 def _baseline_entry(base: dict[str, Any]) -> dict[str, Any]:
-    steady = steady_steps_ms(base["report"])
     import statistics
+
+    steady = steady_steps_ms(base["report"])
+    p50 = bootstrap_interval(steady) if steady else None
 
     throughput = base["report"].get("throughput") or {}
     return {"step_ms": round(statistics.fmean(steady), 4) if steady else None,
-            "p50_ms": round(statistics.median(steady), 4) if steady else None, "steps": len(steady),
+            "p50_ms": round(p50[0], 4) if p50 else None,
+            "p50_interval": [round(p50[1], 4), round(p50[2], 4)] if p50 else None, "steps": len(steady),
             "samples_per_s": throughput.get("samples_per_s"), "tokens_per_s": throughput.get("tokens_per_s"),
             "stopped": base["stopped"], "facts": base["facts"], "wall_s": base["wall_s"],
             "diagnoses": [d["id"] for d in base["report"].get("diagnoses") or []], "losses": base["losses"]}

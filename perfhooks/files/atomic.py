@@ -107,3 +107,13 @@ def atomic_gzip_file(source: Path, path: Path) -> None:
 def _remove_quietly(path: str | Path) -> None:
     with contextlib.suppress(OSError):
         os.unlink(path)
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None where there is none (no file, not JSON, not an object). Files written
+    by :func:`atomic_write_json` are never half-written, so None means "not there yet" or "not ours"."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

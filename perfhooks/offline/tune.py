@@ -173,8 +173,9 @@ def format_table(result: dict[str, Any]) -> str:
     lines = []
     base = result.get("baseline") or {}
     if base.get("step_ms") is not None:
-        lines.append(f"baseline: steady step {base['step_ms']:.2f} ms mean, {base['p50_ms']:.2f} ms p50, over "
-                     f"{base['steps']} steps"
+        low, high = base.get("p50_interval") or (base["p50_ms"], base["p50_ms"])
+        lines.append(f"baseline: steady step {base['step_ms']:.2f} ms mean, {base['p50_ms']:.2f} ms p50 [{low:.2f}, "
+                     f"{high:.2f}], over {base['steps']} steps"
                      + (f"; stopped by {base['stopped']}" if base.get("stopped") else ""))
     lines.append(f"{'change':<28}{'speedup':>9}  {'95% interval':<17}{'loss diff':>14}  what to change")
     for trial in ranked(result.get("trials") or []):

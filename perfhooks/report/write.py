@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from perfhooks.files.atomic import atomic_write_bytes, atomic_write_json
+from perfhooks.files.atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from perfhooks.report.merge import merge_rank_reports
 from perfhooks.report.schema import REPORT_FILE, report_path
 
@@ -27,7 +27,7 @@ def write_report(output_dir: Path, report: dict[str, Any], render: Render | None
     taken at a window's end.
     """
     path = report_path(output_dir, report["rank"], report["world_size"])
-    if not supersedes(report, _read_json(path)):
+    if not supersedes(report, read_json_object(path)):
         return None
     _write_json_and_html(path, report, render)
     return path
@@ -41,16 +41,6 @@ def supersedes(report: dict[str, Any], on_disk: dict[str, Any] | None) -> bool:
     if on_disk.get("run_id") == report["run_id"]:
         return not (report.get("status") == "running" and on_disk.get("status") != "running")
     return float(report.get("started_at") or 0.0) >= float(on_disk.get("started_at") or 0.0)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    import json
-
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _write_json_and_html(path: Path, report: dict[str, Any], render: Render | None) -> None:
@@ -74,7 +64,7 @@ def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = Non
         return None
     target = output_dir / REPORT_FILE
     merged = merge_rank_reports(reports, thresholds)
-    if not supersedes(merged, _read_json(target)):
+    if not supersedes(merged, read_json_object(target)):
         return None
     _write_json_and_html(target, merged, render)
     return target
@@ -83,7 +73,7 @@ def write_merged_report(output_dir: Path, world_size: int, thresholds: Any = Non
 def write_run_report(output_dir: Path, merged: dict[str, Any], render: Render | None = None) -> Path | None:
     """Rank 0's merged report (from the store) as ``report.json`` (and ``.html``), unless a newer one is there."""
     target = output_dir / REPORT_FILE
-    if not supersedes(merged, _read_json(target)):
+    if not supersedes(merged, read_json_object(target)):
         return None
     _write_json_and_html(target, merged, render)
     return target
