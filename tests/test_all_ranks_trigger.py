@@ -1,7 +1,7 @@
 """One on-demand trigger for every rank, agreed through a real torch.distributed store (HashStore).
 
 Ranks are simulated as watchers in one process sharing one store, polled by hand with a manual clock, so
-every outcome is exact. The multi-process runs are in test_distributed.py.
+every outcome is exact. The multi-process runs are in test_distributed_windows.py.
 """
 
 from __future__ import annotations
