@@ -65,7 +65,9 @@ def test_lightning_wandb_logger_run_gets_perf_metrics_table_and_trace(offline_wa
     # The diagnoses table: logged at the window and at the end, with the documented columns.
     tables = [row for row in history(records) if row.get("perf/diagnoses._type") == "table-file"]
     assert len(tables) == 2
-    table_files = sorted((run_dir / "files" / "media" / "table" / "perf").glob("diagnoses_*.table.json"))
+    # diagnoses_<W&B step>_<hash>.table.json: the last by step (by name, "diagnoses_10" sorts before "diagnoses_5")
+    table_files = sorted((run_dir / "files" / "media" / "table" / "perf").glob("diagnoses_*.table.json"),
+                         key=lambda path: int(path.name.split("_")[1]))
     final = json.loads(table_files[-1].read_text())
     assert final["columns"] == ["id", "severity", "title", "evidence", "estimated_gain", "recommendation", "step",
                                 "device_hours"]
