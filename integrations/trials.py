@@ -85,10 +85,7 @@ def install(launcher: Any, plan_path: str) -> Trial:
     torch.manual_seed(0)  # the script's own seed, if it sets one, wins: every trial starts the same either way
     if trial.knobs.get("tf32"):
         torch.set_float32_matmul_precision("high")
-    if "num_workers" in trial.knobs or trial.knobs.get("pin_memory"):
-        trial.undo.append(_loader_knobs(trial))
-    else:
-        trial.undo.append(_loader_facts(trial))
+    trial.undo.append(_loader_knobs(trial))
     launcher.hooks.add("lightning.pytorch", lambda module: trial.undo.append(_lightning(module, trial)))
     launcher.hooks.add("transformers.training_args", lambda module: trial.undo.append(_hf_arguments(module, trial)))
     launcher.hooks.add("transformers.trainer", lambda module: trial.undo.append(_hf_trainer(module, trial)))
@@ -140,13 +137,6 @@ def _loader_knobs(trial: Trial) -> Any:
             arguments["pin_memory"] = True
 
     return _rebuild(DataLoader, change)
-
-
-def _loader_facts(trial: Trial) -> Any:
-    from torch.utils.data import DataLoader
-
-    return _rebuild(DataLoader, lambda arguments: trial.facts["loader_workers"].append(
-        int(arguments.get("num_workers") or 0)))
 
 
 # ----------------------------------------------------------------------------- Lightning

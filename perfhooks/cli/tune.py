@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -129,8 +130,6 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
 
 
 def _baseline_entry(base: dict[str, Any]) -> dict[str, Any]:
-    import statistics
-
     steady = steady_steps_ms(base["report"])
     p50 = bootstrap_interval(steady) if steady else None
 
