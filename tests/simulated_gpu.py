@@ -43,7 +43,12 @@ checks the constants, messages and signatures against the installed wheel's file
   ``capture_end`` then raises, and the graph cannot ``replay()``;
 - a sticky error (``gpu.fail()``) reaches every call that touches the device, and each is counted
   (``gpu.calls_after_error``);
-- a snapshot costs time that grows with its entries (``snapshot_us_per_entry``, the history's and the blocks').
+- a snapshot costs time that grows with its entries (``snapshot_us_per_entry``, the history's and the blocks');
+- every device call costs host time, as on a real GPU: a spin of ``call_cost_us[kind]`` µs (an event record
+  2.5 µs, a query 1 µs, a capture check 0.5 µs, a Python ``Stream`` built by ``current_stream`` 4.4 µs, a full
+  ``memory_stats`` read 30 µs, ``mem_get_info`` 6 µs: the figures measured on H100s and reported by PyTorch's
+  own issues), and each is counted by kind in ``gpu.calls`` (a ``collections.Counter``), so a test can bound
+  the calls a step makes and a benchmark can see what they cost.
 
 What it cannot show: real timing accuracy, kernel overlap between streams, CUPTI and Nsight Systems, NCCL, and
 any kernel launched by real CUDA tensors (this is a CPU build: tensors stay on the CPU).
@@ -51,6 +56,7 @@ any kernel launched by real CUDA tensors (this is a CPU build: tensors stay on t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import threading
@@ -86,6 +92,18 @@ ILLEGAL_ADDRESS = "CUDA error: an illegal memory access was encountered"
 # as C10_CUDA_CHECK words them: a query, synchronize or cudaMemGetInfo during a capture fails and invalidates it
 CAPTURE_UNSUPPORTED = "CUDA error: operation not permitted when stream is capturing"
 CAPTURE_INVALIDATED = "CUDA error: operation failed due to a previous error during capture"
+
+
+#: Host cost of one device call by kind (µs of spin). Measured on real parts: ``cudaEventRecord`` about 2.5 µs
+#: with timing on, ``cudaEventQuery`` and ``cudaEventElapsedTime`` about 1 µs, ``torch.cuda.current_stream()``
+#: 4.4 µs (the Python ``Stream`` it builds, pytorch PR #78066), ``mem_get_info`` 5-12 µs (pytorch#174625), a
+#: flattened ``memory_stats()`` of ~150 keys tens of µs; ``stream_id`` is c10's thread-local current stream
+#: (``torch._C._cuda_getCurrentStream``: a tuple, no driver call).
+CALL_COST_US = {"event_record": 2.5, "event_query": 1.0, "elapsed_time": 1.0, "capture_check": 0.5,
+                "current_stream": 4.4, "memory_stats": 30.0, "memory_stats_nested": 8.0, "mem_get_info": 6.0,
+                "synchronize": 1.0, "stream_id": 0.2, "kernel": 0.0}
+#: The kinds that reach the driver or build a Python object per call: what "device calls" counts.
+DEVICE_CALLS = frozenset(CALL_COST_US) - {"stream_id", "kernel"}
 
 
 class SimulatedHang(AssertionError):
@@ -162,6 +180,7 @@ class SimStream:
     def is_capturing(self) -> bool:
         """``torch.Stream.is_capturing`` (cudaStreamGetCaptureInfo): what ``Optimizer.step`` asks each step."""
         self._gpu._check("cudaStreamGetCaptureInfo")
+        self._gpu.charge("capture_check")
         return self.capturing
 
     def __eq__(self, other: object) -> bool:
@@ -194,6 +213,7 @@ class SimEvent:
     def record(self, stream: SimStream | None = None) -> None:
         gpu = self._gpu
         gpu._check("Event.record")
+        gpu.charge("event_record")
         if stream is None:
             index = self._preferred if self._preferred is not None else gpu.current
             stream = gpu.current_stream(index)
@@ -212,19 +232,22 @@ class SimEvent:
 
     def query(self) -> bool:
         self._gpu._check("Event.query")
+        self._gpu.charge("event_query")
         self._gpu._forbidden_in_capture("Event.query")
-        if self._completes_at is None:
-            return True
-        return time.perf_counter() >= self._completes_at
+        return self._complete()
+
+    def _complete(self) -> bool:
+        return self._completes_at is None or time.perf_counter() >= self._completes_at
 
     def elapsed_time(self, end: SimEvent) -> float:
         self._gpu._check("Event.elapsed_time")
+        self._gpu.charge("elapsed_time")
         self._gpu._forbidden_in_capture("Event.elapsed_time")
         if not (self._enable_timing and end._enable_timing):
             raise ValueError(MSG_TIMING)
         if self._completes_at is None or end._completes_at is None:
             raise ValueError(MSG_RECORDED)
-        if not (self.query() and end.query()):
+        if not (self._complete() and end._complete()):
             raise RuntimeError(MSG_COMPLETED)
         if self._device_index != end._device_index:
             raise torch.AcceleratorError(MSG_OTHER_DEVICE)
@@ -529,6 +552,27 @@ class SimulatedGpu:
         #: The device calls made after ``fail()`` (each raised the sticky error).
         self.calls_after_error: list[str] = []
         self._handles: dict[int, tuple[int, Block]] = {}
+        #: µs of host time each kind of call costs (a spin on the calling thread); set a kind to 0 to make it free.
+        self.call_cost_us: dict[str, float] = dict(CALL_COST_US)
+        #: The calls made, by kind (the user's kernels under ``kernel``).
+        self.calls: collections.Counter[str] = collections.Counter()
+        #: The same, by (thread name, kind): what the training thread pays and what perfhooks' threads do.
+        self.calls_by_thread: collections.Counter[tuple[str, str]] = collections.Counter()
+
+    def charge(self, kind: str) -> None:
+        """Count one call of ``kind`` and spend its host cost (a spin: the calling thread is busy, as in a driver
+        call)."""
+        self.calls[kind] += 1
+        self.calls_by_thread[threading.current_thread().name, kind] += 1
+        cost = self.call_cost_us.get(kind, 0.0)
+        if cost > 0.0:
+            until = time.perf_counter() + cost / 1e6
+            while time.perf_counter() < until:
+                pass
+
+    def device_calls(self) -> int:
+        """Device calls so far, every kind that reaches the driver (not the user's kernels)."""
+        return sum(count for kind, count in self.calls.items() if kind in DEVICE_CALLS)
 
     # ------------------------------------------------------------------ the calling thread's device and streams
     @property
@@ -561,6 +605,8 @@ class SimulatedGpu:
         """A kernel of ``ms`` milliseconds on the current stream of ``device`` (default: the current device);
         inside a capture, a node of the graph (it runs at each ``replay()``)."""
         self._check("kernel")
+        self.calls["kernel"] += 1
+        self.calls_by_thread[threading.current_thread().name, "kernel"] += 1
         stream = self.current_stream(device)
         if stream.capturing:
             self.capture.kernels_ms.append(ms)  # type: ignore[union-attr]
@@ -684,6 +730,7 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
 
     def synchronize(device: Any = None) -> None:
         index = gpu._index(device)
+        gpu.charge("synchronize")
         gpu._forbidden_in_capture("synchronize")
         gpu.syncs.append(("device", index))
         gpu._block_until(max(s.busy_until for s in gpu.all_streams if s.device_index == index))
@@ -701,6 +748,12 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         time); constructing it makes a side stream of the simulation."""
 
         def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> SimStream:  # type: ignore[misc]
+            if "stream_id" in kwargs:  # torch/cuda/streams.py: a Python handle on an existing stream, no creation
+                index, stream_id = kwargs.get("device_index", gpu.current), kwargs["stream_id"]
+                for stream in gpu.all_streams:
+                    if (stream.device_index, stream.stream_id) == (index, stream_id):
+                        return stream
+                raise RuntimeError(f"no stream {stream_id} on device {index}")
             gpu._check("cudaStreamCreate")
             return gpu.new_stream(None if device is None else gpu._index(device))
 
@@ -710,6 +763,7 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
 
     def capturing() -> bool:  # cudaStreamGetCaptureInfo on the current stream: a device call
         gpu._check("cudaStreamGetCaptureInfo")
+        gpu.charge("capture_check")
         return gpu.current_stream().capturing
 
     def exchange_device(index: int) -> int:
@@ -719,9 +773,30 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         return previous
 
     def stats(device: Any = None) -> dict[str, Any]:
+        gpu.charge("memory_stats")
         return _flat(gpu.allocators[gpu._index(device)].stats())
 
+    def nested_stats(device: Any) -> dict[str, Any]:
+        gpu.charge("memory_stats_nested")
+        return gpu.allocators[gpu._index(device)].stats()
+
+    def counter(name: str) -> Callable[[Any], int]:
+        """``memory_allocated`` and its kin: torch reads them from a whole ``memory_stats()``."""
+        def read(device: Any = None) -> int:
+            gpu.charge("memory_stats")
+            return getattr(gpu.allocators[gpu._index(device)], name)
+
+        return read
+
+    def stream_id(device: Any = None) -> tuple[int, int, int]:
+        """``torch._C._cuda_getCurrentStream``: (stream_id, device_index, device_type) of the calling thread's
+        current stream on ``device`` (c10's thread-local: no driver call)."""
+        gpu.charge("stream_id")
+        stream = gpu.current_stream(gpu._index(device))
+        return stream.stream_id, stream.device_index, stream.device_type
+
     def mem_get_info(device: Any = None) -> tuple[int, int]:
+        gpu.charge("mem_get_info")
         gpu._forbidden_in_capture("mem_get_info")
         allocator = gpu.allocators[gpu._index(device)]
         return allocator.free, allocator.total
@@ -761,6 +836,7 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
             allocator.empty_cache()
 
     def current_stream(device: Any = None) -> SimStream:
+        gpu.charge("current_stream")
         return gpu.current_stream(gpu._index(device))
 
     # torch/cuda/random.py: each device's generator state, a ByteTensor (frameworks save and restore it)
@@ -800,9 +876,9 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (C, "_host_emptyCache"): lambda: None,
         (cuda, "Event"): cuda_event,
         (cuda, "memory_stats"): checked("memory_stats", stats),
-        (cuda, "memory_allocated"): lambda device=None: gpu.allocators[gpu._index(device)].allocated,
-        (cuda, "max_memory_allocated"): lambda device=None: gpu.allocators[gpu._index(device)].allocated_peak,
-        (cuda, "memory_reserved"): lambda device=None: gpu.allocators[gpu._index(device)].reserved,
+        (cuda, "memory_allocated"): counter("allocated"),
+        (cuda, "max_memory_allocated"): counter("allocated_peak"),
+        (cuda, "memory_reserved"): counter("reserved"),
         (cuda, "mem_get_info"): checked("mem_get_info", mem_get_info),
         (cuda, "empty_cache"): empty_cache,
         (cuda, "set_per_process_memory_fraction"): set_fraction,
@@ -819,7 +895,8 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (C, "_cuda_setDevice"): set_device,
         (C, "_cuda_getMemoryFraction"): get_fraction,
         (C, "_cuda_setMemoryFraction"): lambda fraction, device: set_fraction(fraction, device),
-        (C, "_cuda_memoryStats"): lambda device: gpu.allocators[device].stats(),
+        (C, "_cuda_memoryStats"): nested_stats,
+        (C, "_cuda_getCurrentStream"): stream_id,
         (accelerator, "is_available"): lambda: True,
         (accelerator, "current_accelerator"): lambda check_available=False: torch.device("cuda"),
         (accelerator, "device_count"): lambda: gpu.count,
@@ -828,8 +905,8 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (accelerator, "current_stream"): checked("current_stream", current_stream),
         (accelerator, "synchronize"): checked("synchronize", synchronize),
         (accelerator, "memory_stats"): checked("memory_stats", stats),
-        (accelerator, "memory_allocated"): lambda device=None: gpu.allocators[gpu._index(device)].allocated,
-        (accelerator, "max_memory_allocated"): lambda device=None: gpu.allocators[gpu._index(device)].allocated_peak,
+        (accelerator, "memory_allocated"): counter("allocated"),
+        (accelerator, "max_memory_allocated"): counter("allocated_peak"),
         (accelerator, "get_memory_info"): checked("get_memory_info", mem_get_info),
         (torch, "Event"): generic_event,
         (cuda, "_sleep"): checked("_sleep", lambda cycles: gpu.run(cycles / gpu.cycles_per_ms)),

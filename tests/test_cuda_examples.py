@@ -39,8 +39,17 @@ def test_baseline_gets_fp32_matmul_and_unfused_attention(tmp_path: Path) -> None
     assert {"fp32_matmul", "unfused_attention"} <= ids
 
 
-def test_optimized_gets_no_warning(tmp_path: Path) -> None:
+#: What may rightly be said of the optimized layer on a fast GPU: on an H100 its 64 x 128 tokens leave the device
+#: waiting on the host (the premise "no warning" held only on a small GPU).
+HOST_BOUND_VERDICTS = {"low_gpu_utilization", "host_bound", "launch_bound"}
+
+
+def test_optimized_gets_no_warning_of_what_it_fixed(tmp_path: Path) -> None:
+    """The three fixes took: no fp32 matmul, no hand-written attention, flash or memory-efficient attention. A
+    warning left is only one that the GPU's speed makes true of any small model (the host-bound ones)."""
     result = profile_tutorial(tmp_path, optimized=True)
-    assert [d["id"] for d in result["diagnoses"] if d["severity"] in ("warning", "critical")] == []
+    warned = {d["id"] for d in result["diagnoses"] if d["severity"] in ("warning", "critical")}
+    assert not warned & {"fp32_matmul", "unfused_attention"}, warned
+    assert warned <= HOST_BOUND_VERDICTS, warned
     assert result["metrics"]["attention"].get("flash", 0) + result["metrics"]["attention"].get(
         "memory_efficient", 0) > 0

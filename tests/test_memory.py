@@ -399,7 +399,8 @@ def test_cuda_real_oom_keeps_the_error_and_exit_status(tmp_path: Path, gpu) -> N
                 raise
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": f"{REPO / 'tests'}:{REPO}"})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(REPO / "tests"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert done.returncode == 1 and "OutOfMemoryError" in done.stderr.strip().splitlines()[-1]
     summary = json.loads((tmp_path / "oom" / "summary.json").read_text())
     assert summary["requested_bytes"] >= 1 << 45 and summary["error_type"] == "OutOfMemoryError"

@@ -12,7 +12,14 @@ the calling thread's stream captures a CUDA graph, marks are host-only too (a qu
 invalidate the user's graph), and pending marks are not polled until the capture ends.
 
 A step's marks may sit on several streams (a forward under ``torch.cuda.stream(s)``): :meth:`DeviceClock.ready`
-is asked of each before a step is read.
+is asked of each before a step is read. Events on one stream complete in the order they were recorded, so the
+clock keeps, per stream, the newest mark known complete: every older mark on that stream is complete without a
+query, and one query of a step's newest mark answers for the whole step.
+
+The device calls of a step (counted on the simulated GPU by ``tests/device/test_device_calls.py``): one capture
+check when it opens (:meth:`DeviceClock.step_opening`), one event record per mark (a step's end is the next
+step's start: :meth:`DeviceClock.share`), about one query, and one ``elapsed_time`` per mark after the first, read
+against the step's first mark (:meth:`DeviceClock.reader`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from perfhooks.device import capture_watch
 from perfhooks.device.room import DeviceRoom
 from perfhooks.faults import DeviceLost
 
@@ -33,6 +41,10 @@ POOL_LIMIT = 4096
 class Mark:
     host_ns: int
     event: Any = None  # a device event, None after the device stopped being used
+    #: The stream the event was recorded on (its id, device, type), None for a host-only mark.
+    stream: Any = None
+    #: Step records holding this mark (a step's end is the next step's start): its event is reused at 0.
+    holders: int = 1
 
 
 class HostClock:
@@ -57,6 +69,21 @@ class HostClock:
     def release(self, mark: Any) -> None:
         pass
 
+    def share(self, mark: Any) -> Any:
+        """``mark``, held by one more step record (a step's end as the next step's start)."""
+        return mark
+
+    def step_opening(self) -> None:
+        """A step opens (the device clock checks for a graph capture here, once)."""
+
+    def quiet(self) -> bool:
+        """Another thread may ask the device about marks now (no capture may be under way)."""
+        return True
+
+    def reader(self, origin: Any) -> Callable[[Any, Any], float]:
+        """``interval(start, end)`` in ms for the marks of a step that began at ``origin``."""
+        return self.elapsed_ms
+
     def wait(self, mark: Any, deadline: float) -> bool:
         """Whether ``mark`` is complete by ``deadline`` (``time.monotonic()``); host marks always are."""
         return True
@@ -70,29 +97,51 @@ class DeviceClock(HostClock):
     def __init__(self, room: DeviceRoom) -> None:
         self.room = room
         self._pool: list[Any] = []
+        #: Per stream, the host time (ns) of the newest mark known complete: older marks there are complete too.
+        self._done: dict[Any, int] = {}
+        #: No capture was under way when the open step opened: its marks may be recorded on the device.
+        self._clear = True
         self.mark = self._record_mark
         room.when_lost(self._pool.clear)
+        room.follow_captures()
+
+    def step_opening(self) -> None:
+        self._clear = self.room.lost is None and self.room.step_opening()
+
+    def quiet(self) -> bool:
+        """No capture may be under way: none through ``torch.cuda.graph``, and none seen on the training thread
+        when its step opened (a query from another thread would invalidate a global-mode capture)."""
+        return self._clear and self.room.lost is None and not capture_watch.active()
 
     def _record_mark(self) -> Mark:
         room = self.room
-        if room.usable():
+        if self._clear and room.lost is None and (not capture_watch.active() or room.usable()):
             event = self._pool.pop() if self._pool else room.new_event()
             try:
-                room.record(event)
-                return Mark(time.perf_counter_ns(), event)
+                stream = room.record_current(event)
+                return Mark(time.perf_counter_ns(), event, stream)
             except DeviceLost:
                 pass
         return Mark(time.perf_counter_ns())
 
     def ready(self, mark: Mark) -> bool:
-        if mark.event is None or self.room.lost is not None:
+        event = mark.event
+        if event is None or self.room.lost is not None:
             return True
-        if not self.room.usable():
+        if mark.host_ns <= self._done.get(mark.stream, -1):
+            return True  # a newer mark on its stream has completed
+        if capture_watch.active() and not self.room.usable():
             return False  # a capture is under way: asked again after it
         try:
-            return self.room.query(mark.event)
-        except DeviceLost:
-            return True
+            done = bool(event.query())
+        except Exception as error:
+            try:
+                self.room.failed(error)
+            except DeviceLost:
+                return True
+        if done:
+            self._done[mark.stream] = max(mark.host_ns, self._done.get(mark.stream, -1))
+        return done
 
     def elapsed_ms(self, start: Mark, end: Mark) -> float:
         if start.event is not None and end.event is not None and self.room.lost is None:
@@ -102,10 +151,38 @@ class DeviceClock(HostClock):
                 pass
         return (end.host_ns - start.host_ns) / 1e6
 
+    def reader(self, origin: Mark) -> Callable[[Mark, Mark], float]:
+        """Intervals of one step, each mark read once against the step's first (``elapsed_time(origin, m)``;
+        float32 milliseconds stay exact to the µs within a step). Pairs with a host-only mark are host times."""
+        if origin.event is None:
+            return self.elapsed_ms
+        offsets: dict[int, float] = {id(origin): 0.0}
+
+        def offset(mark: Mark) -> float:
+            key = id(mark)
+            found = offsets.get(key)
+            if found is None:
+                found = offsets[key] = self.elapsed_ms(origin, mark)
+            return found
+
+        def interval(start: Mark, end: Mark) -> float:
+            if start.event is None or end.event is None or self.room.lost is not None:
+                return (end.host_ns - start.host_ns) / 1e6
+            return offset(end) - offset(start)
+
+        return interval
+
     def host_ms(self, start: Mark, end: Mark) -> float:
         return (end.host_ns - start.host_ns) / 1e6
 
+    def share(self, mark: Mark) -> Mark:
+        mark.holders += 1
+        return mark
+
     def release(self, mark: Mark) -> None:
+        mark.holders -= 1
+        if mark.holders > 0:
+            return
         if mark.event is not None and self.room.lost is None and len(self._pool) < POOL_LIMIT:
             self._pool.append(mark.event)
         mark.event = None

@@ -17,6 +17,14 @@ lost (:attr:`DeviceRoom.lost`) and every later method raises :class:`~perfhooks.
 touching the device; callers fall back to host times, and the fault log prints nothing (the user's next call
 raises the error, with the user's traceback). :meth:`DeviceRoom.usable` also says no while the calling thread's
 current stream is capturing a CUDA graph: a query or ``cudaMemGetInfo`` then would invalidate the user's graph.
+
+**Few calls a step.** Every call here costs microseconds of the training thread's time on a real GPU (an event
+record about 2.5 µs, building a Python ``Stream`` 4.4 µs, a flattened ``memory_stats()`` tens of µs), and a
+host-bound step pays each one. So the step's path asks the stream whether it captures once, when the step opens
+(:meth:`DeviceRoom.step_opening`), and otherwise only while :mod:`~perfhooks.device.capture_watch` knows a
+``torch.cuda.graph`` capture is open; events are recorded on the current stream found by its id
+(:meth:`DeviceRoom.record_current`, a cached ``Stream``); memory is read from the allocator's nested counters
+without torch's flattening (:meth:`DeviceRoom.memory`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from perfhooks.device import capture_watch
 from perfhooks.faults import DeviceLost, is_device_error
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -90,6 +99,16 @@ class DeviceRoom:
         cuda = getattr(torch, "cuda", None)
         self._capturing: Callable[[], bool] | None = (getattr(cuda, "is_current_stream_capturing", None)
                                                       if self.is_cuda else None)
+        C = getattr(torch, "_C", None)
+        #: ``torch._C._cuda_getCurrentStream(index)``: the current stream's (id, device, type) from c10's
+        #: thread-local, without building a Python ``Stream`` (what ``torch.cuda.current_stream`` costs).
+        self._stream_id: Callable[[int], tuple[int, int, int]] | None = (
+            getattr(C, "_cuda_getCurrentStream", None) if self.is_cuda else None)
+        #: ``torch._C._cuda_memoryStats(index)``: the allocator's counters, nested, before torch flattens them.
+        self._nested_stats: Callable[[int], dict[str, Any]] | None = (
+            getattr(C, "_cuda_memoryStats", None) if self.is_cuda else None)
+        self._streams: dict[tuple[int, int, int], Any] = {}
+        self._following = False
 
     # ------------------------------------------------------------------ errors and graph captures
     def lose(self, reason: str) -> None:
@@ -119,6 +138,38 @@ class DeviceRoom:
                 self.lose(f"{type(error).__name__}: {error}")
                 return False
             raise
+
+    def follow_captures(self) -> None:
+        """Follow ``torch.cuda.graph`` (:mod:`capture_watch`) for this room's life (:meth:`release`)."""
+        if self.is_cuda and not self._following:
+            self._following = capture_watch.follow(self._torch)
+
+    def release(self) -> None:
+        """The run is over: stop following captures (idempotent)."""
+        if self._following:
+            self._following = False
+            capture_watch.let_go()
+        self._streams.clear()
+
+    def step_opening(self) -> bool:
+        """The one capture check a step makes, when it opens: whether its marks may be recorded on the device
+        (not lost, and the current stream not capturing, by whatever means the capture began)."""
+        return self.usable()
+
+    def free(self) -> bool:
+        """Whether a call may reach the device now, asking the stream only while a ``torch.cuda.graph`` capture
+        is open somewhere in the process (:func:`capture_watch.active`); else no call at all."""
+        if self.lost is not None:
+            return False
+        return not capture_watch.active() or self.usable()
+
+    def failed(self, error: Exception) -> None:
+        """A call perfhooks made directly raised ``error``: a device error marks the device lost and raises
+        :class:`DeviceLost`; anything else is re-raised."""
+        if is_device_error(error):
+            self.lose(f"{type(error).__name__}: {error}")
+            raise DeviceLost(self.lost) from error
+        raise error
 
     # ------------------------------------------------------------------ description
     def describe(self) -> dict[str, Any]:
@@ -151,6 +202,30 @@ class DeviceRoom:
     def record(self, event: Any) -> None:
         """Record ``event`` on this device's current stream: it completes when the stream gets there."""
         event.record(self.stream())
+
+    def record_current(self, event: Any) -> Any:
+        """Record ``event`` on this device's current stream; the stream's key (marks on one stream complete in
+        order). The stream is found by its id and its ``Stream`` object kept, so a record is one device call.
+        Raises :class:`DeviceLost` after a device error."""
+        if self.lost is not None:
+            raise DeviceLost(self.lost)
+        try:
+            if self._stream_id is not None:
+                key = self._stream_id(self.index)  # type: ignore[arg-type]
+                stream = self._streams.get(key)
+                if stream is None:
+                    stream = self._streams[key] = self._torch.cuda.Stream(stream_id=key[0], device_index=key[1],
+                                                                          device_type=key[2])
+                event.record(stream)
+                return key
+            stream = self.stream()
+            event.record(stream)
+            return (getattr(stream, "stream_id", id(stream)), self.index, 0)
+        except DeviceLost:
+            raise
+        except Exception as error:
+            self.failed(error)
+            raise  # not reached: failed() raises
 
     @_device_call
     def query(self, event: Any) -> bool:
@@ -190,16 +265,27 @@ class DeviceRoom:
     # ------------------------------------------------------------------ memory
     @_device_call
     def memory(self) -> MemoryFigures:
-        """The allocator's figures for this device (no sync: counters kept by the caching allocator)."""
-        torch = self._torch
-        accelerator = getattr(torch, "accelerator", None)
-        if accelerator is not None and hasattr(accelerator, "memory_stats"):
-            stats = accelerator.memory_stats(self.index)
-        else:
-            stats = torch.cuda.memory_stats(self.index)
+        """The allocator's figures for this device (no sync: counters kept by the caching allocator). On CUDA
+        they are read nested, as the allocator gives them (torch's ``memory_stats()`` flattens and sorts ~150
+        keys in Python first: tens of µs)."""
+        if self._nested_stats is not None:
+            nested = self._nested_stats(self.index)  # type: ignore[arg-type]
 
-        def get(key: str) -> int:
-            return int(stats.get(key, 0) or 0)
+            def get(key: str) -> int:
+                value: Any = nested
+                for part in key.split("."):
+                    value = value.get(part) if isinstance(value, dict) else None
+                return int(value or 0)
+        else:
+            torch = self._torch
+            accelerator = getattr(torch, "accelerator", None)
+            if accelerator is not None and hasattr(accelerator, "memory_stats"):
+                stats = accelerator.memory_stats(self.index)
+            else:
+                stats = torch.cuda.memory_stats(self.index)
+
+            def get(key: str) -> int:
+                return int(stats.get(key, 0) or 0)
 
         return MemoryFigures(
             allocated_bytes=get("allocated_bytes.all.current"), reserved_bytes=get("reserved_bytes.all.current"),

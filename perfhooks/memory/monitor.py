@@ -49,6 +49,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 HYSTERESIS = 0.05
 #: Largest snapshot pickle written (bytes); bigger ones are skipped with a warning.
 MAX_SNAPSHOT_BYTES = 512 * 2**20
+#: Nanoseconds between two reads of the driver's free memory (``cudaMemGetInfo``) while far from the limit.
+DRIVER_EVERY_NS = 1_000_000_000
 #: Memory samples kept for the report's memory line (the most recent).
 SERIES_SAMPLES = 500
 
@@ -129,6 +131,10 @@ class MemoryMonitor:
         self.observed_elsewhere: list[dict[str, Any]] = []
         self._oom_snapshot_taken = False
         self.history = False
+        #: The driver's last (free, total, outside PyTorch) bytes and when to read them again.
+        self._driver: tuple[int, int, int] | None = None
+        self._driver_next_ns = 0
+        self._near = False  # usage past arm_fraction of the limit: the driver is read at every sample
         if self.cuda:
             _free, total = room.memory_info()
             allowed = room.allowed_bytes(total)
@@ -151,7 +157,7 @@ class MemoryMonitor:
         """At a phase boundary: sample (rate-limited), track the peak, capture on crossing the threshold. Not
         while the device is lost or a CUDA graph captures (``cudaMemGetInfo`` would invalidate the graph)."""
         now = time.monotonic_ns()
-        if now < self._next_ns or (self.cuda and not self.room.usable()):
+        if now < self._next_ns or (self.cuda and not self.room.free()):
             return
         self._next_ns = now + self.poll_ns
         figures = self.sample()
@@ -178,7 +184,7 @@ class MemoryMonitor:
     def observe_step_start(self, step: int) -> None:
         """At a step's start (rate-limited like phase samples): the bytes in use there, for ``memory_growth``."""
         now = time.monotonic_ns()
-        if now < self._next_step_ns or (self.cuda and not self.room.usable()):
+        if now < self._next_step_ns or (self.cuda and not self.room.free()):
             return
         self._next_step_ns = now + self.poll_ns
         if self.cuda:
@@ -207,9 +213,16 @@ class MemoryMonitor:
         return figures
 
     def _cuda_sample(self) -> dict[str, Any]:
+        """The allocator's counters at every sample; the driver's free bytes (``cudaMemGetInfo``, 5-12 µs) at
+        most every :data:`DRIVER_EVERY_NS`, and at every sample once usage is past ``arm_fraction`` of the limit:
+        between two reads, memory outside PyTorch is taken as it was at the last."""
         memory = self.room.memory()
-        free, total = self.room.memory_info()
-        outside = max(0, total - free - memory.reserved_bytes)
+        now = time.monotonic_ns()
+        if self._driver is None or now >= self._driver_next_ns or self._near:
+            free, total = self.room.memory_info()
+            self._driver = (free, total, max(0, total - free - memory.reserved_bytes))
+            self._driver_next_ns = now + DRIVER_EVERY_NS
+        free, total, outside = self._driver
         figures: dict[str, Any] = {
             "allocated_bytes": memory.allocated_bytes, "reserved_bytes": memory.reserved_bytes,
             "active_bytes": memory.active_bytes, "peak_allocated_bytes": memory.peak_allocated_bytes,
@@ -224,6 +237,7 @@ class MemoryMonitor:
         else:
             used = max(memory.reserved_bytes, new_peak) + outside
         figures["used_bytes"] = used
+        self._near = bool(self.capacity) and used >= self.arm_fraction * self.capacity
         return figures
 
     # ------------------------------------------------------------------ captures

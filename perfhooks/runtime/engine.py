@@ -48,6 +48,7 @@ from perfhooks.runtime.reporting import build_run_report
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.run_state import RunFacts, RunState
 from perfhooks.runtime.saving import ReportSaving
+from perfhooks.runtime.timing_reader import TimingReader
 from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.runtime.tracker import StepTracker
 from perfhooks.sinks.wandb import RunSource
@@ -100,6 +101,8 @@ class Engine:
         self.state = self.publish()
         exit_guard.begin(self, config.signals)  # type: ignore[arg-type]
         self.watch.start()
+        if isinstance(self.clock, DeviceClock):  # the step timings are read off the training thread
+            self.timings.start()
 
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
@@ -127,6 +130,8 @@ class Engine:
                                state=lambda: self.state, beacon=lambda: self.tracker.beacon,
                                device=self.room.queue_state, on_stall=self._stalled,
                                faults=self.faults)
+        #: Reads the device's step timings on its own thread (started for a device clock only).
+        self.timings = TimingReader(self.tracker.pending, self.faults)
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
                               self.writer, self.faults, self.publish, self.saving)
@@ -379,6 +384,7 @@ class Engine:
         sync), then the window stops and pending timings are read; hooks, triggers and the writer end."""
         self.guarded_call("close_step", self.end_open_step)
         self.tracker.account.close()
+        self.timings.stop()  # the close reads what is left, on this thread
         if not self.cuda_broken:
             self.parts.settle_device(self.room, device_deadline, self.once)
         else:  # no device call: the window is let go of (a CPU-only one is stopped)
@@ -411,10 +417,12 @@ class Engine:
         try:
             self.hooks.remove()
             self.watch.close()
+            self.timings.stop()
             self.compile.remove()
             if self.memory is not None:
                 self.memory.release()
             self.outputs.release()
+            self.room.release()
             self._error_seen = None
         except Exception as error:
             self.faults.report("release", error)

@@ -39,7 +39,15 @@ class StepRecord:
 
 
 class PendingSteps:
-    """Steps whose marks may still be in flight on the device; resolved in order, without blocking."""
+    """Steps whose marks may still be in flight on the device; resolved in order, without blocking.
+
+    On the host (:class:`~perfhooks.device.clock.HostClock`) a step is resolved when it ends. On a device, its
+    marks are read by :meth:`resolve` on the timing reader's thread (:mod:`~perfhooks.runtime.timing_reader`):
+    the queries and ``elapsed_time`` calls (each of which queries both events again inside torch) cost the
+    training thread nothing; the training thread only moves the resolved timings into the statistics
+    (:meth:`collect`). The two threads share two deques, each written at one end by one thread, and the clock's
+    event pool (appends from the reader, pops from the training thread): no lock.
+    """
 
     def __init__(self, clock: HostClock, limit: int = 512) -> None:
         self.clock = clock
@@ -47,52 +55,103 @@ class PendingSteps:
         self.dropped = 0
         #: Steps still running on the device when the close's deadline passed: not counted.
         self.unfinished = 0
+        #: A timing reader resolves the device's steps on its own thread (else the training thread does).
+        self.background = False
         self._queue: deque[StepRecord] = deque()
+        self._resolved: deque[StepTiming] = deque()
 
     def push(self, record: StepRecord) -> None:
         self._queue.append(record)
-        if len(self._queue) > self.limit:
+        if len(self._queue) > self.limit and not self.background:
             self.discard(self._queue.popleft())
             self.dropped += 1
+
+    def add(self, record: StepRecord, stats: PhaseStatistics) -> None:
+        """Queue a step that just ended and move the steps resolved so far into ``stats``. On the device without a
+        reader, the steps before it are read first: its end mark was recorded a moment ago, and asking about it
+        now would be a query that almost never succeeds."""
+        if not self.clock.device_timed:
+            self.push(record)
+            self.drain(stats)
+        elif self.background:
+            self.push(record)
+            self.collect(stats)
+        else:
+            self.drain(stats)
+            self.push(record)
+
+    def collect(self, stats: PhaseStatistics) -> None:
+        """Move the timings the reader resolved into ``stats`` (training thread; no device call)."""
+        resolved = self._resolved
+        while resolved:
+            stats.add(resolved.popleft())
 
     def __len__(self) -> int:
         return len(self._queue)
 
+    def resolve(self) -> None:
+        """Resolve every step the device has finished, in order, into the resolved queue (the timing reader's
+        thread; never waits). Nothing is asked while a CUDA graph capture may be under way."""
+        if not self.clock.quiet():
+            return
+        queue = self._queue
+        if len(queue) > 1:
+            self._ready(queue[-1])  # when the newest step is done, so is every older one on its streams
+        while queue:
+            record = queue[0]
+            if not self._ready(record):
+                break
+            queue.popleft()
+            self._resolved.append(self._resolve(record))
+            self.discard(record)
+        while len(queue) > self.limit:
+            self.discard(queue.popleft())
+            self.dropped += 1
+
     def drain(self, stats: PhaseStatistics, deadline: float | None = None) -> None:
         """Move every ready step into ``stats`` (never waits). With ``deadline`` (``time.monotonic()``; close
-        only), poll each step until its marks complete or the deadline passes: steps the device has not finished
-        by then are dropped and counted in :attr:`unfinished` (a hung kernel, a collective whose peer died)."""
-        while self._queue:
-            record = self._queue[0]
+        only, once the reader stopped), poll each step until its marks complete or the deadline passes: steps the
+        device has not finished by then are dropped and counted in :attr:`unfinished` (a hung kernel, a
+        collective whose peer died)."""
+        self.collect(stats)
+        queue = self._queue
+        if deadline is None and len(queue) > 1 and self.clock.device_timed:
+            self._ready(queue[-1])  # when the newest step is done, so is every older one on its streams
+        while queue:
+            record = queue[0]
             assert record.end is not None
             if deadline is not None:
                 if not all(self.clock.wait(mark, deadline) for mark in self._marks(record)):
-                    self.unfinished += len(self._queue)
-                    while self._queue:
-                        self.discard(self._queue.popleft())
+                    self.unfinished += len(queue)
+                    while queue:
+                        self.discard(queue.popleft())
                     return
             elif not self._ready(record):
                 return
-            self._queue.popleft()
+            queue.popleft()
             stats.add(self._resolve(record))
             self.discard(record)
 
     def _ready(self, record: StepRecord) -> bool:
-        """Every mark of the step has completed: its end first (the common wait), then the others, which may sit
-        on another stream (a forward under ``torch.cuda.stream(s)``) and complete after the end."""
+        """Every mark of the step has completed. The newest is asked first: once it has, every older mark on its
+        stream has too and costs no query; marks on another stream (a forward under ``torch.cuda.stream(s)``,
+        which may complete after the step's end) are asked for themselves."""
         if not self.clock.device_timed:
             return True
         ready = self.clock.ready
-        return ready(record.end) and all(ready(mark) for mark in self._marks(record))
+        marks = sorted(self._marks(record), key=_newest_first)
+        return all(ready(mark) for mark in marks)
 
     @staticmethod
     def _marks(record: StepRecord) -> list[Any]:
-        marks = [record.start]
+        """The step's distinct marks (a phase's end is the next phase's start: one mark)."""
+        marks = {id(record.start): record.start}
         for _, start, end in record.intervals:
-            marks.append(start)
-            marks.append(end)
-        marks.append(record.end)
-        return marks
+            marks.setdefault(id(start), start)
+            marks.setdefault(id(end), end)
+        if record.end is not None:
+            marks.setdefault(id(record.end), record.end)
+        return list(marks.values())
 
     def _resolve(self, record: StepRecord) -> StepTiming:
         """Milliseconds from marks. Every phase is read on the device's timeline, ``data_wait`` included: there it
@@ -100,7 +159,7 @@ class PendingSteps:
         kernels costs nothing). The host time of the fetches is kept apart as ``fetch_ms``."""
         clock = self.clock
         assert record.end is not None
-        elapsed, host_ms = clock.elapsed_ms, clock.host_ms
+        elapsed, host_ms = clock.reader(record.start), clock.host_ms
         step_ms = elapsed(record.start, record.end)
         phase_ms: dict[str, float] = {}
         covered = aside_ms = fetch_ms = 0.0
@@ -120,12 +179,12 @@ class PendingSteps:
                           aside_ms, fetch_ms, record.compiled, record.samples, record.tokens, record.padded_tokens)
 
     def discard(self, record: StepRecord) -> None:
-        """Return a step's device events to the pool (host marks hold nothing)."""
+        """Return a step's device events to the pool (host marks hold nothing); each distinct mark once."""
         if not self.clock.device_timed:
             return
-        self.clock.release(record.start)
-        for _, start, end in record.intervals:
-            self.clock.release(start)
-            self.clock.release(end)
-        if record.end is not None:
-            self.clock.release(record.end)
+        for mark in self._marks(record):
+            self.clock.release(mark)
+
+
+def _newest_first(mark: Any) -> int:
+    return -mark.host_ns

@@ -99,6 +99,8 @@ class StepTracker:
         self._nvtx_on = nvtx.active
         self._aside_mark: tuple[str, Any] | None = None  # the outermost aside inside the open step
         self._aside_labels: list[Any] = []
+        #: The mark that ended the last step, for the next step's start (set only between the two, in fetch()).
+        self._handoff: Any = None
 
     @property
     def open_phase(self) -> str | None:
@@ -109,18 +111,25 @@ class StepTracker:
         step = self.step
         own = self.listener.step_opening(step)
         self.account.started()
-        record = StepRecord(step, self.clock.mark())
+        handoff, self._handoff = self._handoff, None
+        clock = self.clock
+        clock.step_opening()
+        record = StepRecord(step, handoff if handoff is not None else clock.mark())
         record.own = own
         self.record = record
 
     def fetch(self) -> None:
-        """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts."""
+        """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
+        device, the step's end mark is the next step's start (one event fewer a step)."""
         if self.closed:
             return
         record = self.record
         if record is not None and record.stepped:
-            self.step_end()
-        self.phase_start(DATA_WAIT)
+            self.step_end(handoff=self.clock.device_timed)
+        try:
+            self.phase_start(DATA_WAIT)
+        finally:
+            self._handoff = None  # one no step took (the run closed, a fault): its event is left to the collector
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
@@ -216,13 +225,16 @@ class StepTracker:
             self.record.own = True  # type: ignore[union-attr]
         return end
 
-    def step_end(self) -> None:
-        """End the open step (and its open phase); its timings are read once the device is done."""
+    def step_end(self, handoff: bool = False) -> None:
+        """End the open step (and its open phase); its timings are read once the device is done. ``handoff``: the
+        next step opens now (a fetch), from this step's end mark."""
         try:
             record = self.record
             if record is None:
                 return
             record.end = self.close_phase() if self.phase is not None else self.clock.mark()
+            if handoff:  # shared before the record is queued: the timing reader may release it from then on
+                self._handoff = self.clock.share(record.end)
             self.end_step_label()
             self.record = None
             if record.global_step is None:
@@ -231,8 +243,7 @@ class StepTracker:
             if self.listener.step_closing():
                 record.own = True
             self.step += 1
-            self.pending.push(record)
-            self.pending.drain(self.stats)
+            self.pending.add(record, self.stats)
             self.listener.step_closed()
         except Exception as error:
             self.faults.report("step_end", error)

@@ -1,0 +1,159 @@
+"""perfhooks' host time per step on the simulated GPU, with every device call charged its real cost.
+
+    python benchmarks/sim_step_cost.py [--steps 400] [--rounds 7] [--free]
+
+A CPU benchmark of a GPU run's cost: the simulated GPU (``tests/simulated_gpu.py``) spins the calling thread for
+each device call as long as the call costs on an H100 (an event record 2.5 µs, a query 1 µs, a Python ``Stream``
+4.4 µs, a flattened ``memory_stats()`` 30 µs; ``--free`` makes them cost nothing), so the calls perfhooks makes
+show up in the step time as they do on a host-bound GPU step. perfhooks is bound to ``cuda:0`` of the
+simulation; the model's tensors stay on the CPU.
+
+Two loops, each bare and with perfhooks (defaults, no profiler window: ``schedule=None``), alternating round
+after round: ``engine``, the engine's events alone around two simulated kernels (what an integration sends a
+step), and ``plain_loop``, ``perfhooks.profile`` on a two-layer model with AdamW (torch's hooks included). Each
+round's figure is the median step (wall clock, batch to batch); the result is the median over rounds of
+(perfhooks - bare) in µs a step, with the rounds' range, and the device calls a step by thread.
+Target (issue 49): at most 25 µs a step for the plain loop on the 2-core machine, idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from machine import describe_machine  # noqa: E402
+from simulated_gpu import DEVICE_CALLS, SimulatedGpu, simulated_cuda  # noqa: E402
+
+TARGET_US = 25.0
+SETTINGS: dict[str, Any] = {"console": False, "schedule": None, "on_demand": False}
+
+
+def _median_step_us(ends: list[int]) -> float:
+    steps = [(b - a) / 1e3 for a, b in itertools.pairwise(ends[5:])]
+    return statistics.median(steps)
+
+
+def engine_loop(gpu: SimulatedGpu, steps: int, profiled: bool, out: str) -> tuple[float, collections.Counter]:
+    from perfhooks import Engine, PerfConfig
+
+    engine = Engine(PerfConfig(**SETTINGS), out, "bench", device="cuda:0") if profiled else None
+    ends: list[int] = []
+    before = collections.Counter(gpu.calls_by_thread)
+    for _ in range(steps):
+        if engine is not None:
+            engine.fetch()
+            engine.phase_start("forward")
+        gpu.run(0.01)
+        if engine is not None:
+            engine.phase_start("backward")
+        gpu.run(0.02)
+        if engine is not None:
+            engine.phase_start("optimizer")
+            engine.stepped()
+        ends.append(time.perf_counter_ns())
+    calls = collections.Counter(gpu.calls_by_thread) - before
+    if engine is not None:
+        engine.close()
+    return _median_step_us(ends), calls
+
+
+def plain_loop(gpu: SimulatedGpu, steps: int, profiled: bool, out: str) -> tuple[float, collections.Counter]:
+    import perfhooks
+
+    torch.random.default_generator.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model[0].register_forward_hook(lambda *args: gpu.run(0.01))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(4, 16), torch.randn(4, 1)
+    perf = perfhooks.profile(model, optimizer, output_dir=out, **SETTINGS) if profiled else None
+    ends: list[int] = []
+    before = collections.Counter(gpu.calls_by_thread)
+    for _ in range(steps):
+        if perf is not None:
+            with perf.data_wait():
+                batch = (x, y)
+        else:
+            batch = (x, y)
+        loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        ends.append(time.perf_counter_ns())
+    calls = collections.Counter(gpu.calls_by_thread) - before
+    if perf is not None:
+        perf.close()
+    return _median_step_us(ends), calls
+
+
+def bind_to_the_simulation() -> None:
+    """Every engine perfhooks starts is bound to ``cuda:0`` (the model's tensors are on the CPU)."""
+    from perfhooks.runtime.engine import Engine
+
+    start = Engine.start.__func__  # type: ignore[attr-defined]
+
+    def on_device(cls: type, *args: Any, **kwargs: Any) -> Any:
+        kwargs["device"] = "cuda:0"
+        return start(cls, *args, **kwargs)
+
+    Engine.start = classmethod(on_device)  # type: ignore[method-assign]
+
+
+def per_step(calls: collections.Counter, steps: int) -> dict[str, float]:
+    """Device calls a step, on the training thread and on perfhooks' threads."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for (thread, kind), count in calls.items():
+        if kind in DEVICE_CALLS:
+            out["training thread" if thread == "MainThread" else thread] += count / steps
+    return {key: round(value, 2) for key, value in sorted(out.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--free", action="store_true", help="device calls cost no host time")
+    args = parser.parse_args()
+    print(describe_machine())
+    bind_to_the_simulation()
+    with simulated_cuda(memory_bytes=1 << 30) as gpu:
+        if args.free:
+            gpu.call_cost_us = dict.fromkeys(gpu.call_cost_us, 0.0)
+        print(f"per-call host cost (µs): {gpu.call_cost_us}")
+        for name, loop in (("engine", engine_loop), ("plain_loop", plain_loop)):
+            deltas, bare_us, calls, bare_calls = [], [], {}, {}
+            with tempfile.TemporaryDirectory() as out:
+                loop(gpu, 50, True, out)  # warm-up: imports, first allocations
+                for round_ in range(args.rounds):
+                    order = (False, True) if round_ % 2 == 0 else (True, False)
+                    figures = {}
+                    for profiled in order:
+                        figures[profiled], counted = loop(gpu, args.steps, profiled, out)
+                        if profiled:
+                            calls = per_step(counted, args.steps)
+                        else:
+                            bare_calls = per_step(counted, args.steps)
+                    deltas.append(figures[True] - figures[False])
+                    bare_us.append(figures[False])
+            median = statistics.median(deltas)
+            verdict = f"target <= {TARGET_US:.0f} µs: {'met' if median <= TARGET_US else 'NOT met'}" \
+                if name == "plain_loop" else "(the engine's events alone)"
+            print(f"{name:>10}: bare step {statistics.median(bare_us):7.1f} µs; perfhooks adds "
+                  f"{median:6.1f} µs a step (rounds {min(deltas):.1f} to {max(deltas):.1f}); {verdict}")
+            print(f"{'':>12}device calls a step: bare {bare_calls}, with perfhooks {calls}")
+
+
+if __name__ == "__main__":
+    main()
