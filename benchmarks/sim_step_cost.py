@@ -120,6 +120,51 @@ def per_step(calls: collections.Counter, steps: int) -> dict[str, float]:
     return {key: round(value, 2) for key, value in sorted(out.items())}
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of each of perfhooks' threads so far (``/proc/self/task/<tid>/stat``: utime + stime)."""
+    import os
+    import threading
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for thread in threading.enumerate():
+        if not thread.name.startswith("perfhooks") or thread.native_id is None:
+            continue
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[thread.name] = out.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def background_share(gpu: SimulatedGpu, seconds: float = 4.0) -> dict[str, float]:
+    """The share of each second perfhooks' threads ran (their CPU time: what they could take of the GIL) while
+    a host-bound loop of ~1 ms steps trains: about 1000 steps a second for the timing reader to read."""
+    from perfhooks import Engine, PerfConfig
+
+    with tempfile.TemporaryDirectory() as out:
+        engine = Engine(PerfConfig(**SETTINGS), out, "bench", device="cuda:0")
+        before, started = thread_cpu_s(), time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            engine.fetch()
+            engine.phase_start("forward")
+            gpu.run(0.1)
+            spin_until = time.perf_counter() + 0.001  # the step's own host work
+            while time.perf_counter() < spin_until:
+                pass
+            engine.phase_start("backward")
+            gpu.run(0.2)
+            engine.phase_start("optimizer")
+            engine.stepped()
+        elapsed, after = time.perf_counter() - started, thread_cpu_s()
+        steps = engine.step
+        engine.close()
+    shares = {name: round((after[name] - before.get(name, 0.0)) / elapsed, 4) for name in after}
+    shares["steps_per_s"] = round(steps / elapsed)
+    return shares
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -153,6 +198,8 @@ def main() -> None:
             print(f"{name:>10}: bare step {statistics.median(bare_us):7.1f} µs; perfhooks adds "
                   f"{median:6.1f} µs a step (rounds {min(deltas):.1f} to {max(deltas):.1f}); {verdict}")
             print(f"{'':>12}device calls a step: bare {bare_calls}, with perfhooks {calls}")
+        print(f"background threads' share of each second (CPU time, an upper bound on their GIL time), "
+              f"host-bound 1 ms steps: {background_share(gpu)}")
 
 
 if __name__ == "__main__":

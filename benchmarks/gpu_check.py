@@ -1,0 +1,203 @@
+"""The overhead figures of a lent GPU, in one run (``benchmarks/gpu_check.sh`` calls it).
+
+    python benchmarks/gpu_check.py --out DIR [--rounds 5] [--dry-run]
+
+1. **A launch-bound loop** (4 x Linear(1024), batch 64, fused Adam: a ~2 ms step of small kernels), bare and under
+   ``perfhooks.profile`` with its defaults and with each part switched off in turn, alternating round after round.
+   Target: at most +50 µs a step.
+2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
+   2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()`` (defaults, then each part off), the
+   same alternation. Target: an alternating ratio of at most 1.01.
+3. **Device API calls a step**: torch's profiler over 50 steps of the launch-bound loop, bare and with perfhooks.
+
+Each figure is the median steady step of the script's own clock (a synchronize at the ends of the measured
+span). ``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the
+script works; its figures mean nothing. Writes ``DIR/gpu_check.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from machine import describe_machine  # noqa: E402
+
+#: perfhooks' parts, each switched off in turn (the settings that do it).
+PARTS: dict[str, dict[str, Any] | None] = {
+    "bare": None,
+    "defaults": {},
+    "no_window": {"schedule": None},
+    "no_flop_count": {"count_flops": False},
+    "no_window_analysis": {"analyze_windows": False},
+    "no_memory": {"memory": False},
+    "no_nvtx": {"nvtx": False},
+}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- 1. the launch-bound loop
+def launch_bound_job(device: str, dry: bool) -> tuple[torch.nn.Module, Any, list[torch.Tensor]]:
+    width = 64 if dry else 1024
+    layers: list[torch.nn.Module] = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, fused=device == "cuda")
+    batches = [torch.randn(64, width, device=device) for _ in range(4)]
+    return model, optimizer, batches
+
+
+def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str) -> float:
+    import perfhooks
+
+    model, optimizer, batches = job
+    perf = perfhooks.profile(model, optimizer, output_dir=out, console=False, **settings) \
+        if settings is not None else None
+    ends: list[float] = []
+    for i in range(steps):
+        if perf is not None:
+            with perf.data_wait():
+                x = batches[i % len(batches)]
+        else:
+            x = batches[i % len(batches)]
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i in (steps // 5, steps - 1):
+            _sync(device)
+            ends.append(time.perf_counter())
+    if perf is not None:
+        perf.close()
+    return (ends[1] - ends[0]) / (steps - 1 - steps // 5) * 1e3
+
+
+# ----------------------------------------------------------------------------- 2. the Lightning GPT
+def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, dry: bool, out: str) -> float:
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from perfhooks.integrations.lightning import PerfCallback
+
+    layers, width, heads, seq, vocab, batch = (2, 64, 4, 32, 256, 4) if dry else (12, 768, 12, 512, 32768, 16)
+
+    class GPT(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(vocab, width)
+            self.position = torch.nn.Parameter(torch.zeros(seq, width))
+            block = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True,
+                                                     norm_first=True, activation="gelu")
+            self.blocks = torch.nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+            self.head = torch.nn.Linear(width, vocab, bias=False)
+            self.register_buffer("mask", torch.nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            tokens, targets = batch
+            hidden = self.blocks(self.embed(tokens) + self.position, mask=self.mask, is_causal=True)
+            return torch.nn.functional.cross_entropy(self.head(hidden).flatten(0, 1), targets.flatten())
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(self.parameters(), lr=3e-4, fused=device == "cuda")
+
+    ends: list[float] = []
+
+    class Clock(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step in (steps // 5, steps - 1):
+                _sync(device)
+                ends.append(time.perf_counter())
+
+    tokens = torch.randint(0, vocab, (steps * batch, seq + 1))
+    data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=batch)
+    callbacks: list[Any] = [Clock()]
+    if settings is not None:
+        callbacks.append(PerfCallback(output_dir=out, console=False, **settings))
+    trainer = L.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_steps=steps,
+                        precision="bf16-mixed" if device == "cuda" else "32-true", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=out, callbacks=callbacks)
+    trainer.fit(GPT(), data)
+    return (ends[1] - ends[0]) / (steps - 1 - steps // 5) * 1e3
+
+
+# ----------------------------------------------------------------------------- alternation and API calls
+def alternate(measure: Any, rounds: int) -> dict[str, Any]:
+    """Each part's step time, round after round, each round starting one variant later; ratios to bare."""
+    names = list(PARTS)
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for round_ in range(rounds):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            times[name].append(measure(PARTS[name]))
+    median = {name: statistics.median(values) for name, values in times.items()}
+    return {"step_ms": dict(times), "median_ms": median,
+            "added_us_per_step": {name: round((ms - median["bare"]) * 1e3, 1) for name, ms in median.items()},
+            "ratio": {name: round(ms / median["bare"], 4) for name, ms in median.items()}}
+
+
+def api_calls_per_step(job: Any, device: str, out: str, steps: int = 50) -> dict[str, dict[str, float]]:
+    """The device runtime's calls a step (torch's profiler), bare and with perfhooks' defaults (no window)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    calls = {}
+    for name, settings in (("bare", None), ("perfhooks", {"schedule": None})):
+        with torch.profiler.profile(activities=activities) as profiler:
+            launch_bound_ms(job, settings, steps, device, out)
+        counts = collections.Counter(event.name for event in profiler.events()
+                                     if event.name.startswith(("cuda", "cu")) and "LaunchKernel" not in event.name)
+        calls[name] = {key: round(count / steps, 2) for key, count in counts.most_common(25)}
+    return calls
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="folder for gpu_check.json")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dry-run", action="store_true", help="tiny, on the CPU, one round")
+    args = parser.parse_args()
+    dry = args.dry_run or not torch.cuda.is_available()
+    device = "cpu" if dry else "cuda"
+    rounds = 1 if dry else max(5, args.rounds)
+    result: dict[str, Any] = {"machine": describe_machine(), "device": device, "dry_run": dry,
+                              "card": torch.cuda.get_device_name(0) if not dry else None, "torch": torch.__version__}
+    if dry:
+        result["why_dry"] = "no CUDA device" if not torch.cuda.is_available() else "--dry-run"
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as out:
+        job = launch_bound_job(device, dry)
+        steps = 40 if dry else 400
+        launch_bound_ms(job, {}, 20, device, out)  # warm-up
+        result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds)
+        result["launch_bound"]["target"] = "at most +50 us a step (defaults)"
+        result["api_calls_per_step"] = api_calls_per_step(job, device, out, 10 if dry else 50)
+        gpt_steps = 12 if dry else 60
+        result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds)
+        result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
+    result["seconds"] = round(time.monotonic() - started, 1)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "gpu_check.json").write_text(json.dumps(result, indent=1))
+    for part in ("launch_bound", "lightning_gpt"):
+        print(f"{part}: added µs a step {result[part]['added_us_per_step']}; ratio {result[part]['ratio']}")
+    print(f"api calls a step: {result['api_calls_per_step']}")
+    print(f"{'DRY RUN (' + result['why_dry'] + '): figures mean nothing; ' if dry else ''}"
+          f"{args.out}/gpu_check.json, {result['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
