@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
+
+from perfhooks.timebase import monotonic_ns
 
 TRIGGER_FILE = "TRIGGER"
 
@@ -47,7 +48,7 @@ class OnDemandTrigger:
     def poll(self) -> bool:
         """True once per request; looks for the file at most every ``poll_s`` seconds (a training-thread call)."""
         if not self._requested:  # the signal's flag is taken at once; the file at most every poll_s
-            now = time.monotonic_ns()
+            now = monotonic_ns()
             if now < self._next_poll_ns:
                 return False
             self._next_poll_ns = now + int(self.poll_s * 1e9)

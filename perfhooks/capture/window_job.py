@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from perfhooks.timebase import monotonic
+
 #: The figures of a window's analysis that go into its record (the GPU ones to W&B too; the collective time
 #: to the straggler rule).
 WINDOW_METRICS = ("gpu_utilization", "sm_efficiency", "achieved_occupancy", "collective_ms_per_step")
@@ -70,14 +72,14 @@ def node_lock(timeout_s: float) -> Iterator[bool]:
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     held = False
     try:
-        deadline = time.monotonic() + timeout_s
+        deadline = monotonic() + timeout_s
         while True:
             try:
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 held = True
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                if monotonic() >= deadline:
                     break
                 time.sleep(LOCK_POLL_S)
         yield held

@@ -24,7 +24,6 @@ against the step's first mark (:meth:`DeviceClock.reader`).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from perfhooks.device import capture_watch
 from perfhooks.device.room import DeviceRoom
 from perfhooks.faults import DeviceLost
+from perfhooks.timebase import monotonic_ns
 
 #: Most device events kept for reuse.
 POOL_LIMIT = 4096
@@ -53,7 +53,7 @@ class HostClock:
     device_timed = False
 
     def __init__(self) -> None:
-        self.mark: Callable[[], Any] = time.perf_counter_ns
+        self.mark: Callable[[], Any] = monotonic_ns
 
     def ready(self, mark: Any) -> bool:
         return True
@@ -119,10 +119,10 @@ class DeviceClock(HostClock):
             event = self._pool.pop() if self._pool else room.new_event()
             try:
                 stream = room.record_current(event)
-                return Mark(time.perf_counter_ns(), event, stream)
+                return Mark(monotonic_ns(), event, stream)
             except DeviceLost:
                 pass
-        return Mark(time.perf_counter_ns())
+        return Mark(monotonic_ns())
 
     def ready(self, mark: Mark) -> bool:
         event = mark.event

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 
 from perfhooks.device import capture_watch
 from perfhooks.faults import DeviceLost, is_device_error
+from perfhooks.timebase import monotonic
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -242,7 +243,7 @@ class DeviceRoom:
         """Poll until ``event`` completes or ``time.monotonic()`` passes ``deadline``; whether it completed.
         Never blocks past the deadline (``Event.synchronize`` could wait for ever on a hung device)."""
         while not event.query():
-            if time.monotonic() >= deadline:
+            if monotonic() >= deadline:
                 return False
             time.sleep(POLL_S)
         return True
@@ -260,7 +261,7 @@ class DeviceRoom:
         (no device timing: a CPU). One recorded event, polled; never a synchronize."""
         if not self.timed:
             return "none"
-        return "drained" if self.drained(time.monotonic() + wait_s) else "busy"
+        return "drained" if self.drained(monotonic() + wait_s) else "busy"
 
     # ------------------------------------------------------------------ memory
     @_device_call

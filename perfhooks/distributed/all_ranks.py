@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any
 
 from perfhooks.capture.trigger import OnDemandTrigger
 from perfhooks.faults import Once
+from perfhooks.timebase import monotonic
 
 PREFIX = "perfhooks/t"
 #: Seconds a rank may be late to see a published window, beyond two poll intervals.
@@ -111,7 +111,7 @@ class AllRanksTrigger:
 
     def __init__(self, store: Any, run: int, rank: int, local: OnDemandTrigger, poll_s: float,
                  current_step: Callable[[], int], window_steps: int, is_free: Callable[[int], bool],
-                 once: Once, clock: Callable[[], float] = time.monotonic) -> None:
+                 once: Once, clock: Callable[[], float] = monotonic) -> None:
         self.store = store
         self.prefix = f"{PREFIX}{run}/window"
         self.rank = rank

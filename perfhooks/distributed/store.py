@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from perfhooks.report.schema import json_safe
+from perfhooks.timebase import monotonic
 
 PREFIX = "perfhooks"
 _RUNS = itertools.count()
@@ -58,7 +59,7 @@ def publish(store: Any, index: int, rank: int, summary: dict[str, Any]) -> None:
 
 
 def collect(store: Any, index: int, ranks: list[int], wait_s: float, published: int | None = None,
-            poll_s: float = FIRST_POLL_S, sleep: Any = time.sleep, clock: Any = time.monotonic
+            poll_s: float = FIRST_POLL_S, sleep: Any = time.sleep, clock: Any = monotonic
             ) -> tuple[list[dict[str, Any]], list[int]]:
     """The summaries of ``ranks`` that arrive within ``wait_s`` seconds, and the ranks still missing then.
 

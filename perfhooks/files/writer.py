@@ -5,10 +5,10 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-import time
 from collections.abc import Callable
 
 from perfhooks.faults import FaultLog
+from perfhooks.timebase import monotonic
 
 Job = Callable[[], None]
 
@@ -53,13 +53,13 @@ class BackgroundWriter:
         queue's room and the jobs both)."""
         if self._thread is None:
             return True
-        deadline = time.monotonic() + timeout_s
+        deadline = monotonic() + timeout_s
         done = threading.Event()
         try:
             self._queue.put(("flush", done.set), timeout=timeout_s)
         except queue.Full:
             return False
-        return done.wait(max(0.0, deadline - time.monotonic()))
+        return done.wait(max(0.0, deadline - monotonic()))
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Run what was submitted, within ``timeout_s``; past it, the jobs still queued are dropped, not run late

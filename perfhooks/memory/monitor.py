@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import pickle
 import resource
-import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from perfhooks.files.atomic import TooLarge, atomic_write_bytes, atomic_write_js
 from perfhooks.memory.live_tensors import live_tensor_census
 from perfhooks.memory.oom import find_oom, requested_bytes
 from perfhooks.rules.memory import MemoryFigures, oom_recommendations
+from perfhooks.timebase import monotonic_ns
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 #: Usage must fall this far (fraction of capacity) below the threshold before the next capture.
@@ -156,7 +156,7 @@ class MemoryMonitor:
     def observe(self, step: int, phase: str | None) -> None:
         """At a phase boundary: sample (rate-limited), track the peak, capture on crossing the threshold. Not
         while the device is lost or a CUDA graph captures (``cudaMemGetInfo`` would invalidate the graph)."""
-        now = time.monotonic_ns()
+        now = monotonic_ns()
         if now < self._next_ns or (self.cuda and not self.room.free()):
             return
         self._next_ns = now + self.poll_ns
@@ -183,7 +183,7 @@ class MemoryMonitor:
 
     def observe_step_start(self, step: int) -> None:
         """At a step's start (rate-limited like phase samples): the bytes in use there, for ``memory_growth``."""
-        now = time.monotonic_ns()
+        now = monotonic_ns()
         if now < self._next_step_ns or (self.cuda and not self.room.free()):
             return
         self._next_step_ns = now + self.poll_ns
@@ -217,7 +217,7 @@ class MemoryMonitor:
         most every :data:`DRIVER_EVERY_NS`, and at every sample once usage is past ``arm_fraction`` of the limit:
         between two reads, memory outside PyTorch is taken as it was at the last."""
         memory = self.room.memory()
-        now = time.monotonic_ns()
+        now = monotonic_ns()
         if self._driver is None or now >= self._driver_next_ns or self._near:
             free, total = self.room.memory_info()
             self._driver = (free, total, max(0, total - free - memory.reserved_bytes))
@@ -252,7 +252,7 @@ class MemoryMonitor:
                            f"{self.max_captures} captures are kept (max_memory_captures)")
             return None
         folder = self.output_dir / "memory" / f"{reason}.step{step}"
-        started = time.perf_counter_ns()
+        started = monotonic_ns()
         try:
             census = self.take_census()
             snapshot = self._take_snapshot()
@@ -268,7 +268,7 @@ class MemoryMonitor:
             if snapshot is not None:
                 self._write_snapshot_files(folder, "snapshot", snapshot)
 
-        paused_ms = (time.perf_counter_ns() - started) / 1e6
+        paused_ms = (monotonic_ns() - started) / 1e6
         if self._submit is not None:
             self._submit("memory_capture", write)
         else:

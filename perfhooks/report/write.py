@@ -14,6 +14,7 @@ from typing import Any
 from perfhooks.files.atomic import atomic_write_bytes, atomic_write_json, read_json_object
 from perfhooks.report.merge import merge_rank_reports
 from perfhooks.report.schema import REPORT_FILE, report_path
+from perfhooks.timebase import monotonic
 
 #: ``render(report, series=..., base=folder) -> str``: a report as a self-contained HTML page.
 Render = Callable[..., str]
@@ -87,7 +88,7 @@ def rank_reports(output_dir: Path, ranks: Any, wait_s: float = 0.0, final: bool 
     import json
     import time
 
-    deadline = time.monotonic() + wait_s
+    deadline = monotonic() + wait_s
     paths = [output_dir / f"report.rank{r}.json" for r in ranks]
     while True:
         try:
@@ -96,6 +97,6 @@ def rank_reports(output_dir: Path, ranks: Any, wait_s: float = 0.0, final: bool 
                 return reports
         except (OSError, ValueError):  # not written yet (written atomically: never half a file)
             pass
-        if time.monotonic() >= deadline:
+        if monotonic() >= deadline:
             return None
         time.sleep(0.1)

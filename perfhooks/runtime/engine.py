@@ -52,6 +52,7 @@ from perfhooks.runtime.timing_reader import TimingReader
 from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.runtime.tracker import StepTracker
 from perfhooks.sinks.wandb import RunSource
+from perfhooks.timebase import monotonic, monotonic_ns
 
 __all__ = ["Engine", "NullEngine", "RunEngine"]
 
@@ -106,7 +107,7 @@ class Engine:
 
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
-        account = RunAccount(time.perf_counter_ns if self.clock.device_timed else self.clock.mark)
+        account = RunAccount(monotonic_ns if self.clock.device_timed else self.clock.mark)
         self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults, None,  # type: ignore[arg-type]
                                    lambda: self.capture.end_step_label(), start_step, global_step)
         # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
@@ -303,7 +304,7 @@ class Engine:
         parts = (self.parts.report_parts(self.facts.device, self.room.is_cuda, self.error, self.saving.trace)
                  if full or not hasattr(self, "state") else self.state.parts)
         state = RunState(tracker.step, tracker.global_step, self.status, tracker.open_phase, tracker.phase_since_s,
-                         time.monotonic(), tracker.stats.snapshot(), parts, self.signal)
+                         monotonic(), tracker.stats.snapshot(), parts, self.signal)
         self.state = state
         return state
 

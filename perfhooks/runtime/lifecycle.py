@@ -29,7 +29,6 @@ Every part is guarded: a fault is reported once and the rest goes on. A ``deadli
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,6 +40,7 @@ from perfhooks.report import write
 from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.run_state import RunFacts, RunState
 from perfhooks.sinks.html import render_html
+from perfhooks.timebase import monotonic
 
 #: Seconds the logging rank waits, at the end, for the other ranks' reports to attach to W&B.
 RANK_WAIT_S = 10.0
@@ -104,13 +104,13 @@ class Deadline:
     """Seconds left of an optional total budget."""
 
     def __init__(self, seconds: float | None) -> None:
-        self._end = None if seconds is None else time.monotonic() + seconds
+        self._end = None if seconds is None else monotonic() + seconds
 
     def left(self, cap: float) -> float:
         """At most ``cap`` seconds, and no more than what is left (never negative)."""
         if self._end is None:
             return cap
-        return max(0.0, min(cap, self._end - time.monotonic()))
+        return max(0.0, min(cap, self._end - monotonic()))
 
 
 # ----------------------------------------------------------------------------- close, exception, abandon
@@ -132,7 +132,7 @@ def close(run: ClosingRun, deadline_s: float | None = None) -> dict[str, Any] | 
 
 def _finish(run: ClosingRun, deadline: Deadline) -> dict[str, Any]:
     """Steps 1-6 of :func:`close`, each guarded; the final report."""
-    run.settle(time.monotonic() + deadline.left(DEVICE_WAIT_S), deadline.left(WRITER_WAIT_S))
+    run.settle(monotonic() + deadline.left(DEVICE_WAIT_S), deadline.left(WRITER_WAIT_S))
     state = run.publish(full=True)
     report = run.build_report(state)
     run.guarded_call("live_file", lambda: run.last_live(state))  # perfhooks top: ended, not stale
@@ -196,7 +196,7 @@ def terminate(run: ClosingRun, name: str, deadline_s: float = SIGNAL_DEADLINE_S)
             return
         run.signal, run.status = name, "terminated"
         deadline = Deadline(deadline_s)
-        run.save_window(time.monotonic() + deadline.left(deadline_s / 2), deadline.left(deadline_s))
+        run.save_window(monotonic() + deadline.left(deadline_s / 2), deadline.left(deadline_s))
         if not run.output_removed():
             run.saving.write_now(run.state._replace(status="terminated", signal=name))
     except Exception as fault:

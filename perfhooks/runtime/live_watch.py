@@ -32,6 +32,7 @@ from perfhooks.events import OTHER, PHASES
 from perfhooks.faults import FaultLog
 from perfhooks.files.atomic import atomic_write_json
 from perfhooks.runtime.run_state import RunState
+from perfhooks.timebase import monotonic
 
 #: Seconds between two looks, and between two writes of the live file.
 TICK_S = 1.0
@@ -59,9 +60,11 @@ class LiveWatch:
     def __init__(self, *, rank: int, world_size: int, output_dir: Path, stall_after_s: float | None,
                  console_every_s: float, state: Callable[[], RunState], beacon: Callable[[], tuple[Any, ...]],
                  device: Callable[[], str], on_stall: Callable[[], None], faults: FaultLog,
-                 thread_id: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 thread_id: int | None = None, clock: Callable[[], float] = monotonic) -> None:
         self.rank, self.world_size, self.output_dir = rank, world_size, output_dir
         self.stall_after_s = stall_after_s
+        #: When the watch began, on its clock: no phase of this run started before.
+        self._born = clock()
         self.console_every_s = console_every_s
         self.state, self.beacon, self.device, self.on_stall = state, beacon, device, on_stall
         self.faults = faults
@@ -109,11 +112,18 @@ class LiveWatch:
                 self.faults.report("live_watch", error)
 
     # ----------------------------------------------------------------- one look
+    def in_phase_s(self, now: float, since: float | None) -> float:
+        """Seconds in the open phase; 0 when the beacon's time is not to be trusted: after ``now`` (a clock that
+        went backwards) or before this watch began (a jump larger than the run's age)."""
+        if since is None or since > now or since < self._born - TICK_S:
+            return 0.0
+        return now - since
+
     def tick(self) -> None:
         now = self.clock()
         state = self.state()
         phase, since, step = self.beacon()
-        in_phase_s = max(0.0, now - since) if since is not None else 0.0
+        in_phase_s = self.in_phase_s(now, since)
         changed = self._follow_stall(state, phase, since, step, in_phase_s)
         if changed or now >= self._next_live:
             self._next_live = now + LIVE_EVERY_S

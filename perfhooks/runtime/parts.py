@@ -12,7 +12,6 @@ Threading: the training thread only.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +28,7 @@ from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.run_state import ReportParts, TraceVerdicts
 from perfhooks.runtime.saving import ReportSaving
 from perfhooks.runtime.tracker import StepTracker
+from perfhooks.timebase import monotonic
 
 
 class RunParts:
@@ -136,7 +136,7 @@ class RunParts:
         """The close: the device gets until ``deadline`` (``time.monotonic()``) to finish its queued work
         (``query()`` polled, never a blocking sync); then the window stops (``profiler.stop()`` syncs, so not
         before) and the pending step timings are read. What the device did not finish is said, not waited for."""
-        budget_s = max(0.0, deadline - time.monotonic())
+        budget_s = max(0.0, deadline - monotonic())
         if self._guarded("device_drain", lambda: room.drained(deadline)):
             self._guarded("window_close", self.capture.windows.close)
         else:

@@ -5,11 +5,11 @@ launcher's constructor wrapping, and the wrappers that time an aside or note an 
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from typing import Any
 
 from perfhooks.faults import FaultLog
+from perfhooks.timebase import monotonic_ns
 
 
 class InstancePatches:
@@ -93,11 +93,11 @@ def named_work(engine: Any, name: str, method: Callable[..., Any], ends: str | N
     def timed(*args: Any, **kwargs: Any) -> Any:
         if ends is not None:
             engine.phase_end(ends)
-        start = time.perf_counter_ns()
+        start = monotonic_ns()
         try:
             return method(*args, **kwargs)
         finally:
-            engine.named(name, (time.perf_counter_ns() - start) / 1e6)
+            engine.named(name, (monotonic_ns() - start) / 1e6)
 
     return noting_errors(engine, timed)
 

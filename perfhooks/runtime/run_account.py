@@ -7,16 +7,16 @@ integrations (``Engine.aside``); the steps' time comes from the phase statistics
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from perfhooks.events import ASIDES, CHECKPOINT, COMPILING, EVALUATION
+from perfhooks.timebase import monotonic_ns
 
 
 class RunAccount:
     """Host time of evaluation and checkpointing, and the run's wall clock (seconds in the report)."""
 
-    def __init__(self, clock: Any = time.perf_counter_ns) -> None:
+    def __init__(self, clock: Any = monotonic_ns) -> None:
         self._clock = clock
         self.first_ns: int | None = None
         #: When the first step or aside began: an evaluation before the first step (HF ``eval_on_start``,

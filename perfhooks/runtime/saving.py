@@ -12,7 +12,6 @@ handler on the main thread).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from perfhooks.rules.thresholds import Thresholds
 from perfhooks.runtime.capture_control import CaptureControl
 from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.run_state import RunState, TraceVerdicts
+from perfhooks.timebase import monotonic_ns
 
 Write = Callable[[Path, dict[str, Any]], Any]
 
@@ -49,7 +49,7 @@ class ReportSaving:
         #: A signal's handler saves the window and writes the report itself: no write follows the window.
         self.suspended = False
         self.every_ns = int(every_s * 1e9)
-        self._next_ns = time.monotonic_ns() + self.every_ns
+        self._next_ns = monotonic_ns() + self.every_ns
 
     def window_written(self, path: Path, window: dict[str, Any]) -> None:
         """On the writer thread, after a window's trace is written: its metrics and verdicts."""
@@ -68,12 +68,12 @@ class ReportSaving:
 
     def step_closed(self) -> None:
         """A step ended: every ``report_every_s`` seconds, the report is rewritten."""
-        if self.every_ns and time.monotonic_ns() >= self._next_ns:
+        if self.every_ns and monotonic_ns() >= self._next_ns:
             self.save(window=False)
 
     def save(self, window: bool) -> None:
         """Publish the state now; the writer builds and writes its report (with the window's verdicts)."""
-        self._next_ns = time.monotonic_ns() + self.every_ns
+        self._next_ns = monotonic_ns() + self.every_ns
         state = self.publish(True)
 
         def write() -> None:

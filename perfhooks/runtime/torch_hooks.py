@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from perfhooks.capture.nvtx import NvtxRanges
+from perfhooks.timebase import monotonic_ns
 
 
 def _never() -> bool:
@@ -71,7 +72,6 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     ``fullgraph=True`` (and then it does not fire: the caller must get its event elsewhere).
     """
     import threading
-    import time
 
     training_thread = threading.get_ident()
     #: Start times (ns) of evaluation forwards in progress: eval mode or no grad, on the training thread, outside
@@ -95,7 +95,7 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
             else:
                 on_start()
         elif evaluation_forward(module):
-            evaluating.append(time.perf_counter_ns())
+            evaluating.append(monotonic_ns())
 
     handles.add(model.register_forward_pre_hook(pre))
     if on_end is not None or on_evaluation_forward is not None:
@@ -106,7 +106,7 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
                 if on_end is not None:
                     on_end()
             elif evaluating and evaluation_forward(module):
-                on_evaluation_forward((time.perf_counter_ns() - evaluating.pop()) / 1e6)  # type: ignore[misc]
+                on_evaluation_forward((monotonic_ns() - evaluating.pop()) / 1e6)  # type: ignore[misc]
 
         handles.add(model.register_forward_hook(post))
 

@@ -15,7 +15,6 @@ Threading: the training thread only. Other threads read the engine's published s
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 import torch.autograd.profiler as autograd_profiler
@@ -29,6 +28,7 @@ from perfhooks.report.statistics import PhaseStatistics
 from perfhooks.runtime.batches import count_batch
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.steps import PendingSteps, StepRecord
+from perfhooks.timebase import monotonic
 
 _PHASE_NAMES = frozenset(PHASES)
 #: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
@@ -91,7 +91,7 @@ class StepTracker:
         self.observe_phases = False
         #: ``time.monotonic()`` when the open phase started (None: no phase open), for the published state.
         self.phase_since_s: float | None = None
-        #: ``(phase or None, time.monotonic() when it started, step)``, one tuple swapped in at each phase change:
+        #: ``(phase or None, monotonic() when it started, step)``, one tuple swapped in at each phase change:
         #: what the live watch reads from its own thread.
         self.beacon: tuple[str | None, float | None, int] = (None, None, start_step)
         self.record: StepRecord | None = None
@@ -197,7 +197,7 @@ class StepTracker:
             if autograd_profiler._is_profiler_enabled:
                 self.labels.enter(name)
             self.phase = (name, mark)
-            self.phase_since_s = now = time.monotonic()
+            self.phase_since_s = now = monotonic()
             self.beacon = (name, now, self.step)
         except Exception as error:
             self.faults.report("phase_start", error)
@@ -214,7 +214,7 @@ class StepTracker:
         """Close the open phase; its end mark (which the next phase may start from)."""
         name, start = self.phase  # type: ignore[misc]
         self.phase = self.phase_since_s = None
-        self.beacon = (None, time.monotonic(), self.step)
+        self.beacon = (None, monotonic(), self.step)
         if self.labels.is_open:
             self.labels.exit()
         if self._nvtx_on:

@@ -31,6 +31,7 @@ from typing import Any
 from perfhooks.faults import FaultLog, Once
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.report.build import headline_metrics, interval_metrics
+from perfhooks.timebase import monotonic
 
 #: The step metric when the framework has none: the optimizer step (0-based count of steps done).
 PERF_STEP = "perf/step"
@@ -227,8 +228,8 @@ class WandbSink:
             data[self.step_key] = step
         if not self.commit:
             if wait_for_user:
-                deadline = time.monotonic() + JOIN_WAIT_S
-                while self.run.step == self._joined_step and time.monotonic() < deadline:
+                deadline = monotonic() + JOIN_WAIT_S
+                while self.run.step == self._joined_step and monotonic() < deadline:
                     time.sleep(0.005)
             self._joined_step = self.run.step
         self.run.log(data, commit=self.commit)
