@@ -352,3 +352,37 @@ def test_the_null_engine_takes_every_event_an_integration_sends() -> None:
     for source in root.glob("*.py"):
         called |= set(re.findall(r"\bengine\.([a-z_]+)\(", source.read_text()))
     assert called and {name for name in called if not hasattr(NullEngine, name)} == set()
+
+
+def test_a_peak_below_the_achieved_rate_gives_no_mfu_and_says_why(tmp_path: Path) -> None:
+    """1e7 FLOPs in a 20 ms step is 5e8 FLOP/s: against a peak of 1e8 that is an MFU of 5, which no run reaches.
+    No figure (before: ``mfu: 5.0``; 2.48 on an H100 under autocast read against the fp32 peak)."""
+    engine, clock = manual_engine(tmp_path, flops_per_sample=1e6, peak_flops=1e8)
+    for _ in range(4):
+        manual_step(engine, clock, [(torch.randn(10, 3),)])
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["mfu"] is None and throughput["waterfall"] is None
+    assert any(line.startswith("MFU: the achieved 5e+08 FLOP/s is 5.00x the peak") and "the peak or the dtype is "
+               "wrong" in line for line in throughput["missing"]), throughput["missing"]
+
+
+def test_a_plain_loop_under_cpu_autocast_bf16_reports_bf16(tmp_path: Path) -> None:
+    """nanoGPT's pattern: ``with torch.autocast(device_type, dtype=torch.bfloat16): loss = model(x, y)``. The
+    dtype is what the forward ran in (before: ``fp32``, "no mixed precision setting seen")."""
+    import perfhooks
+    from helpers import mlp
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False) as perf:
+        for _ in range(3):
+            with perf.data_wait():
+                x, y = torch.randn(8, 32), torch.randn(8, 1)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    throughput = json.loads((tmp_path / "report.json").read_text())["throughput"]
+    assert throughput["matmul_dtype"] == "bf16"
+    assert throughput["dtype_source"] == "torch.autocast('cpu', dtype=bf16) at the model's forward"

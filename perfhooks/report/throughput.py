@@ -69,8 +69,14 @@ def throughput_section(stats: Any, flops: dict[str, Any], device: dict[str, Any]
         missing.append(f"peak: none for a {device.get('type', 'cpu')} device; pass peak_flops for MFU")
     peak = section["peak_flops_per_s"]
     if per_step and peak and step_ms > 0:
-        section["mfu"] = round(per_step / (step_ms / 1e3) / peak, 6)
-        section["waterfall"] = waterfall(stats, step_ms, per_step / peak * 1e3, window, diagnoses)
+        mfu = per_step / (step_ms / 1e3) / peak
+        if mfu > 1.0:  # no run beats its device's peak: the peak or the dtype is wrong, so no figure is given
+            missing.append(f"MFU: the achieved {per_step / (step_ms / 1e3):.3g} FLOP/s is {mfu:.2f}x the peak "
+                           f"({peak:.3g} FLOP/s, {section['peak_source']}) for {dtype[0]} ({dtype[1]}): the peak or "
+                           "the dtype is wrong; pass peak_flops for the dtype the matmuls run in")
+        else:
+            section["mfu"] = round(mfu, 6)
+            section["waterfall"] = waterfall(stats, step_ms, per_step / peak * 1e3, window, diagnoses)
     return section
 
 

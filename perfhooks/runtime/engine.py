@@ -267,9 +267,12 @@ class Engine:
         """The framework's own count of one step's training FLOPs (used unless the user gave one)."""
         self.flops.note_flops(per_step, source)
 
-    def note_precision(self, dtype: str, source: str) -> None:
-        """The run's matmul dtype (``bf16``, ``fp16``, ``fp8``, ``tf32``, ``fp32``) from the framework's setting."""
-        self.flops.precision = (dtype, source)
+    def note_precision(self, dtype: str, source: str, ran: bool = False) -> None:
+        """The run's matmul dtype (``bf16``, ``fp16``, ``fp8``, ``tf32``, ``fp32``) from the framework's setting,
+        or (``ran``) from what a step ran in (autocast at the forward), which no setting overrides."""
+        if ran or not self.flops.precision_ran:
+            self.flops.precision = (dtype, source)
+            self.flops.precision_ran = self.flops.precision_ran or ran
 
 
     @guarded("watch_model")

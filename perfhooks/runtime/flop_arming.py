@@ -31,6 +31,8 @@ class FlopArming:
         #: The framework's count of one step's FLOPs and its source, and the run's matmul dtype and its source.
         self.framework_flops: tuple[float, str] | None = None
         self.precision: tuple[str, str] | None = None
+        #: ``precision`` is what a step ran in (autocast seen at a forward), not a setting.
+        self.precision_ran = False
         #: A step's FLOPs may still be measured in this run (nothing the user set gives the count).
         self.may_count = config.count_flops and not (config.flops_per_step or config.flops_per_sample)
         #: Armed for the next forward, or counting: the tracker tells this part of phase starts only then.

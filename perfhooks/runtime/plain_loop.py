@@ -28,6 +28,7 @@ import torch
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, EVALUATION_FORWARDS, FORWARD, OPTIMIZER
 from perfhooks.runtime.engine import Engine, NullEngine
+from perfhooks.runtime.precision import autocast_dtype
 from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
 from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps, watch_training_forward
 
@@ -75,6 +76,9 @@ class ProfiledLoop(LoopSession):
         self._stepped = False
         self._unseen_batch = False  # a fetch whose batch no forward has taken yet (its samples and tokens count)
         self._closed = False
+        self._autocast_unseen = True
+        device = _device_of(models)
+        self._device_type = device.type if device is not None else "cpu"
         output_dir = config.output_dir or "perfhooks"
         self.engine: Engine | NullEngine = Engine.start(config, output_dir, framework="pytorch",
                                                         device=_device_of(models))
@@ -102,6 +106,12 @@ class ProfiledLoop(LoopSession):
     def _forward_start(self, inputs: tuple[Any, ...]) -> None:
         self._end_stepped()
         self.engine.phase_start(FORWARD)
+        if self._autocast_unseen:  # until seen once: the dtype the step's matmuls run in (a C call, ~0.1 µs)
+            dtype = autocast_dtype(self._device_type)
+            if dtype is not None:
+                self._autocast_unseen = False
+                self.engine.note_precision(dtype, f"torch.autocast({self._device_type!r}, dtype={dtype}) at the "
+                                           "model's forward", ran=True)
         if self._unseen_batch and inputs:  # the first forward after a fetch: its first input is the batch
             self._unseen_batch = False
             self.engine.batch(inputs[0])

@@ -1,4 +1,5 @@
-"""The matmul dtype a framework's precision setting means (for the peak that applies to MFU)."""
+"""The matmul dtype a framework's precision setting means, or the one ``torch.autocast`` runs the step in (for the
+peak that applies to MFU)."""
 
 from __future__ import annotations
 
@@ -17,3 +18,19 @@ _BY_SETTING = {
 def matmul_dtype(setting: Any) -> str | None:
     """``bf16``, ``fp16`` or ``fp8`` for a mixed/low precision setting; None for full precision or unknown."""
     return _BY_SETTING.get(str(setting).strip().lower()) if setting is not None else None
+
+
+_AUTOCAST = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def autocast_dtype(device_type: str) -> str | None:
+    """``bf16`` or ``fp16`` while ``torch.autocast(device_type)`` is on in the calling thread (a forward inside
+    ``with torch.autocast(...)``: the nanoGPT pattern); None when it is off or this torch cannot say."""
+    import torch
+
+    try:
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return _AUTOCAST.get(str(torch.get_autocast_dtype(device_type)))
+    except (TypeError, RuntimeError, AttributeError):  # an older torch, or a device type autocast does not know
+        return None
