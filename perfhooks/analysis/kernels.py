@@ -49,7 +49,10 @@ ATTENTION_OPS_CPU: dict[str, str] = {
     "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
     "aten::_scaled_dot_product_fused_attention_overrideable": "flash",
 }
-SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_safe_softmax")
+SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_safe_softmax",
+               # the backward's: a CUDA trace can hold it where the forward softmax event is missing (an H100 trace
+               # of attention written by hand had the backward on [8, 16, 1024, 1024] and no forward softmax)
+               "aten::_softmax_backward_data", "aten::softmax_backward_data")
 BATCHED_MATMUL_OPS = ("aten::bmm", "aten::baddbmm")
 
 SHORT_KERNEL_US = 10.0

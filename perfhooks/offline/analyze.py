@@ -70,7 +70,9 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "streams": stream_breakdown(in_steps),
         "tensor_cores": tensor_core_use(in_steps),
         "eligible_precision": eligible_precision(in_steps),
-        "attention": attention_kernels(in_steps),
+        # a device-bound trace's steps are found on the device, where the host ran ahead of them: its operators
+        # lie before the steps' spans, and are read from the whole trace (priced by the device time they launched)
+        "attention": attention_kernels(in_steps if in_steps.cpu_ops or not trace.has_gpu else trace),
         "sdpa_math": sdpa_math_inputs(in_steps),
         "compile": compilation(trace),
         "host_sync": host_synchronizations(trace, steps),
