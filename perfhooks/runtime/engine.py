@@ -102,8 +102,8 @@ class Engine:
         self.state = self.publish()
         exit_guard.begin(self, config.signals)  # type: ignore[arg-type]
         self.watch.start()
-        if isinstance(self.clock, DeviceClock):  # the step timings are read off the training thread
-            self.timings.start()
+        if isinstance(self.clock, DeviceClock):
+            self.timings.start()  # the step timings are read off the training thread
 
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
@@ -131,8 +131,7 @@ class Engine:
                                state=lambda: self.state, beacon=lambda: self.tracker.beacon,
                                device=self.room.queue_state, on_stall=self._stalled,
                                faults=self.faults)
-        #: Reads the device's step timings on its own thread (started for a device clock only).
-        self.timings = TimingReader(self.tracker.pending, self.faults)
+        self.timings = TimingReader(self.tracker.pending, self.faults)  # started for a device clock only
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
                               self.writer, self.faults, self.publish, self.saving)
@@ -270,10 +269,7 @@ class Engine:
     def note_precision(self, dtype: str, source: str, ran: bool = False) -> None:
         """The run's matmul dtype (``bf16``, ``fp16``, ``fp8``, ``tf32``, ``fp32``) from the framework's setting,
         or (``ran``) from what a step ran in (autocast at the forward), which no setting overrides."""
-        if ran or not self.flops.precision_ran:
-            self.flops.precision = (dtype, source)
-            self.flops.precision_ran = self.flops.precision_ran or ran
-
+        self.flops.note_precision(dtype, source, ran)
 
     @guarded("watch_model")
     def watch_model(self, model: torch.nn.Module) -> None:

@@ -42,6 +42,12 @@ class FlopArming:
         self.measured_tokens = 0
 
 
+    def note_precision(self, dtype: str, source: str, ran: bool = False) -> None:
+        """The matmul dtype: a framework's setting, or (``ran``) what a step ran in, which no setting overrides."""
+        if ran or not self.precision_ran:
+            self.precision = (dtype, source)
+            self.precision_ran = self.precision_ran or ran
+
     def note_flops(self, per_step: float, source: str) -> None:
         if per_step > 0:
             self.framework_flops = (float(per_step), source)
