@@ -73,6 +73,9 @@ def callback_hook_name(action_name: str) -> str | None:
     if not name or name == PerfCallback.__name__:
         return None
     return f"{name}.{hook}"
+
+
+#: A hook name not parsed yet (None is a parsed "not a callback's").
 _UNPARSED = object()
 #: The action Lightning's training data fetcher reports to the trainer's profiler around ``next()``.
 FETCH_ACTION = "train_dataloader_next"

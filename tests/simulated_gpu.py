@@ -735,13 +735,19 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         gpu.syncs.append(("device", index))
         gpu._block_until(max(s.busy_until for s in gpu.all_streams if s.device_index == index))
 
-    def cuda_event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                   external: bool = False) -> SimEvent:
-        return SimEvent(gpu, None, enable_timing)
+    class cuda_event(SimEvent):
+        """``torch.cuda.Event``: a class, as in torch (dynamo and users ask ``isinstance(x, torch.cuda.Event)``)."""
 
-    def generic_event(device: Any = None, *, enable_timing: bool = False, blocking: bool = False,
-                      interprocess: bool = False) -> SimEvent:
-        return SimEvent(gpu, device, enable_timing, generic=True)
+        def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                     external: bool = False) -> None:
+            super().__init__(gpu, None, enable_timing)
+
+    class generic_event(SimEvent):
+        """``torch.Event``: a class, as in torch (dynamo asks ``isinstance(value, torch.Event)``)."""
+
+        def __init__(self, device: Any = None, *, enable_timing: bool = False, blocking: bool = False,
+                     interprocess: bool = False) -> None:
+            super().__init__(gpu, device, enable_timing, generic=True)
 
     class Stream(SimStream):
         """``torch.cuda.Stream``: a class (annotations such as ``torch.cuda.Stream | None`` are evaluated at run

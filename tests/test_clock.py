@@ -31,7 +31,7 @@ def test_perfhooks_makes_no_call_to_a_patched_time_monotonic_in_a_lightning_fit(
 
         with monkeypatch.context() as patch:
             patch.setattr(time, "monotonic", counting)
-            trainer = default_trainer(root, max_steps=12, callbacks=callbacks, enable_progress_bar=False)
+            trainer = default_trainer(root, max_steps=12, callbacks=callbacks)  # logger, checkpoints, progress bar
             trainer.fit(lightning_mlp(), random_loader(12), random_loader(2))
         return calls[0]
 

@@ -6,8 +6,8 @@ calls cost 18 calls a step on an H100. Instead, perfhooks follows torch's graph-
 ``torch.cuda.graph`` (what ``make_graphed_callables``, Inductor's CUDA graph trees and users' own captures go
 through): while one is open anywhere in the process, :func:`active` is true and the room asks the stream before
 each call, as before; otherwise it makes none. A capture begun another way (``CUDAGraph.capture_begin`` called
-directly) is caught by the one check a step makes when it opens (:meth:`DeviceRoom.step_opening
-<perfhooks.device.room.DeviceRoom.step_opening>`).
+directly) is caught by the one check a step makes when it opens (:meth:`DeviceClock.step_opening
+<perfhooks.device.clock.DeviceClock.step_opening>`).
 
 The two methods of ``torch.cuda.graphs.graph`` are wrapped while at least one run follows captures, and put
 back when the last one lets go, if they are still perfhooks' wrappers. The wrappers only count; the capture is
@@ -20,7 +20,9 @@ import functools
 import threading
 from typing import Any
 
-_lock = threading.Lock()  # taken only to follow or let go and at a capture's edges, never on a step's path
+#: Taken only to follow or let go and at a capture's edges, never on a step's path. Reentrant: a terminating
+#: signal's close (``let_go``) may run on the thread that the signal interrupted inside ``_count``.
+_lock = threading.RLock()
 _followers = 0
 _open = 0  # torch.cuda.graph contexts entered and not yet left, in the process
 _saved: tuple[Any, Any, Any] | None = None  # (the class, its __enter__, its __exit__)

@@ -106,7 +106,7 @@ class DeviceClock(HostClock):
         room.follow_captures()
 
     def step_opening(self) -> None:
-        self._clear = self.room.lost is None and self.room.step_opening()
+        self._clear = self.room.usable()  # the step's one capture check (not lost, the stream not capturing)
 
     def quiet(self) -> bool:
         """No capture may be under way: none through ``torch.cuda.graph``, and none seen on the training thread
@@ -136,9 +136,10 @@ class DeviceClock(HostClock):
             done = bool(event.query())
         except Exception as error:
             try:
-                self.room.failed(error)
+                self.room.failed(error)  # raises: DeviceLost after a device error, else the error itself
             except DeviceLost:
                 return True
+            raise
         if done:
             self._done[mark.stream] = max(mark.host_ns, self._done.get(mark.stream, -1))
         return done
@@ -180,8 +181,9 @@ class DeviceClock(HostClock):
         return mark
 
     def release(self, mark: Mark) -> None:
-        mark.holders -= 1
-        if mark.holders > 0:
+        left = mark.holders - 1  # the releasing thread's own count decides: the event is pooled at most once
+        mark.holders = left
+        if left > 0:
             return
         if mark.event is not None and self.room.lost is None and len(self._pool) < POOL_LIMIT:
             self._pool.append(mark.event)

@@ -21,10 +21,10 @@ current stream is capturing a CUDA graph: a query or ``cudaMemGetInfo`` then wou
 **Few calls a step.** Every call here costs microseconds of the training thread's time on a real GPU (an event
 record about 2.5 µs, building a Python ``Stream`` 4.4 µs, a flattened ``memory_stats()`` tens of µs), and a
 host-bound step pays each one. So the step's path asks the stream whether it captures once, when the step opens
-(:meth:`DeviceRoom.step_opening`), and otherwise only while :mod:`~perfhooks.device.capture_watch` knows a
-``torch.cuda.graph`` capture is open; events are recorded on the current stream found by its id
-(:meth:`DeviceRoom.record_current`, a cached ``Stream``); memory is read from the allocator's nested counters
-without torch's flattening (:meth:`DeviceRoom.memory`).
+(:meth:`DeviceClock.step_opening <perfhooks.device.clock.DeviceClock.step_opening>`), and otherwise only while
+:mod:`~perfhooks.device.capture_watch` knows a ``torch.cuda.graph`` capture is open; events are recorded on the
+current stream found by its id (:meth:`DeviceRoom.record_current`, a cached ``Stream``); memory is read from the
+allocator's nested counters without torch's flattening (:meth:`DeviceRoom.memory`).
 """
 
 from __future__ import annotations
@@ -151,11 +151,6 @@ class DeviceRoom:
             self._following = False
             capture_watch.let_go()
         self._streams.clear()
-
-    def step_opening(self) -> bool:
-        """The one capture check a step makes, when it opens: whether its marks may be recorded on the device
-        (not lost, and the current stream not capturing, by whatever means the capture began)."""
-        return self.usable()
 
     def free(self) -> bool:
         """Whether a call may reach the device now, asking the stream only while a ``torch.cuda.graph`` capture

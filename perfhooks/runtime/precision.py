@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 _BY_SETTING = {
     # Lightning Trainer(precision=...)
     "bf16-mixed": "bf16", "bf16-true": "bf16", "bf16": "bf16",
@@ -26,8 +28,6 @@ _AUTOCAST = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 def autocast_dtype(device_type: str) -> str | None:
     """``bf16`` or ``fp16`` while ``torch.autocast(device_type)`` is on in the calling thread (a forward inside
     ``with torch.autocast(...)``: the nanoGPT pattern); None when it is off or this torch cannot say."""
-    import torch
-
     try:
         if not torch.is_autocast_enabled(device_type):
             return None

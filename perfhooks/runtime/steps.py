@@ -5,6 +5,7 @@ into :class:`~perfhooks.report.statistics.StepTiming` (no host sync: marks are p
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,19 +92,11 @@ class PendingSteps:
 
     def resolve(self) -> None:
         """Resolve every step the device has finished, in order, into the resolved queue (the timing reader's
-        thread; never waits). Nothing is asked while a CUDA graph capture may be under way."""
-        if not self.clock.quiet():
-            return
+        thread; never waits). Nothing is asked while a CUDA graph capture may be under way; the oldest steps past
+        :attr:`limit` are dropped either way, so a run that is never quiet holds no more than that."""
+        if self.clock.quiet():
+            self._resolve_ready(self._resolved.append)
         queue = self._queue
-        if len(queue) > 1:
-            self._ready(queue[-1])  # when the newest step is done, so is every older one on its streams
-        while queue:
-            record = queue[0]
-            if not self._ready(record):
-                break
-            queue.popleft()
-            self._resolved.append(self._resolve(record))
-            self.discard(record)
         while len(queue) > self.limit:
             self.discard(queue.popleft())
             self.dropped += 1
@@ -114,22 +107,32 @@ class PendingSteps:
         device has not finished by then are dropped and counted in :attr:`unfinished` (a hung kernel, a
         collective whose peer died)."""
         self.collect(stats)
+        if deadline is None:
+            self._resolve_ready(stats.add)
+            return
         queue = self._queue
-        if deadline is None and len(queue) > 1 and self.clock.device_timed:
-            self._ready(queue[-1])  # when the newest step is done, so is every older one on its streams
         while queue:
             record = queue[0]
-            assert record.end is not None
-            if deadline is not None:
-                if not all(self.clock.wait(mark, deadline) for mark in self._marks(record)):
-                    self.unfinished += len(queue)
-                    while queue:
-                        self.discard(queue.popleft())
-                    return
-            elif not self._ready(record):
+            if not all(self.clock.wait(mark, deadline) for mark in self._marks(record)):
+                self.unfinished += len(queue)
+                while queue:
+                    self.discard(queue.popleft())
                 return
             queue.popleft()
             stats.add(self._resolve(record))
+            self.discard(record)
+
+    def _resolve_ready(self, sink: Callable[[StepTiming], None]) -> None:
+        """Give ``sink`` each step at the head of the queue whose marks have all completed, in order."""
+        queue = self._queue
+        if len(queue) > 1 and self.clock.device_timed:
+            self._ready(queue[-1])  # when the newest step is done, so is every older one on its streams
+        while queue:
+            record = queue[0]
+            if not self._ready(record):
+                return
+            queue.popleft()
+            sink(self._resolve(record))
             self.discard(record)
 
     def _ready(self, record: StepRecord) -> bool:

@@ -504,3 +504,27 @@ def test_a_cpu_only_window_open_at_a_cuda_error_is_stopped(tmp_path: Path) -> No
         engine.exception(error, deadline_s=1.0)
         assert not _profiler_enabled(), "torch's profiler still recording after the run"
         assert gpu.calls_after_error == []
+
+
+def test_a_signals_close_inside_a_capture_edge_cannot_deadlock_on_the_capture_watch() -> None:
+    """A terminating signal lands while the training thread is inside ``torch.cuda.graph``'s wrapped
+    ``__enter__`` (holding the watch's lock); the handler's close lets go of the watch on that same thread. The
+    lock is reentrant: the close ends instead of waiting on itself for ever."""
+    import threading
+
+    from perfhooks.device import capture_watch
+
+    with simulated_cuda():
+        assert capture_watch.follow(torch)
+        done = threading.Event()
+
+        def interrupted_inside_the_edge() -> None:
+            with capture_watch._lock:  # the interrupted _count
+                capture_watch.let_go()  # the handler's close, on the same thread
+            done.set()
+
+        thread = threading.Thread(target=interrupted_inside_the_edge, daemon=True)
+        thread.start()
+        thread.join(5.0)
+        assert done.is_set(), "the close waited on the lock its own thread held"
+        assert "__wrapped__" not in vars(torch.cuda.graphs.graph.__enter__), "torch's own method is back"

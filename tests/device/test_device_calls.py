@@ -171,3 +171,25 @@ def test_perfhooks_adds_at_most_12_device_calls_to_a_steady_step(loop: Any, tmp_
     assert everywhere.get("elapsed_time", 0.0) > 0.0, everywhere
     assert everywhere.get("event_query", 0.0) <= 2.0, everywhere
     assert 0 < counts.run["elapsed_time"] <= counts.run["event_record"], counts.run
+
+
+def test_a_run_that_is_never_quiet_holds_at_most_the_limit_of_pending_steps(tmp_path: Path,
+                                                                             on_cuda: SimulatedGpu) -> None:
+    """A capture seen at every step's open (CUDAGraph.capture_begin called directly) keeps the timing reader from
+    asking the device; the steps it cannot read are still dropped past the limit, so a days-long run holds no
+    more than that."""
+    from perfhooks.runtime.steps import PendingSteps, StepRecord
+
+    engine = Engine(__import__("perfhooks").PerfConfig(**SETTINGS), tmp_path, "test", device="cuda:0")
+    clock = engine.clock
+    engine.timings.stop()
+    pending = PendingSteps(clock, limit=8)
+    pending.background = True
+    clock._clear = False  # as when the step's one capture check saw a capture
+    for step in range(50):
+        record = StepRecord(step, clock.mark())
+        record.end = clock.mark()
+        pending.push(record)
+        pending.resolve()
+    assert len(pending) == 8 and pending.dropped == 42
+    engine.close()
