@@ -163,6 +163,10 @@ class PerfTrainerCallback(TrainerCallback):
             if self.add_to_trainer_logs:
                 self._run_before_reporting_callbacks(trainer)
             self._wrap_trainer(trainer, self.engine)
+            # a train() that is not Trainer.train (a subclass's own) may raise past on_train_end: the run then
+            # ends when the Trainer is collected, or goes idle after the error (perfhooks.runtime.orphans)
+            self.engine.owner.follow(trainer, "Trainer")
+            self.engine.on_release.append(self._detach)
         else:
             self.engine.once.warn("hf_trainer", "the Trainer running this callback was not found on the call stack; "
                                   "data wait, evaluation and checkpoints are not timed apart")

@@ -9,6 +9,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from perfhooks.locks import bounded, holds_lock
+
 log = logging.getLogger("perfhooks")
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,9 +57,12 @@ class FaultLog:
     def __init__(self) -> None:
         self._faults: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        #: Entries kept without the lock or a message (:meth:`note`, from a signal's handler).
+        self._notes: dict[str, dict[str, Any]] = {}
         #: The first device error a perfhooks call met ("kind: Type: message"), or None.
         self.device_error: str | None = None
 
+    @holds_lock
     def report(self, kind: str, error: BaseException | str) -> None:
         if not isinstance(error, str) and is_device_error(error):
             if self.device_error is None:
@@ -74,9 +79,14 @@ class FaultLog:
         if first:
             emit(f"perfhooks: {kind} failed and was skipped ({message}); training goes on")
 
+    def note(self, kind: str, message: str) -> None:
+        """A fault entry kept without taking the lock or printing: a signal's handler's (one assignment)."""
+        self._notes[kind] = {"kind": kind, "count": 1, "message": message}
+
     def as_list(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return [dict(entry) for entry in self._faults.values()]
+        with bounded(self._lock):  # a report built in a signal's saving: the lock's holder may be interrupted
+            entries = [dict(entry) for entry in self._faults.values()]
+        return entries + [dict(entry) for entry in list(self._notes.values()) if entry["kind"] not in self._faults]
 
 
 def guarded(kind: str) -> Callable[[F], F]:

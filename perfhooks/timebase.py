@@ -32,3 +32,7 @@ monotonic_ns: Callable[[], int] = _bound()
 def monotonic() -> float:
     """Seconds on the monotonic clock (what ``time.monotonic()`` reads when nothing patched it)."""
     return monotonic_ns() / 1e9
+
+
+#: ``time.sleep`` as it was at import (a test's patch of it changes nothing of perfhooks' waits).
+sleep: Callable[[float], None] = time.sleep

@@ -72,6 +72,19 @@ def test_sigterm_with_the_users_handler_runs_it_and_keeps_its_exit_status(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_sigterm_the_program_survives_leaves_a_completed_report(tmp_path: Path) -> None:
+    """The program's own handler only notes the signal, and training runs to its end: the run completed, and its
+    report names the signal survived, not ``terminated``."""
+    plain_status, plain_printed, _ = _run("plain", False, tmp_path / "plain", extra=("--survive",))
+    status, printed, output = _run("plain", True, tmp_path / "perf", extra=("--survive",))
+    assert plain_status == status == 0, output[-3000:]
+    assert plain_printed == printed == 60 and "user handler" in output
+    report = _report(tmp_path / "perf")
+    assert (report["status"], report["survived_signal"], report["steps"]) == ("completed", "SIGTERM", 60)
+    assert "signal" not in report
+
+
+@pytest.mark.slow
 def test_lightning_handles_its_sigterm_as_without_perfhooks(tmp_path: Path) -> None:
     """Lightning's own handler still runs (``received_sigterm``), stops the fit at its next step and exits as it
     would; the run's close rewrites the report with every step, still ``terminated``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from pathlib import Path
@@ -25,6 +26,7 @@ class OnDemandTrigger:
         self._installed = False
         #: Why SIGUSR2 is not perfhooks' trigger in this run (None when it is, or was not asked for).
         self.signal_skipped: str | None = None
+        self._closed = False
         if use_signal and hasattr(signal, "SIGUSR2") and threading.current_thread() is threading.main_thread():
             if signal.getsignal(signal.SIGUSR2) is None:
                 # a handler installed outside Python (a native library, a job launcher's agent): signal.signal
@@ -36,7 +38,16 @@ class OnDemandTrigger:
                 self._installed = True
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        """Only sets the flag (then chains to the handler that was there before): no lock, no I/O."""
+        """Only sets the flag (then chains to the handler that was there before): no lock, no I/O. After a close
+        made off the main thread, it puts the handler back and passes the signal on, as plain."""
+        if self._closed:
+            installed = signal.getsignal(signal.SIGUSR2) == self._on_signal
+            self.close()
+            if self._previous_handler == signal.SIG_DFL and installed:  # else the installed handler's to take
+                os.kill(os.getpid(), signum)
+            elif callable(self._previous_handler):
+                self._previous_handler(signum, frame)
+            return
         self._requested = True
         if callable(self._previous_handler):
             self._previous_handler(signum, frame)
@@ -67,7 +78,8 @@ class OnDemandTrigger:
 
     def close(self) -> None:
         """Restore the SIGUSR2 handler that was there (a Python handler, ``SIG_DFL`` or ``SIG_IGN``), only if
-        perfhooks' is still the one installed."""
+        perfhooks' is still the one installed. Off the main thread, its own next call does it."""
+        self._closed = True
         if self._installed and threading.current_thread() is threading.main_thread():
             self._installed = False
             if signal.getsignal(signal.SIGUSR2) == self._on_signal:

@@ -25,6 +25,7 @@ from perfhooks.device import cuda_extras
 from perfhooks.faults import FaultLog, Once
 from perfhooks.files.atomic import atomic_gzip_file
 from perfhooks.files.writer import BackgroundWriter
+from perfhooks.locks import bounded, holds_lock
 
 ActionFn = Callable[[int], Action]
 
@@ -80,6 +81,8 @@ class CaptureWindows:
         self._trigger = "schedule"
         self._nsys_running = False
         self._external: str | None = None
+        #: While a signal's handler stops the window: where the export job goes (not to the writer).
+        self._for_signal: list[Callable[[], None]] | None = None
 
     def defer_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user (e.g. Lightning's PyTorchProfiler) is configured: open no window.
@@ -95,6 +98,7 @@ class CaptureWindows:
     def is_open(self) -> bool:
         return self._profiler is not None
 
+    @holds_lock
     def at_step(self, step: int, trigger: str = "schedule") -> None:
         """Called once per step, at its start, before any of its work."""
         action = self.action_fn(step)
@@ -118,6 +122,7 @@ class CaptureWindows:
                 self._nsys(start=True)
             self._last_step = step
 
+    @holds_lock
     def end_step_label(self) -> None:
         """Close ``ProfilerStep#N`` now: what follows (an evaluation, a checkpoint, an epoch end) is not step N's.
 
@@ -135,6 +140,7 @@ class CaptureWindows:
         """Windows record CUDA activity (CUPTI): on CUDA, unless Nsight Systems holds CUPTI."""
         return self.settings.cuda and not self.settings.nsys_capture
 
+    @holds_lock
     def close(self) -> None:
         """Stop an open window; a partially recorded one is saved. ``profiler.stop()`` synchronizes the device:
         the lifecycle calls this only once the device has drained its queue within the deadline."""
@@ -143,6 +149,23 @@ class CaptureWindows:
             profiler.stop()
         self._nsys(start=False)
 
+    def stop_for_signal(self) -> Callable[[], None] | None:
+        """Stop the open window from a signal's handler, taking no lock (the interrupted thread is not inside this
+        object's code: :mod:`perfhooks.locks`); the job that exports its partial trace, to run on another thread,
+        or None. The window's record is added without the lock (one list append) and no analysis follows."""
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return None
+        jobs: list[Callable[[], None]] = []
+        self._for_signal = jobs
+        try:
+            profiler.stop()  # torch calls _on_trace_ready, which leaves its job here
+        finally:
+            self._for_signal = None
+        self._nsys(start=False)
+        return jobs[0] if jobs else None
+
+    @holds_lock
     def abandon(self) -> None:
         """The device did not drain by the deadline, or raised a CUDA error: let go of the open window. A window
         that records the CPU only is stopped (``stop()`` then touches no device) and its partial trace saved. One
@@ -206,6 +229,7 @@ class CaptureWindows:
         cuda_extras.profiler_range(start)
         self._nsys_running = start
 
+    @holds_lock
     def _on_trace_ready(self, profiler: Any) -> None:
         first = self._first_step if self._first_step is not None else profiler.step_num
         last = self._last_step if self._last_step is not None else first
@@ -219,13 +243,17 @@ class CaptureWindows:
         results = profiler.profiler
         record = {"path": str(final), "first_step": first, "last_step": last, "trigger": self._trigger,
                   "pruned": False}
+        if self._for_signal is not None:  # a signal's handler: no lock, no writer, no analysis
+            self.windows.append(record)
+            self._for_signal.append(lambda: self._finish(results, temp, final, record, analyse=False))
+            return
         with self._lock:
             self.windows.append(record)
             del self.windows[:-MAX_WINDOW_RECORDS]
         self.writer.submit("trace_export", lambda: self._finish(results, temp, final, record))
         self.on_saved()
 
-    def _finish(self, results: Any, temp: Path, final: Path, record: dict[str, Any]) -> None:
+    def _finish(self, results: Any, temp: Path, final: Path, record: dict[str, Any], analyse: bool = True) -> None:
         """On the writer thread: export, compress and place the trace, prune old ones, then hand it to analysis."""
         try:
             results.export_chrome_trace(str(temp))
@@ -237,7 +265,7 @@ class CaptureWindows:
         self._prune()
         del results  # the cycle's events
         try:
-            if self.on_written is not None and final.exists():
+            if analyse and self.on_written is not None and final.exists():
                 self.on_written(final, record)  # the window's analysis
         finally:
             release_freed_heap()  # what the export and the analysis freed, given back
@@ -257,6 +285,7 @@ class CaptureWindows:
             except OSError:
                 continue
 
+    @holds_lock
     def _prune(self) -> None:
         """Keep at most ``max_traces`` of this rank's traces, oldest deleted first, under the byte cap; sweep
         what killed exports left."""
@@ -280,13 +309,14 @@ class CaptureWindows:
                     if window["path"] == str(path):
                         window["pruned"] = True
 
+    @holds_lock
     def update(self, record: dict[str, Any], **fields: Any) -> None:
         """Add fields to a window's record (from the writer thread), under the lock that snapshots take."""
         with self._lock:
             record.update(fields)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        with self._lock:
+        with bounded(self._lock):  # a signal's saving reads it: the lock's holder may be the interrupted thread
             return [dict(window) for window in self.windows]
 
 

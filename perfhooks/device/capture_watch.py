@@ -20,6 +20,8 @@ import functools
 import threading
 from typing import Any
 
+from perfhooks.locks import holds_lock
+
 #: Taken only to follow or let go and at a capture's edges, never on a step's path. Reentrant: a terminating
 #: signal's close (``let_go``) may run on the thread that the signal interrupted inside ``_count``.
 _lock = threading.RLock()
@@ -33,6 +35,7 @@ def active() -> bool:
     return _open > 0
 
 
+@holds_lock
 def follow(torch: Any) -> bool:
     """Start following ``torch.cuda.graph`` (once per process, counted); False where torch has no such class."""
     global _followers, _saved, _open
@@ -53,6 +56,7 @@ def follow(torch: Any) -> bool:
     return True
 
 
+@holds_lock
 def let_go() -> None:
     """One follower fewer; the last puts ``torch.cuda.graph``'s methods back (if they are still perfhooks')."""
     global _followers, _saved
@@ -70,6 +74,7 @@ def let_go() -> None:
             graph.__exit__ = leave
 
 
+@holds_lock
 def _count(delta: int) -> None:
     global _open
     with _lock:

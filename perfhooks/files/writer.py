@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 
 from perfhooks.faults import FaultLog
+from perfhooks.locks import holds_lock
 from perfhooks.timebase import monotonic
 
 Job = Callable[[], None]
@@ -34,6 +35,7 @@ class BackgroundWriter:
         self._discard = threading.Event()
         self._capacity = capacity
 
+    @holds_lock
     def submit(self, kind: str, job: Job) -> None:
         if self._thread is None:
             # each thread has its own queue and discard flag: a thread let go of at a timed-out close drains
@@ -48,6 +50,7 @@ class BackgroundWriter:
             self.dropped += 1
             self.faults.report(f"{self.name}_queue_full", f"dropped a {kind} job; the {self.name} thread is behind")
 
+    @holds_lock
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until every submitted job ran; False if that took longer than ``timeout_s`` (one deadline for the
         queue's room and the jobs both)."""
@@ -61,6 +64,7 @@ class BackgroundWriter:
             return False
         return done.wait(max(0.0, deadline - monotonic()))
 
+    @holds_lock
     def close(self, timeout_s: float = 60.0) -> None:
         """Run what was submitted, within ``timeout_s``; past it, the jobs still queued are dropped, not run late
         (a late report write would land after the final one), and the thread is let go of."""

@@ -85,8 +85,8 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         report["unfinished_steps"] = unfinished_steps
     if error is not None:
         report["error"] = error
-    if signal is not None:
-        report["signal"] = signal
+    if signal is not None:  # the signal that ended the run, or one its program let it survive
+        report["signal" if status == "terminated" else "survived_signal"] = signal
     return report
 
 

@@ -161,6 +161,11 @@ class CaptureControl:
         self._agreed = None
         return self.missed
 
+    def release_signal(self) -> None:
+        """Put back the SIGUSR2 handler the trigger found (main thread; no lock)."""
+        if self.trigger is not None:
+            self.trigger.close()
+
     def stop_triggers(self) -> None:
         """The close: the all-ranks watcher and the local trigger (its signal handler) end."""
         if self.all_ranks is not None:

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from perfhooks.capture.nvtx import NvtxRanges
-from perfhooks.capture.schedule import Action
 from perfhooks.config import PerfConfig
 from perfhooks.device.clock import DeviceClock, HostClock
 from perfhooks.device.room import DeviceRoom
@@ -42,6 +41,7 @@ from perfhooks.runtime.compile_tracking import CompileTracking
 from perfhooks.runtime.flop_arming import FlopArming
 from perfhooks.runtime.live_watch import LiveWatch
 from perfhooks.runtime.null_engine import NullEngine
+from perfhooks.runtime.orphans import OwnerWatch
 from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.parts import RunParts
 from perfhooks.runtime.reporting import build_run_report
@@ -97,6 +97,8 @@ class Engine:
         self.signal: str | None = None
         self._closed = False
         self._error_seen: BaseException | None = None
+        self.owner = OwnerWatch(lambda: exit_guard.release_signals(self, self.capture.release_signal))  # orphans
+        self.on_release: list[Callable[[], None]] = []  # what an integration undoes when the run ends
         self._build_parts(start_step, global_step, wandb_source)
         #: The run as last published (every thread but the training thread reads this, never the parts).
         self.state = self.publish()
@@ -129,8 +131,10 @@ class Engine:
         self.watch = LiveWatch(rank=facts.rank, world_size=facts.world_size, output_dir=self.output_dir,
                                stall_after_s=config.stall_after_s, console_every_s=config.console_every_s,  # type: ignore[arg-type]
                                state=lambda: self.state, beacon=lambda: self.tracker.beacon,
-                               device=self.room.queue_state, on_stall=self._stalled,
-                               faults=self.faults)
+                               device=self.room.queue_state, on_stall=self._stalled, faults=self.faults,
+                               left_open=lambda idle_s, limit_s: self.owner.left_open(
+                                   idle_s, limit_s, self.error is not None, self.output_removed()),
+                               on_left_open=lambda reason: lifecycle.left_open(self, reason))
         self.timings = TimingReader(self.tracker.pending, self.faults)  # started for a device clock only
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
@@ -169,19 +173,13 @@ class Engine:
     all_ranks = property(lambda self: self.capture.all_ranks)
     closed = property(lambda self: self._closed)
 
-    @property
-    def cuda_broken(self) -> bool:
-        """A CUDA error ended the run: no CUDA call from here on (the context may be broken)."""
-        return self.parts.device_broken
+    cuda_broken = property(lambda self: self.parts.device_broken)  # a CUDA error ended the run: no CUDA call now
     open_phase = property(lambda self: self.tracker.open_phase)  # the phase open now, if any
+    window_open = property(lambda self: self.capture.is_open)  # a capture window records (or warms up) now
 
     def output_removed(self) -> bool:
         """The folder the output goes in existed at the start and the user has removed it since."""
         return self.output_anchor is not None and not self.output_anchor.exists()
-
-    def action(self, step: int) -> Action:
-        """The capture action at ``step``: an on-demand window first, then the schedule (pure in the step)."""
-        return self.capture.action(step)
 
     def defer_windows_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user is configured (e.g. Lightning's PyTorchProfiler): open no window."""
@@ -285,9 +283,7 @@ class Engine:
                 self.once.warn("module_ranges_compiled", "module_ranges: no NVTX range exists inside a torch.compile "
                                "region; the ranges of compiled modules' submodules are not recorded")
 
-    def compiled_in_run(self) -> bool:
-        """True when torch.compile compiled a graph in this process since this engine started."""
-        return self.compile.compiled_in_run()
+    compiled_in_run = property(lambda self: self.compile.compiled_in_run)  # torch.compile compiled since the start
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step}
@@ -320,14 +316,16 @@ class Engine:
     def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:
         """End of training (once): the report, the table, every resource released (``lifecycle.close``).
 
-        ``deadline_s`` bounds the waits (writer, W&B, other ranks) in total.
+        ``deadline_s`` bounds the waits (writer, W&B, other ranks) in total. A run a signal was to end but whose
+        program let it go on to its normal end completed: the report says so, and names the signal survived.
         """
+        if self.status == "terminated" and not self._closed:
+            self.status = "completed"
         return lifecycle.close(self, deadline_s)
 
-    def terminated(self, name: str) -> None:
-        """A signal that ends the run arrived (in perfhooks' handler, on the main thread): the open window's
-        partial trace and the report as ``terminated`` are saved within a deadline (``lifecycle.terminate``)."""
-        lifecycle.terminate(self, name)
+    def terminated(self, name: str, busy: bool, helper: Any) -> None:
+        """A signal that ends the run arrived, in perfhooks' handler: no lock taken (``lifecycle.terminate``)."""
+        lifecycle.terminate(self, name, busy, helper)
 
     def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
         """The user's error is on its way out: the run closes as ``failed`` (``lifecycle.fail``). Never raises."""
@@ -395,9 +393,9 @@ class Engine:
         self.guarded_call("trigger_unreached", lambda: self.capture.unreached(self.step))
         self.writer.close(writer_timeout_s)
 
-    def save_window(self, device_deadline: float, writer_timeout_s: float) -> None:
-        """A signal: the open window's partial trace, saved once the device is done (by ``device_deadline``)."""
-        self.parts.save_window(self.room, device_deadline, writer_timeout_s)
+    def stop_window(self, device_deadline: float) -> Any:
+        """A signal: stop the open window, no lock taken; the job that exports its partial trace, or None."""
+        return self.parts.stop_window(self.room, device_deadline)
 
     def _stalled(self) -> None:
         self.saving.write_now(self.state)  # a stall opened or ended (the watch's thread): the report now, W&B
@@ -423,6 +421,8 @@ class Engine:
                 self.memory.release()
             self.outputs.release()
             self.room.release()
+            while self.on_release:
+                self.on_release.pop()()
             self._error_seen = None
         except Exception as error:
             self.faults.report("release", error)

@@ -18,10 +18,12 @@ import atexit
 import sys
 import threading
 import weakref
-from types import TracebackType
+from collections.abc import Callable
+from types import FrameType, TracebackType
 from typing import Any, Protocol
 
-from perfhooks.runtime.signals import SignalChain
+from perfhooks.locks import interrupted_inside
+from perfhooks.runtime.signals import SignalChain, SignalHelper
 
 #: Seconds perfhooks' exit work may take in total (an uncaught error or interpreter exit).
 EXIT_DEADLINE_S = 5.0
@@ -41,7 +43,7 @@ class GuardedRun(Protocol):
 
     def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None: ...
 
-    def terminated(self, name: str) -> None: ...
+    def terminated(self, name: str, busy: bool, helper: Callable[[Callable[[], None], float], bool]) -> None: ...
 
 
 _lock = threading.Lock()
@@ -63,14 +65,17 @@ def current() -> Any | None:
     return _current() if _current is not None else None
 
 
-def _on_signal(name: str) -> None:
+def _on_signal(name: str, frame: FrameType | None) -> None:
+    """In the handler, on the main thread: no lock taken (``current`` reads a reference)."""
     run = current()
     if run is not None and not run.closed:
-        run.terminated(name)
+        run.terminated(name, interrupted_inside(frame), _helper.run)
 
 
-#: perfhooks' handlers for the signals that end a run, chained to the handlers they found (:mod:`signals`).
+#: perfhooks' handlers for the signals that end a run, chained to the handlers they found (:mod:`signals`), and
+#: the thread that does their saving (while a run has handlers installed).
 _signals = SignalChain(_on_signal)
+_helper = SignalHelper()
 
 
 def begin(run: GuardedRun, signals: tuple[str, ...] = ()) -> None:
@@ -85,7 +90,8 @@ def begin(run: GuardedRun, signals: tuple[str, ...] = ()) -> None:
     with _lock:
         _current = weakref.ref(run)
     _install()
-    _signals.install(signals)
+    if _signals.install(signals):
+        _helper.start()
 
 
 def end(run: GuardedRun) -> None:
@@ -97,6 +103,16 @@ def end(run: GuardedRun) -> None:
             _current = None
     if ended:
         _signals.remove()
+        _helper.stop()
+
+
+def release_signals(run: GuardedRun, *more: Callable[[], None]) -> None:
+    """Put back the signal handlers ``run`` found, while it is the current run, and call ``more`` (the run's own
+    handlers' releases). Main thread only; no lock taken."""
+    if current() is run:
+        _signals.remove()
+        for release in more:
+            release()
 
 
 def _install() -> None:

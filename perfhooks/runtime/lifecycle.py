@@ -29,6 +29,7 @@ Every part is guarded: a fault is reported once and the rest goes on. A ``deadli
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -94,7 +95,9 @@ class ClosingRun(Protocol):
     def stop_memory(self) -> None: ...
     def last_live(self, state: RunState) -> None: ...
     def note_error(self, error: BaseException) -> None: ...
-    def save_window(self, device_deadline: float, writer_timeout_s: float) -> None: ...
+    def stop_window(self, device_deadline: float) -> Any: ...
+    @property
+    def window_open(self) -> bool: ...
     def output_removed(self) -> bool: ...
     def guarded_call(self, kind: str, fn: Any) -> Any: ...
     def release(self) -> None: ...
@@ -186,21 +189,48 @@ def write_report(output_dir: Path, report: dict[str, Any]) -> Path | None:
     return write.write_report(output_dir, report, render_html)
 
 
-def terminate(run: ClosingRun, name: str, deadline_s: float = SIGNAL_DEADLINE_S) -> None:
-    """A signal that ends the run arrived (``name``: ``SIGTERM``): the open window's partial trace is saved, and the
-    report of the last published state is written as ``terminated``, naming the signal, both within
-    ``deadline_s``. The run stays open: if the process goes on (Lightning stops at its next step), its close
-    writes the full report, still ``terminated``. Never raises."""
+def terminate(run: ClosingRun, name: str, busy: bool, helper: Helper, deadline_s: float = SIGNAL_DEADLINE_S) -> None:
+    """A signal that ends the run arrived (``name``: ``SIGTERM``), in perfhooks' handler on the main thread.
+
+    Nothing here takes a lock: the interrupted thread may hold it. The signal is recorded; the open window's
+    profiler is stopped here unless the signal interrupted perfhooks' own lock-holding code (``busy``: then the
+    window is left open, and the report says so). ``helper`` runs the rest on its own thread, waited for within
+    ``deadline_s``: the report of the last published state, written as ``terminated`` and naming the signal, then
+    the window's partial trace. The run stays open: if the process goes on (Lightning stops at its next step),
+    its close writes the full report. Never raises."""
     try:
         if run.closed or run.signal is not None:
             return
         run.signal, run.status = name, "terminated"
         deadline = Deadline(deadline_s)
-        run.save_window(monotonic() + deadline.left(deadline_s / 2), deadline.left(deadline_s))
-        if not run.output_removed():
-            run.saving.write_now(run.state._replace(status="terminated", signal=name))
-    except Exception as fault:
-        run.faults.report("signal", fault)
+        export, fault = None, None
+        if busy:
+            if run.window_open:
+                run.faults.note("signal_window", "the signal interrupted perfhooks' own lock-holding code, so the "
+                                "open capture window was left open and its partial trace not saved")
+        else:
+            try:
+                export = run.stop_window(monotonic() + deadline.left(deadline_s / 2))
+            except Exception as error:  # reported on the helper's thread: the fault log has a lock
+                fault = error
+        state = run.state._replace(status="terminated", signal=name)
+
+        def save() -> None:
+            if fault is not None:
+                run.faults.report("signal_window", fault)
+            if run.output_removed():
+                return
+            run.saving.write_now(state)
+            if export is not None:
+                export()
+
+        helper(save, deadline.left(deadline_s))
+    except Exception:  # nothing here may take the fault log's lock
+        pass
+
+
+#: Runs a job on the signal helper's thread and waits for it at most the seconds given; whether it finished.
+Helper = Callable[[Callable[[], None], float], bool]
 
 
 def fail(run: ClosingRun, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
@@ -232,6 +262,17 @@ def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = Fals
     if quiet:
         run.console = False
     close(run, deadline_s)
+
+
+def left_open(run: ClosingRun, reason: str, deadline_s: float = SIGNAL_DEADLINE_S) -> None:
+    """The run was left open (:mod:`perfhooks.runtime.orphans`; ``reason``: why it is taken so), on the watch
+    thread: it closes quietly, as ``failed`` with the error it saw (or one that says why), within ``deadline_s``."""
+    if run.closed:
+        return
+    if run.error is None:
+        run.error = {"type": "unknown", "message": f"the run was left open: {reason}", "step": run.step,
+                     "phase": run.open_phase}
+    abandon(run, deadline_s, quiet=True)
 
 
 def error_entry(error: BaseException, step: int, phase: str | None) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 from perfhooks.events import OTHER, PHASES
 from perfhooks.faults import FaultLog
 from perfhooks.files.atomic import atomic_write_json
+from perfhooks.locks import bounded, holds_lock
 from perfhooks.runtime.run_state import RunState
 from perfhooks.timebase import monotonic
 
@@ -60,13 +61,19 @@ class LiveWatch:
     def __init__(self, *, rank: int, world_size: int, output_dir: Path, stall_after_s: float | None,
                  console_every_s: float, state: Callable[[], RunState], beacon: Callable[[], tuple[Any, ...]],
                  device: Callable[[], str], on_stall: Callable[[], None], faults: FaultLog,
-                 thread_id: int | None = None, clock: Callable[[], float] = monotonic) -> None:
+                 thread_id: int | None = None, clock: Callable[[], float] = monotonic,
+                 left_open: Callable[[float, float], str | None] | None = None,
+                 on_left_open: Callable[[str], None] | None = None) -> None:
         self.rank, self.world_size, self.output_dir = rank, world_size, output_dir
         self.stall_after_s = stall_after_s
         #: When the watch began, on its clock: no phase of this run started before.
         self._born = clock()
         self.console_every_s = console_every_s
         self.state, self.beacon, self.device, self.on_stall = state, beacon, device, on_stall
+        #: Why the run is taken as left open, given the seconds since its last step and the stall limit
+        #: (:mod:`perfhooks.runtime.orphans`), and what closes it then (on this thread).
+        self.left_open, self.on_left_open = left_open, on_left_open
+        self._last_step: tuple[int, float] = (-1, clock())
         self.faults = faults
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
         self.clock = clock
@@ -101,7 +108,7 @@ class LiveWatch:
 
     def records(self) -> list[dict[str, Any]]:
         """The stalls so far (copies; the open one with its seconds so far)."""
-        with self._lock:
+        with bounded(self._lock):  # a signal's saving reads them: the lock's holder may be interrupted
             return [{k: v for k, v in record.items() if not k.startswith("_")} for record in self._stalls]
 
     def _run(self) -> None:
@@ -123,6 +130,14 @@ class LiveWatch:
         now = self.clock()
         state = self.state()
         phase, since, step = self.beacon()
+        if step != self._last_step[0]:
+            self._last_step = (step, now)
+        if self.left_open is not None and self.on_left_open is not None:
+            reason = self.left_open(max(0.0, now - self._last_step[1]), self.stall_limit(state))
+            if reason is not None:
+                self._stop.set()
+                self.on_left_open(reason)
+                return
         in_phase_s = self.in_phase_s(now, since)
         changed = self._follow_stall(state, phase, since, step, in_phase_s)
         if changed or now >= self._next_live:
@@ -142,6 +157,7 @@ class LiveWatch:
             self._limit = (state.step, max(MIN_STALL_S, STALL_P95_STEPS * p95_s))
         return self._limit[1]
 
+    @holds_lock
     def _follow_stall(self, state: RunState, phase: str | None, since: float | None, step: int,
                       in_phase_s: float) -> bool:
         """Open, update or end the stall; True when one opened or ended (the files are rewritten now)."""
@@ -163,6 +179,7 @@ class LiveWatch:
         self._changed()
         return True
 
+    @holds_lock
     def _record(self, phase: str | None, since: float, step: int, in_phase_s: float) -> dict[str, Any]:
         frames = self._stack()
         record = {"rank": self.rank, "step": step, "phase": phase or OTHER, "seconds": round(in_phase_s, 3),

@@ -150,19 +150,14 @@ class RunParts:
             once.warn("steps_unfinished", f"{pending.unfinished} step(s) had not finished on the device by the "
                       "close's deadline: not counted")
 
-    def save_window(self, room: Any, device_deadline: float, writer_timeout_s: float) -> None:
-        """A signal: stop the open window (its partial trace goes to the writer) once the device is done, and give
-        the writer until ``writer_timeout_s`` to write it. The report that usually follows a window is left to the
-        signal's own write."""
-        if not self.capture.is_open or self.device_broken:
-            return
-        self.saving.suspended = True
-        try:
-            if self._guarded("device_drain", lambda: room.drained(device_deadline)):
-                self._guarded("window_close", self.capture.windows.close)
-                self.writer.flush(writer_timeout_s)
-        finally:
-            self.saving.suspended = False
+    def stop_window(self, room: Any, device_deadline: float) -> Callable[[], None] | None:
+        """A signal, in its handler: stop the open window once the device is done (by ``device_deadline``), taking
+        no lock; the job that exports its partial trace (on the signal helper's thread), or None. A device that
+        does not drain in time leaves the window open (``stop()`` would wait on it). Raises what the stop raised."""
+        if not self.capture.is_open or self.device_broken or not room.drained(device_deadline):
+            return None
+        self.saving.suspended = True  # the signal's own report stands: no window report follows it
+        return self.capture.windows.stop_for_signal()
 
     # ----------------------------------------------------------------- the report's slower parts
     def report_parts(self, device: dict[str, Any], cuda: bool, error: dict[str, Any] | None,

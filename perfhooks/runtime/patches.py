@@ -5,6 +5,7 @@ launcher's constructor wrapping, and the wrappers that time an aside or note an 
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -16,25 +17,27 @@ class InstancePatches:
     """Methods replaced on one object (its ``__dict__``), for the length of a run; ``restore()`` is idempotent.
 
     The class and every other instance are left alone, and an override in a user's subclass is what
-    gets wrapped.
+    gets wrapped. The objects are held weakly: a patch never keeps its owner alive.
     """
 
     def __init__(self) -> None:
-        self._patched: list[tuple[Any, str, Any, Any]] = []
+        self._patched: list[tuple[Callable[[], Any], str, Any, Callable[[], Any]]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
         """Put ``value`` in ``owner.__dict__[name]``, remembering what the instance held there (a user's own
         patch or ``Mock`` included) or that it held nothing."""
         before = owner.__dict__.get(name, _ABSENT)
         owner.__dict__[name] = value
-        self._patched.append((owner, name, before, value))
+        self._patched.append((_weak(owner), name, before, _weak(value)))
 
     def restore(self) -> None:
         """Put back what each instance held before, newest patch first. An attribute the user replaced during
         the run is the user's and stays."""
         patched, self._patched = self._patched, []
-        for owner, name, before, ours in reversed(patched):
-            if owner.__dict__.get(name, _ABSENT) is not ours:
+        for reference, name, before, value in reversed(patched):
+            owner, ours = reference(), value()
+            # gone with its owner, or replaced by the user: not ours to put back
+            if owner is None or ours is None or owner.__dict__.get(name, _ABSENT) is not ours:
                 continue
             if before is _ABSENT:
                 del owner.__dict__[name]
@@ -43,6 +46,15 @@ class InstancePatches:
 
 
 _ABSENT = object()
+
+
+def _weak(owner: Any) -> Callable[[], Any]:
+    """A reference to a patched object that does not keep it alive (a Trainer the caller dropped is collected,
+    and its run with it: :mod:`perfhooks.runtime.orphans`), where one can be made."""
+    try:
+        return weakref.ref(owner)
+    except TypeError:
+        return lambda: owner
 
 
 def wrap_construction(cls: type, before: Callable[[dict[str, Any]], dict[str, Any]] | None = None,

@@ -88,7 +88,7 @@ class RunState(NamedTuple):
     #: The resolved steps' statistics.
     stats: StatsSnapshot
     parts: ReportParts
-    #: The signal that ended the run (``SIGTERM``), once one arrived.
+    #: The signal that ended the run (``SIGTERM``), once one arrived (a run that went on to complete survived it).
     signal: str | None = None
 
     def with_parts(self, **changes: Any) -> RunState:

@@ -30,6 +30,7 @@ from typing import Any
 
 from perfhooks.faults import FaultLog, Once
 from perfhooks.files.writer import BackgroundWriter
+from perfhooks.locks import holds_lock
 from perfhooks.report.build import headline_metrics, interval_metrics
 from perfhooks.timebase import monotonic
 
@@ -99,6 +100,7 @@ class WandbSink:
             self._adopt(self.run)
 
     # ------------------------------------------------------------------ training thread
+    @holds_lock
     def resolve(self) -> bool:
         """Find the run (framework's, then ``wandb.run``); with ``wandb=True`` open one at the end of the search."""
         if self.run is not None:
@@ -146,6 +148,7 @@ class WandbSink:
             return
         self._submit("wandb_alert", lambda: run.alert(title=title, text=text))
 
+    @holds_lock
     def log_window(self, step: int, window: dict[str, Any], diagnoses: list[dict[str, Any]]) -> None:
         """After a window's analysis (any thread): its GPU figures, the diagnoses table and the trace artifact.
         Before the run is found (that lookup belongs to the training thread), they wait for it."""

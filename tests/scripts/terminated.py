@@ -1,14 +1,15 @@
 """A long training run that a signal ends; run by tests/test_signals.py with and without perfhooks, whose exit
 status and output must be the same.
 
-    python tests/scripts/terminated.py FRAMEWORK PERF OUTPUT_DIR [--user-handler]
+    python tests/scripts/terminated.py FRAMEWORK PERF OUTPUT_DIR [--user-handler | --survive]
 
 FRAMEWORK: ``plain`` (a ``perfhooks.profile`` loop), ``hf`` (a ``Trainer`` with logging, evaluation and
 checkpoints every 20 steps), ``lightning`` (a ``Trainer`` with its logger, checkpoints, progress bar and validation
 every 20 steps) or ``accelerate`` (an ``Accelerator`` loop under ``attach``). PERF: ``1`` or ``0``. The script
 prints ``step N`` after each optimizer step (from the framework's own hook), for the test to count and to send
 its signal at. ``--user-handler``: a SIGTERM handler of the user's, installed first, prints ``user handler`` and
-exits with status 7.
+exits with status 7. ``--survive``: the user's SIGTERM handler only prints ``user handler``, and training runs
+:data:`SURVIVE_STEPS` steps in all, to its normal end (exit status 0).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import perfhooks  # noqa: E402
 
 #: Steps long enough for a signal to land anywhere; the test signals long before the last one.
 STEPS = 5000
+#: Steps of a ``--survive`` run: the test signals at step 40, and the run goes on to its end.
+SURVIVE_STEPS = 60
 SCHEDULE = perfhooks.Schedule(skip_first=5, warmup=1, active=3)
 
 
@@ -133,6 +136,10 @@ class _nothing:
 
 def main() -> None:
     framework, perf, output_dir = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+    if "--survive" in sys.argv:
+        global STEPS
+        STEPS = SURVIVE_STEPS
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("user handler", flush=True))
     if "--user-handler" in sys.argv:
         def user_handler(signum: int, frame: Any) -> None:
             print("user handler", flush=True)
