@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.cli.doctor_checks import FAIL, machine, run_checks
+from perfhooks.cli.machine import out
 
 STYLES = {"pass": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
@@ -50,7 +51,7 @@ def run(device: str | None, output_format: str, output: str | None) -> int:
     if output is not None:
         Path(output).write_text(json.dumps(document, indent=2) + "\n")
     if output_format == "json":
-        print(json.dumps(document, indent=2))
+        print(json.dumps(document, indent=2), file=out())
     else:
         render(document)
     return 1 if document["summary"][FAIL] else 0

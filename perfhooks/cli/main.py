@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from perfhooks.cli.machine import machine_output, out
+
 
 def _analyze(args: argparse.Namespace) -> int:
     from perfhooks.analysis.trace import TraceError
@@ -74,7 +76,7 @@ def _emit(text: str, output: str | None) -> int:
     if output:
         atomic_write_bytes(Path(output), (text + "\n").encode())
     else:
-        print(text)
+        print(text, file=out())
     return 0
 
 
@@ -303,7 +305,7 @@ def _wandb_workspace(args: argparse.Namespace) -> int:
         print(f"perfhooks wandb-workspace: {error}", file=sys.stderr)
         return 2
     if args.dry_run:
-        print(json.dumps(workspace_json(workspace), indent=2))
+        print(json.dumps(workspace_json(workspace), indent=2), file=out())
         return 0
     import wandb.errors
 
@@ -357,7 +359,8 @@ def _tune(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    with machine_output(getattr(args, "format", None) == "json" or getattr(args, "json", False) is True):
+        return args.run(args)
 
 
 if __name__ == "__main__":

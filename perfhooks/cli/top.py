@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfhooks.cli.machine import out
 from perfhooks.rules.stalls import OWN_WAITS
 
 #: Seconds after which a running rank's live file is stale.
@@ -131,7 +132,7 @@ def run(folders: list[str], once: bool, as_json: bool, every_s: float = 2.0) -> 
     if as_json:
         frame = read_frame(folders)
         print(json.dumps({"ranks": frame["ranks"], "stalls": frame["stalls"], "summary": frame["summary"]},
-                         indent=2))
+                         indent=2), file=out())
         return 0
     from rich.console import Console
     from rich.live import Live

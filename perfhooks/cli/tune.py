@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perfhooks.cli.machine import out
 from perfhooks.files.atomic import read_json_object
 from perfhooks.offline.gate import WARMUP_STEPS, bootstrap_interval, steady_steps_ms
 from perfhooks.offline.tune import KNOB_NAMES, format_table, measure, plan, ranked
@@ -125,7 +126,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
         result["trials"] = ranked(result["trials"])
         _save(result, Path(output_dir), work)
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result, indent=2, default=str) if output == "json" else format_table(result))
+    print(json.dumps(result, indent=2, default=str) if output == "json" else format_table(result), file=out())
     return status
 
 
