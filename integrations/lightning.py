@@ -123,6 +123,7 @@ class PerfCallback(Callback):
         if isinstance(trainer.profiler, PyTorchProfiler):
             engine.defer_windows_to("Lightning's PyTorchProfiler")
         self._global_step = trainer.global_step
+        engine.owner.follow(trainer, "Trainer", lambda owner: owner.global_step)  # its step, for errors and signals
         self._manual = not pl_module.automatic_optimization
         dtype = matmul_dtype(getattr(trainer, "precision", None))
         if dtype is not None:

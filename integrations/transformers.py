@@ -165,7 +165,7 @@ class PerfTrainerCallback(TrainerCallback):
             self._wrap_trainer(trainer, self.engine)
             # a train() that is not Trainer.train (a subclass's own) may raise past on_train_end: the run then
             # ends when the Trainer is collected, or goes idle after the error (perfhooks.runtime.orphans)
-            self.engine.owner.follow(trainer, "Trainer")
+            self.engine.owner.follow(trainer, "Trainer", lambda owner: owner.state.global_step)
             self.engine.on_release.append(self._detach)
         else:
             self.engine.once.warn("hf_trainer", "the Trainer running this callback was not found on the call stack; "

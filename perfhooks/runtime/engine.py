@@ -359,7 +359,7 @@ class Engine:
             self._error_seen = error
             self.parts.stop_flop_count(keep=False)
             phase = self.open_phase
-            self.error = lifecycle.error_entry(error, self.step, phase)
+            self.error = lifecycle.error_entry(error, self.owner.step(self.global_step), phase)  # the framework's
             if is_device_error(error):  # the room's callback stops the parts' device use
                 self.room.lose(f"{type(error).__name__}: {error}")
             elif self.memory is not None:

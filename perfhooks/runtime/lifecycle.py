@@ -78,6 +78,8 @@ class ClosingRun(Protocol):
     final_report: dict[str, Any] | None
     #: The memory monitor (``latest``: the last sample), or None.
     memory: Any
+    #: The run's owner (:class:`~perfhooks.runtime.orphans.OwnerWatch`): its step counter, whether it is gone.
+    owner: Any
 
     @property
     def closed(self) -> bool: ...
@@ -214,6 +216,10 @@ def terminate(run: ClosingRun, name: str, busy: bool, helper: Helper, deadline_s
             except Exception as error:  # reported on the helper's thread: the fault log has a lock
                 fault = error
         state = run.state._replace(status="terminated", signal=name)
+        framework = run.owner.step(state.global_step)
+        if framework > state.global_step:  # the framework counted a step perfhooks had not yet ended: unfinished
+            state = state._replace(global_step=framework).with_parts(
+                unfinished_steps=state.parts.unfinished_steps + 1)
 
         def save() -> None:
             if fault is not None:

@@ -35,13 +35,30 @@ class OwnerWatch:
         self.gone: str | None = None
         #: Puts back the signal handlers the run found (main thread only; no lock).
         self.release_signals = release_signals
+        self._owner: Callable[[], Any] = lambda: None
+        self._step_of: Callable[[Any], Any] | None = None
 
-    def follow(self, owner: Any, name: str) -> None:
-        """Note when ``owner`` (called ``name`` in the report) is collected; nothing where it takes no weakref."""
+    def follow(self, owner: Any, name: str, step_of: Callable[[Any], Any] | None = None) -> None:
+        """Note when ``owner`` (called ``name`` in the report) is collected; nothing where it takes no weakref.
+        ``step_of(owner)``: the framework's own step counter (Lightning's ``trainer.global_step``)."""
         try:
             weakref.finalize(owner, _collected, weakref.ref(self), name)
+            self._owner, self._step_of = weakref.ref(owner), step_of
         except TypeError:
             return
+
+    def step(self, default: int) -> int:
+        """The framework's own step counter now, read from the owner (attribute reads: no lock, any thread), or
+        ``default`` where none is known. The framework's counter moves before perfhooks hears of the step (at its
+        next callback), so a signal or an error between the two is placed at the framework's step."""
+        owner = self._owner()
+        if owner is None or self._step_of is None:
+            return default
+        try:
+            step = self._step_of(owner)
+        except Exception:  # a framework property that fails: perfhooks' count stands
+            return default
+        return step if isinstance(step, int) and not isinstance(step, bool) else default
 
     def left_open(self, idle_s: float, limit_s: float, error_seen: bool, output_removed: bool) -> str | None:
         """Why the run is taken as left open after ``idle_s`` seconds without a step (``limit_s``: the stall
