@@ -274,8 +274,7 @@ class Engine:
         """The model whose parameters the memory census attributes; per-module NVTX ranges when asked."""
         if self.memory is not None:
             self.memory.models.append(model)
-        if any(hasattr(module, "_orig_mod") or getattr(module, "_compiled_call_impl", None) is not None
-               for module in model.modules()):
+        if self.flops.watch_compiled(model, self.hooks.add):  # a compiled model's FLOPs: counted on meta tensors
             self.compile.model_compiled = True
         if self.config.module_ranges:
             add_module_ranges(model, self.tracker.nvtx, self.hooks)
@@ -359,7 +358,7 @@ class Engine:
             self._error_seen = error
             self.parts.stop_flop_count(keep=False)
             phase = self.open_phase
-            self.error = lifecycle.error_entry(error, self.owner.step(self.global_step), phase)  # the framework's
+            self.error = lifecycle.error_entry(error, self.owner.step(self.step), phase)  # the framework's count
             if is_device_error(error):  # the room's callback stops the parts' device use
                 self.room.lose(f"{type(error).__name__}: {error}")
             elif self.memory is not None:

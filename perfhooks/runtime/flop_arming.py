@@ -18,7 +18,8 @@ from perfhooks.config import PerfConfig
 from perfhooks.events import FORWARD, OPTIMIZER
 from perfhooks.faults import FaultLog
 from perfhooks.runtime import flops as flops_sources
-from perfhooks.runtime.flops import FlopMeter
+from perfhooks.runtime.compiled_flops import compiled_wrappers, count_on_meta, hook_wrappers
+from perfhooks.runtime.flops import FlopMeter, fused_attention_formulas
 
 
 class FlopArming:
@@ -40,6 +41,37 @@ class FlopArming:
         self._armed = False
         #: Tokens of the step whose FLOPs were measured (0: not counted): the count scales with the tokens.
         self.measured_tokens = 0
+        #: A compiled model's wrappers are hooked (its step is counted on meta tensors); a module is compiled in
+        #: place (no wrapper to hook); the armed step of a meta count, waiting for its first forward.
+        self.compiled_hooked = self.compiled_in_place = False
+        self._meta_armed: int | None = None
+
+    def watch_compiled(self, model: torch.nn.Module, add_handle: Any) -> bool:
+        """Hook ``model``'s compiled wrappers for a meta count (:mod:`compiled_flops`); whether any module of it is
+        compiled."""
+        wrappers, in_place = compiled_wrappers(model)
+        if wrappers and self.may_count:
+            hook_wrappers(wrappers, self._compiled_forward, add_handle)
+            self.compiled_hooked = True
+        self.compiled_in_place = self.compiled_in_place or in_place
+        return bool(wrappers) or in_place
+
+    def _compiled_forward(self, original: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A compiled wrapper's forward starts (training thread): in the armed step, its original's FLOPs."""
+        meter = self.meter
+        if self._meta_armed is None and not meter.meta_counting:
+            return
+        if not (original.training and torch.is_grad_enabled()):  # an evaluation's forward
+            return
+        if self._meta_armed is not None:
+            meter.start_meta(self._meta_armed)
+            self._meta_armed = None
+        try:
+            meter.add(count_on_meta(original, args, kwargs, fused_attention_formulas()))
+        except Exception as error:
+            meter.give_up(f"the compiled model's original module did not run on meta tensors "
+                          f"({type(error).__name__}: {str(error)[:200]}); pass flops_per_step")
+            self.watching = False
 
 
     def note_precision(self, dtype: str, source: str, ran: bool = False) -> None:
@@ -52,10 +84,14 @@ class FlopArming:
         if per_step > 0:
             self.framework_flops = (float(per_step), source)
 
-    def arm(self, compiled: bool) -> None:
-        """The first capture window's warm-up step opens: count its FLOPs (once per run), unless the model is
-        compiled (``compiled``: counting would recompile its graphs)."""
+    def arm(self, compiled: bool, step: int = 0) -> None:
+        """The first capture window's warm-up step (``step``) opens: count its FLOPs (once per run). A compiled
+        model (``compiled``: a dispatch mode would recompile its graphs) is counted on meta tensors when its
+        wrappers are hooked, else not."""
         self.may_count = False
+        if compiled and self.compiled_hooked and not self.compiled_in_place:
+            self._meta_armed, self.watching = step, True
+            return
         if compiled:
             self.meter.skipped = ("the model is torch.compile'd (counting would recompile its graphs); pass "
                                   "flops_per_step")
@@ -72,6 +108,7 @@ class FlopArming:
     def stop(self, keep: bool = True) -> None:
         """Stop counting; ``keep`` the count (False: an evaluation or an error cut the step)."""
         self._armed = self.watching = False
+        self._meta_armed = None
         try:
             self.meter.stop(keep)
         except Exception as error:
@@ -95,7 +132,7 @@ class FlopArming:
                   if self.framework_flops is not None else {})
         meter = self.meter
         if meter.flops_per_step is not None:
-            source = f"{flops_sources.COUNTER} (step {meter.step})"
+            source = f"{flops_sources.COUNTER} (step {meter.step}{', ' + meter.how if meter.how else ''})"
             per_step = meter.flops_per_step
             if self.measured_tokens and tokens and steps:  # a step's FLOPs follow its tokens (padding, lengths)
                 per_step *= tokens / steps / self.measured_tokens

@@ -2,8 +2,9 @@
 
 The measurement counts what the dispatcher runs between the step's first forward and its optimizer (forward and
 backward of every micro-batch), once per run, in the first capture window's warm-up step: the profiler records
-nothing there, and the step is perfhooks' own work either way. It is not taken for a ``torch.compile``'d model
-(entering a dispatch mode would recompile its graphs), nor without a window.
+nothing there, and the step is perfhooks' own work either way. For a ``torch.compile``'d model (entering a dispatch
+mode would recompile its graphs) the step's forwards are counted on the original module with meta tensors
+(:mod:`perfhooks.runtime.compiled_flops`). Nothing is measured without a window.
 """
 
 from __future__ import annotations
@@ -57,11 +58,31 @@ class FlopMeter:
         self.step: int | None = None
         #: Why no measurement was taken (None while one may still be).
         self.skipped: str | None = None
+        #: How the count was taken, beside the counter's name (the compiled model's original module on meta).
+        self.how = ""
         self._mode: Any = None
+        #: Counting a compiled model's forwards on meta tensors (:meth:`add`), and their total so far.
+        self.meta_counting = False
+        self._meta_total = 0.0
 
     @property
     def counting(self) -> bool:
-        return self._mode is not None
+        return self._mode is not None or self.meta_counting
+
+    def start_meta(self, step: int) -> None:
+        """Start a count that :meth:`add` feeds: a compiled model's forwards, counted on meta tensors."""
+        if self.flops_per_step is None and not self.counting:
+            self.meta_counting, self._meta_total, self.step = True, 0.0, step
+            self.how = "the compiled model's original module, on meta tensors"
+
+    def add(self, flops: float) -> None:
+        if self.meta_counting:
+            self._meta_total += flops
+
+    def give_up(self, why: str) -> None:
+        """A meta count failed: no count, and why."""
+        self.meta_counting = False
+        self.skipped = why
 
     def start(self, step: int) -> None:
         """Start counting (the step's first forward)."""
@@ -76,10 +97,13 @@ class FlopMeter:
     def stop(self, keep: bool = True) -> None:
         """Stop counting (the optimizer starts, the step ends, an error or the close); ``keep`` the count."""
         mode, self._mode = self._mode, None
-        if mode is None:
+        if self.meta_counting:
+            self.meta_counting, total = False, self._meta_total
+        elif mode is None:
             return
-        mode.__exit__(None, None, None)
-        total = float(mode.get_total_flops())
+        else:
+            mode.__exit__(None, None, None)
+            total = float(mode.get_total_flops())
         if keep and total > 0:
             self.flops_per_step = total
         elif keep:

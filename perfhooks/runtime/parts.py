@@ -87,7 +87,7 @@ class RunParts:
         if flops.watching:
             flops.stop()
         elif flops.may_count and self.capture.action(step) is Action.WARMUP:
-            flops.arm(compiled=self.compile.model_compiled or self.compile.compiled_in_run())
+            flops.arm(compiled=self.compile.model_compiled or self.compile.compiled_in_run(), step=step)
         self.watch_phases()
         writer = self.writer
         self._writer_seen = writer.started
