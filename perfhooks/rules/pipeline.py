@@ -6,7 +6,9 @@ window (:mod:`~perfhooks.rules.trace`) and the ranks together (:mod:`~perfhooks.
 is the only place they meet:
 
 1. a trace verdict the live figures also decide stands only when the live figures, over more steps than the
-   window's, agree (:func:`reconcile`);
+   window's, agree (:func:`reconcile`); a window whose steps ran slower than the run's steady step (the
+   profiler's own cost) has its utilization restated against the steady step, or dropped when the steady step
+   keeps the GPU busy enough (:func:`against_steady`);
 2. verdicts quoted from one rank of several name it (``rank``, the evidence prefixed, ``also_ranks``);
 3. one entry per id (the larger estimated gain), largest gain first, severity breaking ties
    (:func:`~perfhooks.rules.verdicts.rank`).
@@ -17,23 +19,57 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from perfhooks.rules.verdicts import Diagnosis, rank
+from perfhooks.rules.thresholds import Thresholds
+from perfhooks.rules.verdicts import Diagnosis, pct, rank
 
 #: Trace verdicts the live statistics also decide.
 CHECKED_LIVE = frozenset({"dataloader_bound"})
+#: A window whose steps took this many times the run's steady step measured the profiler as well as the run.
+WINDOW_SLOWER = 1.2
 
 
 def merge_verdicts(*, live: Iterable[Diagnosis] = (), compile: Iterable[Diagnosis] = (),
                    memory: Iterable[Diagnosis] = (), trace: Iterable[Diagnosis] = (),
-                   ranks: Iterable[Diagnosis] = (), live_steps: int = 0, window_steps: int | None = None
-                   ) -> list[Diagnosis]:
+                   ranks: Iterable[Diagnosis] = (), live_steps: int = 0, window_steps: int | None = None,
+                   steady_step_ms: float | None = None, thresholds: Thresholds | None = None) -> list[Diagnosis]:
     """Every source's verdicts, reconciled, de-duplicated and ordered.
 
     ``live_steps``: steady steps behind the live verdicts; ``window_steps``: steps in the analysed window whose
-    verdicts ``trace`` holds (None: no window was analysed).
+    verdicts ``trace`` holds (None: no window was analysed); ``steady_step_ms``: the run's steady step (p50, ms).
     """
     local = [*live, *compile, *memory]
-    return rank(reconcile(local, list(trace), live_steps, window_steps) + list(ranks))
+    trace = against_steady(list(trace), steady_step_ms, thresholds or Thresholds())
+    return rank(reconcile(local, trace, live_steps, window_steps) + list(ranks))
+
+
+def against_steady(trace: list[Diagnosis], steady_step_ms: float | None, t: Thresholds) -> list[Diagnosis]:
+    """The window's utilization verdict judged against the run's steady step when the window's steps ran at least
+    :data:`WINDOW_SLOWER` times slower: the profiler slows the host, not the kernels, so the kernels' time per step
+    (utilization x the window's step) over the steady step is what the run has. Restated (severity, gain, the
+    ratio in the evidence) while still under the threshold; dropped when the steady step is busy enough."""
+    if not steady_step_ms or steady_step_ms <= 0:
+        return trace
+    out: list[Diagnosis] = []
+    for diagnosis in trace:
+        measured = diagnosis.get("measured") or {}
+        window_ms, utilization = measured.get("step_ms"), measured.get("gpu_utilization")
+        if (diagnosis["id"] != "low_gpu_utilization" or not window_ms or utilization is None
+                or window_ms < WINDOW_SLOWER * steady_step_ms):
+            out.append(diagnosis)
+            continue
+        ratio, kernels_ms = window_ms / steady_step_ms, utilization * window_ms
+        steady = min(1.0, kernels_ms / steady_step_ms)
+        if steady >= t.gpu_utilization:
+            continue  # the window's idle time was the profiler's: the steady run keeps the GPU busy enough
+        out.append({**diagnosis, "severity": "critical" if steady < t.gpu_utilization / 2 else "warning",
+                    "estimated_gain": round(1 - steady, 4),
+                    "evidence": f"{diagnosis['evidence']}; the window's steps took {ratio:.1f}x the run's steady "
+                                f"step ({window_ms:.1f} ms against {steady_step_ms:.1f} ms, the profiler's own cost), "
+                                f"so against the steady step the kernels run {kernels_ms:.1f} ms of "
+                                f"{steady_step_ms:.1f} ms, {pct(steady)}",
+                    "measured": {**measured, "gpu_utilization_steady": round(steady, 4),
+                                 "window_over_steady": round(ratio, 3)}})
+    return out
 
 
 def reconcile(live: list[Diagnosis], trace: list[Diagnosis], live_steps: int,

@@ -76,7 +76,7 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             1 - utilization,
             "Find what the GPU waits for in the idle breakdown and the diagnoses above; then raise the work per "
             "step (a larger batch) so launch and host overheads are amortized.",
-            gpu_utilization=utilization))
+            gpu_utilization=utilization, step_ms=round(step_us / 1e3, 3)))
     launch = metrics.get("launch") or {}
     idle = metrics.get("idle") or {}
     temporal = metrics.get("temporal") or {}

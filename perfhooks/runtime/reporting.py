@@ -22,6 +22,9 @@ from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis
 from perfhooks.runtime.run_state import ReportParts, RunFacts, RunState
 
+#: Steady steps the run needs before its median step judges a window's utilization (more than a window holds).
+MIN_STEADY_STEPS = 8
+
 
 def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds,
                    framework: str | None = None) -> list[Diagnosis]:
@@ -41,8 +44,10 @@ def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresho
     except Exception as error:
         faults.report("live_diagnoses", error)
         local = []
-    return merge_verdicts(live=local, trace=parts.trace.diagnoses, live_steps=stats.steady_step.count,
-                          window_steps=parts.trace.window_steps)
+    steady = stats.steady_step
+    return merge_verdicts(live=local, trace=parts.trace.diagnoses, live_steps=steady.count,
+                          window_steps=parts.trace.window_steps, thresholds=thresholds,
+                          steady_step_ms=steady.quantile(0.5) if steady.count >= MIN_STEADY_STEPS else None)
 
 
 def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, peak_flops: float | None,
