@@ -170,6 +170,9 @@ class StepTiming:
     tokens: int = 0
     #: Token slots, padding included, where the batches' attention_mask was read (0: not read).
     padded_tokens: int = 0
+    #: The step's batch shapes (a hash; 0: no batch seen), and whether one was new to the run (shape churn).
+    shape: int = 0
+    new_shape: bool = False
 
 
 class StatsSnapshot(NamedTuple):

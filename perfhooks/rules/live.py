@@ -51,9 +51,9 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     padding = _padding_waste(recent, stats, t, framework)
     if padding is not None:
         out.append(padding)
-    variance = _step_time_variance(recent, t, min_steps, framework)
-    if variance is not None:
-        out.append(variance)
+    churn = _shape_churn(recent, t, framework, compiled)
+    variance = _step_time_variance(recent, t, min_steps, framework) if churn is None else None
+    out.extend(verdict for verdict in (churn, variance) if verdict is not None)
     if compiled and len(recent) >= min_steps:
         first = [timing.step_ms for timing in recent[:3]]
         steady_ms = statistics.median(timing.step_ms for timing in recent[3:])
@@ -105,6 +105,52 @@ def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framew
             "per-phase p95 in the report shows which phase spikes.",
             p95_over_p50=p95 / p50)
     return None
+
+
+def _shape_churn(recent: list[Any], t: Thresholds, framework: str | None, compiled: bool) -> dict[str, Any] | None:
+    """``shape_churn``: each batch shape's first step against the later steps of the same shape. A new padded
+    length or batch size meets the caching allocator (new block sizes) and kernel selection (cuBLAS heuristics,
+    cuDNN benchmark; a compiled model recompiles) for the first time; the same shape again does not. The extra
+    time is measured only where a shape came back (its first step less the median of its later ones); the step
+    time variance this explains is this verdict, not ``step_time_variance``'s."""
+    steps = [timing for timing in recent[1:] if not timing.own and timing.shape]  # the first step is warm-up
+
+    def cost(timing: Any) -> float:  # a recompilation for the new shape, taken out of the step, is its cost
+        return timing.step_ms + (timing.aside_ms if timing.compiled else 0.0)
+
+    by_shape: dict[int, list[float]] = {}
+    for timing in steps:
+        by_shape.setdefault(timing.shape, []).append(cost(timing))
+    firsts = {timing.shape: cost(timing) for timing in steps if timing.new_shape}
+    slower = [(firsts[shape], statistics.median(times[1:])) for shape, times in by_shape.items()
+              if shape in firsts and len(times) >= 2 and times[0] == firsts[shape]]
+    slow = [(first, again) for first, again in slower if first >= t.shape_churn_slowdown * again]
+    total = sum(cost(timing) for timing in steps)
+    extra = sum(first - again for first, again in slow)
+    if len(slow) < 3 or len(slow) < len(slower) / 2 or not total or extra / total < t.shape_churn_share:
+        return None
+    new_steps = sum(1 for timing in steps if timing.new_shape)
+    return make(
+        "shape_churn", "warning", TITLES["shape_churn"],
+        f"{len(by_shape)} distinct batch shapes in {len(steps)} steps; {new_steps} steps met a shape for the first "
+        f"time, and of the {len(slower)} shapes that came back, {len(slow)} took a median "
+        f"{statistics.median(first / again for first, again in slow):.1f}× longer on their first step than on their "
+        f"later ones: {extra:.0f} ms, {pct(extra / total)} of the steps' time (the allocator and kernel selection "
+        f"meeting a new shape{'; a compiled model recompiles' if compiled else ''}); thresholds "
+        f"{t.shape_churn_slowdown:g}× and {pct(t.shape_churn_share)}",
+        extra / total,
+        _shape_fix(framework, compiled),
+        shapes=len(by_shape), new_shape_steps=new_steps, shape_churn_share=extra / total)
+
+
+def _shape_fix(framework: str | None, compiled: bool) -> str:
+    pad = ("DataCollatorWithPadding(tokenizer, pad_to_multiple_of=64) (or DataCollatorForLanguageModeling(..., "
+           "pad_to_multiple_of=64))" if framework == "transformers" else
+           "pad each batch to a multiple of 64 tokens (pad_to_multiple_of=64 in HF collators)")
+    fixed = (" A compiled model recompiles for new shapes: pad to a few fixed lengths, or mark the length dynamic "
+             "(torch._dynamo.mark_dynamic(input_ids, 1))." if compiled else "")
+    return (f"Make the shapes repeat: {pad}, so that a handful of lengths recur; bucket samples by length or pack "
+            f"them into fixed-length rows; keep the batch size fixed (drop_last=True).{fixed}")
 
 
 def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str | None) -> dict[str, Any] | None:

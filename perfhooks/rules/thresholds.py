@@ -24,6 +24,10 @@ class Thresholds:
     padding_share: float = 0.20
     #: Correlation (0..1) of step time with the step's padded tokens past which variance follows the batch length.
     length_correlation: float = 0.70
+    #: ``shape_churn``: a batch shape's first step at least this many times its later steps, and the extra time
+    #: at least this share 0..1 of the steps' time.
+    shape_churn_slowdown: float = 1.5
+    shape_churn_share: float = 0.05
     #: Share 0..1 of a window that one-time start-up calls must take for ``startup_in_window``.
     startup_share: float = 0.10
     occupancy_percent: float = 15.0

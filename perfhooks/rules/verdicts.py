@@ -32,6 +32,7 @@ DOCS = {
     "communication_heavy": "https://pytorch.org/docs/stable/notes/ddp.html",
     "straggler": "https://pytorch.org/docs/stable/distributed.html",
     "step_time_variance": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
+    "shape_churn": "https://huggingface.co/docs/transformers/main_classes/data_collator#transformers.DataCollatorWithPadding",
     "tensor_core_alignment": "https://docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication/",
     "evaluation_heavy": "https://lightning.ai/docs/pytorch/stable/common/trainer.html#val-check-interval",
     "startup_in_window": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.schedule",
@@ -50,6 +51,7 @@ DOCS = {
 TITLES = {
     "dataloader_bound": "The training loop waits for data",
     "step_time_variance": "Some steps take much longer than the rest",
+    "shape_churn": "Steps that meet a batch shape for the first time are slow",
     "compile_warmup": "torch.compile was compiling during the measured steps",
 }
 

@@ -54,6 +54,15 @@ def count_batch(batch: Any) -> BatchCount | None:
     return BatchCount(samples, 0, None)
 
 
+def batch_shape(batch: Any) -> tuple[Any, ...]:
+    """The shapes of a micro-batch's tensors (a mapping's values, a sequence's items, or the tensor): what a new
+    padded length or batch size changes. Host metadata only."""
+    if isinstance(batch, torch.Tensor):
+        return (tuple(batch.shape),)
+    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    return tuple(tuple(item.shape) for item in items if isinstance(item, torch.Tensor))
+
+
 def _is_batched(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() >= 1
 

@@ -37,6 +37,9 @@ class StepRecord:
     tokens: int = 0
     #: Token slots, padding included, of the micro-batches whose attention_mask was read (0: none was).
     padded_tokens: int = 0
+    #: The step's batch shapes (a hash; 0: no batch seen) and whether one was new to the run.
+    shape: int = 0
+    new_shape: bool = False
 
 
 class PendingSteps:
@@ -179,7 +182,8 @@ class PendingSteps:
         step_ms = max(0.0, step_ms - aside_ms)
         phase_ms[OTHER] = max(0.0, step_ms - covered)
         return StepTiming(record.step, step_ms, phase_ms, record.micro_batches, record.global_step, record.own,
-                          aside_ms, fetch_ms, record.compiled, record.samples, record.tokens, record.padded_tokens)
+                          aside_ms, fetch_ms, record.compiled, record.samples, record.tokens, record.padded_tokens,
+                          record.shape, record.new_shape)
 
     def discard(self, record: StepRecord) -> None:
         """Return a step's device events to the pool (host marks hold nothing); each distinct mark once."""

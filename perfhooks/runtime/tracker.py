@@ -25,7 +25,7 @@ from perfhooks.device.clock import HostClock
 from perfhooks.events import ASIDES, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog
 from perfhooks.report.statistics import PhaseStatistics
-from perfhooks.runtime.batches import count_batch
+from perfhooks.runtime.batches import batch_shape, count_batch
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.steps import PendingSteps, StepRecord
 from perfhooks.timebase import monotonic
@@ -34,6 +34,8 @@ _PHASE_NAMES = frozenset(PHASES)
 #: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
 #: pathological one).
 MAX_NAMED_WORK = 256
+#: Distinct batch shapes remembered: past it, no shape counts as new (a run with a fresh shape every step).
+MAX_SHAPES = 4096
 
 
 class StepListener(Protocol):
@@ -84,6 +86,8 @@ class StepTracker:
         self.named_work: dict[str, float] = {}
         #: The batch's token count's source, once a batch was counted.
         self.token_source: str | None = None
+        #: The batch shapes seen so far (bounded): a step that meets a new one may pay for it (shape churn).
+        self.shapes: set[tuple[Any, ...]] = set()
         #: No event is taken any more (the run closed).
         self.closed = False
         #: Tell the listener of each phase start / phase end (set by the engine while a part needs it).
@@ -148,6 +152,11 @@ class StepTracker:
         record.samples += counted.samples
         record.tokens += counted.tokens
         record.padded_tokens += counted.padded
+        shape = batch_shape(batch)
+        record.shape = hash((record.shape, shape))
+        if shape not in self.shapes and len(self.shapes) < MAX_SHAPES:
+            self.shapes.add(shape)
+            record.new_shape = True
         if counted.token_source is not None:
             self.token_source = counted.token_source
 
