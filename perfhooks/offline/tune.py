@@ -39,7 +39,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("dataloader_workers", "DataLoader worker processes", ("dataloader_bound",), True),
     Knob("tf32", "TF32 matmuls", ("fp32_matmul",), False),
     Knob("bf16", "bf16 autocast", ("fp32_matmul",), False),
-    Knob("compile", "torch.compile", ("launch_bound", "low_gpu_utilization"), False),
+    Knob("compile", "torch.compile", ("launch_bound", "host_bound", "low_gpu_utilization"), False),
     Knob("sdpa", "SDPA attention", ("unfused_attention",), False),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)

@@ -12,7 +12,7 @@ from typing import Any
 #: Verdicts that explain a waterfall part, most specific first.
 EXPLAINED_BY = {
     "data_wait_ms": ("dataloader_bound",),
-    "device_idle_ms": ("launch_bound", "host_sync", "memcpy_heavy", "low_gpu_utilization"),
+    "device_idle_ms": ("launch_bound", "host_bound", "host_sync", "memcpy_heavy", "low_gpu_utilization"),
     "compute_beyond_ideal_ms": ("fp32_matmul", "unfused_attention", "tensor_core_alignment", "low_occupancy"),
     "other_ms": ("step_time_variance",),
 }

@@ -53,22 +53,30 @@ def against_steady(trace: list[Diagnosis], steady_step_ms: float | None, t: Thre
     for diagnosis in trace:
         measured = diagnosis.get("measured") or {}
         window_ms, utilization = measured.get("step_ms"), measured.get("gpu_utilization")
-        if (diagnosis["id"] != "low_gpu_utilization" or not window_ms or utilization is None
+        if (diagnosis["id"] not in ("low_gpu_utilization", "host_bound") or not window_ms or utilization is None
                 or window_ms < WINDOW_SLOWER * steady_step_ms):
             out.append(diagnosis)
             continue
         ratio, kernels_ms = window_ms / steady_step_ms, utilization * window_ms
         steady = min(1.0, kernels_ms / steady_step_ms)
+        said = (f"; the window's steps took {ratio:.1f}x the run's steady step ({window_ms:.1f} ms against "
+                f"{steady_step_ms:.1f} ms, the profiler's own cost), so against the steady step the kernels run "
+                f"{kernels_ms:.1f} ms of {steady_step_ms:.1f} ms, {pct(steady)}")
+        figures = {**measured, "gpu_utilization_steady": round(steady, 4), "window_over_steady": round(ratio, 3)}
+        if diagnosis["id"] == "host_bound":
+            # the GPU's idle time at the steady step, in the share the window found waiting on the host
+            waiting = measured.get("host_wait_share_of_step", 0.0) / max(1e-9, 1 - utilization)
+            gain = (1 - steady) * min(1.0, waiting)
+            if gain < t.host_bound_share:
+                continue
+            out.append({**diagnosis, "estimated_gain": round(gain, 4), "evidence": diagnosis["evidence"] + said,
+                        "measured": {**figures, "host_wait_share_steady": round(gain, 4)}})
+            continue
         if steady >= t.gpu_utilization:
             continue  # the window's idle time was the profiler's: the steady run keeps the GPU busy enough
         out.append({**diagnosis, "severity": "critical" if steady < t.gpu_utilization / 2 else "warning",
-                    "estimated_gain": round(1 - steady, 4),
-                    "evidence": f"{diagnosis['evidence']}; the window's steps took {ratio:.1f}x the run's steady "
-                                f"step ({window_ms:.1f} ms against {steady_step_ms:.1f} ms, the profiler's own cost), "
-                                f"so against the steady step the kernels run {kernels_ms:.1f} ms of "
-                                f"{steady_step_ms:.1f} ms, {pct(steady)}",
-                    "measured": {**measured, "gpu_utilization_steady": round(steady, 4),
-                                 "window_over_steady": round(ratio, 3)}})
+                    "estimated_gain": round(1 - steady, 4), "evidence": diagnosis["evidence"] + said,
+                    "measured": figures})
     return out
 
 

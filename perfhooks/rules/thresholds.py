@@ -14,6 +14,8 @@ class Thresholds:
     gpu_utilization: float = 0.60
     short_kernel_share: float = 0.50
     host_wait_share: float = 0.50
+    #: ``host_bound``: share 0..1 of the step the GPU waits on the host beyond the DataLoader, kernels not tiny.
+    host_bound_share: float = 0.20
     syncs_per_step: float = 1.0
     sync_time_share: float = 0.01
     misaligned_gemm_share: float = 0.01

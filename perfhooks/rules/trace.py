@@ -101,8 +101,36 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "fuse small ops, or raise the batch size.",
             short_kernel_share=launch["short_kernel_share"], host_wait_share=idle["host_wait"],
             launch_call_share=launch_calls, host_wait_share_of_step=host_wait))
+    elif (not launch_heavy and utilization is not None and utilization < 0.8 and host_wait >= t.host_bound_share
+          and metrics.get("step_rule", "profiler_steps") == "profiler_steps"):  # a window's idle edges are not steps
+        out.append(_host_bound(metrics, step_us, breakdown, utilization, host_wait, launch, t))
     out.extend(_steady_state_rules(metrics, step_us, breakdown, utilization, t))
     return out
+
+
+def _host_bound(metrics: dict[str, Any], step_us: float, breakdown: dict[str, Any], utilization: float,
+                host_wait: float, launch: dict[str, Any], t: Thresholds) -> Diagnosis:
+    """The GPU waits on the host, and its kernels are not tiny (``launch_bound`` is the tiny-kernel case): the
+    host's own work per step (Python, the framework, the operators' dispatch) is longer than the kernels'."""
+    kernel_ms = utilization * step_us / 1e3
+    host_ms = sum(breakdown.get(role, 0.0) for role in ("cpu_exec", "runtime", "other")) / 1e3
+    calls = launch.get("launch_call_share")
+    return make(
+        "host_bound", "warning", TITLES["host_bound"],
+        f"the GPU waits on the host {pct(host_wait)} of the step beyond the DataLoader "
+        f"({host_wait * step_us / 1e3:.1f} ms of {step_us / 1e3:.1f} ms); the kernels take {kernel_ms:.1f} ms a "
+        f"step and the host's operators, "
+        f"runtime calls and other work {host_ms:.1f} ms; {launch.get('kernels_per_step', 0):.0f} launches a step, of "
+        f"which only {pct(launch.get('short_kernel_share', 0.0))} run < 10 µs (not a launch-bound step)"
+        + (f", and launch calls take {pct(calls)} of the step" if calls is not None else "")
+        + f"; threshold {pct(t.host_bound_share)}",
+        host_wait,
+        "Cut the host's work per step: model = torch.compile(model) (mode=\"reduce-overhead\" adds CUDA graphs, which "
+        "replay the step's launches at once); a larger batch, so each launch does more work; fewer small ops (a "
+        "fused or foreach optimizer, no per-step .item() or Python loops over tensors).",
+        host_wait_share_of_step=host_wait, kernel_ms_per_step=round(kernel_ms, 3), host_ms_per_step=round(host_ms, 3),
+        kernels_per_step=launch.get("kernels_per_step"), step_ms=round(step_us / 1e3, 3),
+        gpu_utilization=utilization)
 
 
 def _window_not_steady(metrics: dict[str, Any], steady: dict[str, Any]) -> Diagnosis:

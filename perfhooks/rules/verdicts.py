@@ -16,6 +16,7 @@ DOCS = {
     "dataloader_bound": "https://pytorch.org/docs/stable/data.html#single-and-multi-process-data-loading",
     "low_gpu_utilization": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",
     "launch_bound": "https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs",
+    "host_bound": "https://pytorch.org/tutorials/intermediate/torch_compile_tutorial.html",
     "host_sync": "https://pytorch.org/docs/stable/generated/torch.cuda.set_sync_debug_mode.html",
     "fp32_matmul": "https://pytorch.org/docs/stable/amp.html",
     "unfused_attention": "https://pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
@@ -52,6 +53,7 @@ TITLES = {
     "dataloader_bound": "The training loop waits for data",
     "step_time_variance": "Some steps take much longer than the rest",
     "shape_churn": "Steps that meet a batch shape for the first time are slow",
+    "host_bound": "The GPU waits on the host's Python and framework work",
     "compile_warmup": "torch.compile was compiling during the measured steps",
 }
 
