@@ -278,3 +278,44 @@ def test_the_live_file_ends_with_the_runs_last_step_and_status(tmp_path: Path) -
     assert (live["status"], live["step"]) == ("completed", 7)
     frame = read_frame([str(tmp_path)])
     assert [(rank["status"], rank["step"]) for rank in frame["ranks"]] == [("completed", 7)]
+
+
+def test_a_windows_verdicts_reach_the_live_file_at_the_watchs_next_look(tmp_path: Path) -> None:
+    """A window's analysis ends on the writer thread after the window-end publish: its verdicts are in the live file
+    at the watch's next look (every second), and in the state published at the next step, not a minute later."""
+    import torch
+
+    import perfhooks
+
+    class SlowData(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 10_000
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            time.sleep(0.002)
+            return torch.randn(32)
+
+    loader = iter(torch.utils.data.DataLoader(SlowData(), batch_size=8))
+    model = torch.nn.Linear(32, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    schedule = perfhooks.Schedule(skip_first=2, warmup=1, active=2, repeat=1)
+    with perfhooks.profile(model, optimizer, output_dir=tmp_path, console=False, schedule=schedule,
+                           report_every_s=3600) as run:
+        def step() -> None:
+            with run.data_wait():
+                batch = next(loader)
+            model(batch).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        for _ in range(8):
+            step()
+        engine = run.engine
+        assert engine.writer.flush(60), "the window's export and analysis ran"
+        analysed = [d["id"] for d in engine.saving.trace.diagnoses]
+        assert "dataloader_bound" in analysed
+        engine.watch.tick()  # the watch's next look
+        live = json.loads((tmp_path / "live.rank0.json").read_text())
+        assert live["verdicts"] == analysed
+        step()
+        assert [d["id"] for d in engine.state.parts.trace.diagnoses] == analysed, "published at the next step"

@@ -42,7 +42,7 @@ from perfhooks.runtime.flop_arming import FlopArming
 from perfhooks.runtime.live_watch import LiveWatch
 from perfhooks.runtime.null_engine import NullEngine
 from perfhooks.runtime.orphans import OwnerWatch
-from perfhooks.runtime.outputs import RunOutputs
+from perfhooks.runtime.outputs import RunOutputs, existing_ancestor
 from perfhooks.runtime.parts import RunParts
 from perfhooks.runtime.reporting import build_run_report
 from perfhooks.runtime.run_account import RunAccount
@@ -75,7 +75,7 @@ class Engine:
         self.ends_explicitly = ends_explicitly
         self.output_dir = Path(output_dir)
         #: The nearest existing folder on the way to ``output_dir``: once the user removes it, nothing is written.
-        self.output_anchor = _existing_ancestor(self.output_dir)
+        self.output_anchor = existing_ancestor(self.output_dir)
         self.faults = FaultLog()
         self.once = Once()
         # made now, so that `touch <output_dir>/TRIGGER` works from the first step (a failure: the first write says)
@@ -131,6 +131,7 @@ class Engine:
         self.watch = LiveWatch(rank=facts.rank, world_size=facts.world_size, output_dir=self.output_dir,
                                stall_after_s=config.stall_after_s, console_every_s=config.console_every_s,  # type: ignore[arg-type]
                                state=lambda: self.state, beacon=lambda: self.tracker.beacon,
+                               trace=lambda: self.saving.trace,  # a window's verdicts, as soon as analysed
                                device=self.room.queue_state, on_stall=self._stalled, faults=self.faults,
                                left_open=lambda idle_s, limit_s: self.owner.left_open(
                                    idle_s, limit_s, self.error is not None, self.output_removed()),
@@ -297,6 +298,8 @@ class Engine:
         tracker = self.tracker
         parts = (self.parts.report_parts(self.facts.device, self.room.is_cuda, self.error, self.saving.trace)
                  if full or not hasattr(self, "state") else self.state.parts)
+        if parts.trace is not self.saving.trace:  # a window's analysis ended since: its verdicts at once
+            parts = parts._replace(trace=self.saving.trace)
         state = RunState(tracker.step, tracker.global_step, self.status, tracker.open_phase, tracker.phase_since_s,
                          monotonic(), tracker.stats.snapshot(), parts, self.signal)
         self.state = state
@@ -440,10 +443,3 @@ class Engine:
 #: What an integration holds: a live engine, or the null one.
 RunEngine = Engine | NullEngine
 
-
-def _existing_ancestor(path: Path) -> Path | None:
-    """``path`` or its nearest existing parent (None when even the root is not there)."""
-    for candidate in (path, *path.absolute().parents):
-        if candidate.exists():
-            return candidate
-    return None

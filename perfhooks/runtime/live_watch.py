@@ -63,7 +63,7 @@ class LiveWatch:
                  device: Callable[[], str], on_stall: Callable[[], None], faults: FaultLog,
                  thread_id: int | None = None, clock: Callable[[], float] = monotonic,
                  left_open: Callable[[float, float], str | None] | None = None,
-                 on_left_open: Callable[[str], None] | None = None) -> None:
+                 on_left_open: Callable[[str], None] | None = None, trace: Callable[[], Any] | None = None) -> None:
         self.rank, self.world_size, self.output_dir = rank, world_size, output_dir
         self.stall_after_s = stall_after_s
         #: When the watch began, on its clock: no phase of this run started before.
@@ -73,6 +73,10 @@ class LiveWatch:
         #: Why the run is taken as left open, given the seconds since its last step and the stall limit
         #: (:mod:`perfhooks.runtime.orphans`), and what closes it then (on this thread).
         self.left_open, self.on_left_open = left_open, on_left_open
+        #: The latest analysed window's verdicts, read straight from where the writer swaps them in (the
+        #: published state carries them from the next step on): the live file has them within one look.
+        self.trace = trace
+        self._trace_seen: Any = None
         self._last_step: tuple[int, float] = (-1, clock())
         self.faults = faults
         self.thread_id = threading.get_ident() if thread_id is None else thread_id
@@ -140,6 +144,9 @@ class LiveWatch:
                 return
         in_phase_s = self.in_phase_s(now, since)
         changed = self._follow_stall(state, phase, since, step, in_phase_s)
+        trace = self.trace() if self.trace is not None else None
+        if trace is not None and trace is not self._trace_seen:  # a window was analysed: its verdicts now
+            self._trace_seen, changed = trace, True
         if changed or now >= self._next_live:
             self._next_live = now + LIVE_EVERY_S
             self.write_live(state, phase, in_phase_s, now)
@@ -242,7 +249,7 @@ class LiveWatch:
             "stalled": open_stall is not None, "stack": list(open_stall["stack"]) if open_stall else [],
             "memory_bytes": memory.get("used_bytes"), "samples_per_s": round(samples_per_s, 4) or None,
             "tokens_per_s": round(tokens_per_s, 4) or None,
-            "verdicts": [d["id"] for d in state.parts.trace.diagnoses],
+            "verdicts": [d["id"] for d in (self._trace_seen or state.parts.trace).diagnoses],
             "stalls": self.records(),
         }
 

@@ -94,3 +94,12 @@ def with_cross_rank_verdicts(report: dict[str, Any], run_report: dict[str, Any] 
     if run_report.get("merged_trace"):
         report = {**report, "merged_trace": run_report["merged_trace"]}
     return report
+
+
+def existing_ancestor(path: Path) -> Path | None:
+    """``path`` or its nearest existing parent (None when even the root is not there): once the user removes it,
+    nothing is written."""
+    for candidate in (path, *path.absolute().parents):
+        if candidate.exists():
+            return candidate
+    return None
