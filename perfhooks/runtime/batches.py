@@ -5,7 +5,8 @@
 - **tokens**: ``attention_mask.sum()`` (padding left out) when the batch has a 2-D ``attention_mask`` on the
   CPU; else the element count of a 2-D ``input_ids`` (padding included); else, with no mapping, the element count
   of a first tensor that is 2-D and of an integer dtype (token ids: nanoGPT's ``x``). A mask on an accelerator is
-  not read: its sum is a device op whose value the host would have to wait for.
+  not read: its sum is a device op whose value the host would have to wait for. The tracker reads it instead as the
+  DataLoader handed the batch over, on the host (:mod:`~perfhooks.runtime.host_batches`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 FROM_MASK = "attention_mask"
 FROM_IDS = "input_ids"
 FROM_IDS_MASK_ON_DEVICE = "input_ids (attention_mask not read on an accelerator: reading it would sync)"
+FROM_HOST_MASK = "attention_mask, read on the host as the DataLoader gave it, before the framework moved it"
 FROM_INTEGER_TENSOR = "a 2-D integer tensor taken as token ids (nanoGPT's x)"
 
 

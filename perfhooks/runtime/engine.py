@@ -35,7 +35,7 @@ from perfhooks.faults import FaultLog, Once, guarded, is_device_error
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.memory.monitor import MemoryMonitor
 from perfhooks.report.schema import new_run_id
-from perfhooks.runtime import exit_guard, lifecycle
+from perfhooks.runtime import exit_guard, host_batches, lifecycle
 from perfhooks.runtime.capture_control import CaptureControl
 from perfhooks.runtime.compile_tracking import CompileTracking
 from perfhooks.runtime.flop_arming import FlopArming
@@ -106,6 +106,7 @@ class Engine:
         self.watch.start()
         if isinstance(self.clock, DeviceClock):
             self.timings.start()  # the step timings are read off the training thread
+        host_batches.follow(self.tracker.host_batch)  # the batches on the host, before a framework moves them
 
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
@@ -423,6 +424,7 @@ class Engine:
                 self.memory.release()
             self.outputs.release()
             self.room.release()
+            host_batches.let_go(self.tracker.host_batch)
             while self.on_release:
                 self.on_release.pop()()
             self._error_seen = None
