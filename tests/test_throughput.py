@@ -386,3 +386,32 @@ def test_a_plain_loop_under_cpu_autocast_bf16_reports_bf16(tmp_path: Path) -> No
     throughput = json.loads((tmp_path / "report.json").read_text())["throughput"]
     assert throughput["matmul_dtype"] == "bf16"
     assert throughput["dtype_source"] == "torch.autocast('cpu', dtype=bf16) at the model's forward"
+
+
+def test_a_lightning_fit_that_autocasts_in_its_training_step_reports_what_its_matmuls_ran_in(tmp_path: Path) -> None:
+    """Lightning at its default precision ("32-true") with the user's own ``torch.autocast`` in ``training_step``:
+    the setting says fp32, the step's matmuls ran in bf16 (counted in the measured FLOP step, below autocast)."""
+    import lightning as L
+
+    from perfhooks.integrations.lightning import PerfCallback
+
+    class Autocasting(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = self.layers(x)
+            return torch.nn.functional.mse_loss(out.float(), y)
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    trainer = L.Trainer(default_root_dir=tmp_path, max_steps=14, accelerator="cpu", devices=1,
+                        callbacks=[PerfCallback(output_dir=tmp_path / "perf", console=False)])
+    trainer.fit(Autocasting(), random_loader(14))
+    throughput = read_report(tmp_path / "perf")["throughput"]
+    assert throughput["matmul_dtype"] == "bf16", throughput["dtype_source"]
+    assert throughput["dtype_source"].startswith("the measured step's matmuls ran in bf16 (100% of their work")

@@ -21,6 +21,9 @@ from perfhooks.runtime import flops as flops_sources
 from perfhooks.runtime.compiled_flops import compiled_wrappers, count_on_meta, hook_wrappers
 from perfhooks.runtime.flops import FlopMeter, fused_attention_formulas
 
+#: Share 0..1 of the measured step's matmul work one dtype must hold to name the run's dtype.
+MEASURED_DTYPE_SHARE = 0.8
+
 
 class FlopArming:
     """Arms, runs and stops the one-step FLOP measurement; says where the run's FLOPs per step come from."""
@@ -116,6 +119,16 @@ class FlopArming:
         if self.meter.flops_per_step is None and self.meter.skipped is None:  # cut short: the next warm-up tries
             self.may_count = True
 
+    def _measured_dtype(self) -> tuple[str, str] | None:
+        """The dtype most of the measured step's matmul work ran in (at least :data:`MEASURED_DTYPE_SHARE` of it),
+        with its source; None without a measured step. fp32 on CUDA may use TF32: the framework's or torch's
+        setting says so, not this."""
+        found = _share(self.meter.matmul_dtypes)
+        if found is None or found[1] < MEASURED_DTYPE_SHARE or found[0] not in ("bf16", "fp16", "fp8", "fp32"):
+            return None
+        return found[0], (f"the measured step's matmuls ran in {found[0]} ({found[1]:.0%} of their work, "
+                          f"step {self.meter.step})")
+
     def flops(self, steps: int, samples: int, tokens: int = 0) -> dict[str, Any]:
         """FLOPs per step and their source: the user's, the framework's, the measured step's; else why none.
         ``steps`` and ``samples``: the run's so far (for ``flops_per_sample``)."""
@@ -148,13 +161,30 @@ class FlopArming:
         return {"missing": "no capture window's warm-up step ran to measure one (the schedule); pass flops_per_step"}
 
     def matmul_dtype(self, cuda: bool) -> tuple[str, str]:
-        """The dtype whose peak applies: the framework's precision, else TF32 where float32 matmuls may use it on
-        CUDA, else FP32."""
-        if self.precision is not None:
+        """The dtype whose peak applies: what a step ran in (autocast at the forward; else the measured step's
+        matmuls, when most of their work ran in one dtype), else the framework's precision, else TF32 where
+        float32 matmuls may use it on CUDA, else FP32."""
+        measured = self._measured_dtype()
+        tf32 = cuda and torch.get_float32_matmul_precision() != "highest"
+        if measured is not None and measured[0] == "fp32" and tf32:
+            measured = ("tf32", f"{measured[1]}, which torch.get_float32_matmul_precision() "
+                                f"{torch.get_float32_matmul_precision()!r} lets use TF32")
+        if self.precision is not None and (self.precision_ran or measured is None
+                                           or measured[0] == self.precision[0]):
             return self.precision
-        if cuda and torch.get_float32_matmul_precision() != "highest":
+        if measured is not None and (self.precision is not None or measured[0] not in ("fp32", "tf32")):
+            return measured  # what the step ran in, over a setting it contradicts (or with none)
+        if tf32:
             return "tf32", f"torch.get_float32_matmul_precision() is {torch.get_float32_matmul_precision()!r}"
         return "fp32", "no mixed precision setting seen"
+
+
+def _share(by_dtype: dict[str, float]) -> tuple[str, float] | None:
+    total = sum(by_dtype.values())
+    if not total:
+        return None
+    name = max(by_dtype, key=lambda key: by_dtype[key])
+    return name, by_dtype[name] / total
 
 
 def device_peak(device: dict[str, Any], dtype: str) -> tuple[float, str] | None:

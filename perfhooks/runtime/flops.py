@@ -50,6 +50,38 @@ def fused_attention_formulas() -> dict[Any, Any]:
     return out
 
 
+#: The matmul-family operators whose input dtype says what the step's matmuls ran in.
+MATMUL_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "convolution", "_convolution",
+                        "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"})
+#: torch dtypes by the report's names.
+DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32",
+               "torch.float8_e4m3fn": "fp8", "torch.float8_e5m2": "fp8"}
+
+
+def matmul_dtype_mode() -> Any:
+    """A dispatch mode that tallies, by input dtype, the elements the step's matmul-family operators produce: what
+    they ran in after autocast (it sits below autocast in the dispatcher), whatever the framework's setting."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class MatmulDtypes(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.by_dtype: dict[str, float] = {}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket.__name__ in MATMUL_OPS:
+                first = next((a for a in args if hasattr(a, "dtype") and hasattr(a, "numel")), None)
+                result = out[0] if isinstance(out, (tuple, list)) else out
+                if first is not None and hasattr(result, "numel"):
+                    name = DTYPE_NAMES.get(str(first.dtype), str(first.dtype))
+                    self.by_dtype[name] = self.by_dtype.get(name, 0.0) + float(result.numel()) * first.shape[-1]
+            return out
+
+    return MatmulDtypes()
+
+
 class FlopMeter:
     """Counts one step's FLOPs; every method is safe to call at any time and never raises."""
 
@@ -64,6 +96,9 @@ class FlopMeter:
         #: Counting a compiled model's forwards on meta tensors (:meth:`add`), and their total so far.
         self.meta_counting = False
         self._meta_total = 0.0
+        #: The measured step's matmul work by input dtype (``{"bf16": ...}``), and the mode that tallies it.
+        self.matmul_dtypes: dict[str, float] = {}
+        self._dtypes: Any = None
 
     @property
     def counting(self) -> bool:
@@ -93,6 +128,12 @@ class FlopMeter:
         mode = FlopCounterMode(display=False, custom_mapping=fused_attention_formulas())
         mode.__enter__()
         self._mode, self.step = mode, step
+        try:
+            dtypes = matmul_dtype_mode()
+            dtypes.__enter__()
+            self._dtypes = dtypes
+        except Exception:  # the FLOP count stands without the dtypes
+            self._dtypes = None
 
     def stop(self, keep: bool = True) -> None:
         """Stop counting (the optimizer starts, the step ends, an error or the close); ``keep`` the count."""
@@ -102,6 +143,11 @@ class FlopMeter:
         elif mode is None:
             return
         else:
+            dtypes, self._dtypes = self._dtypes, None
+            if dtypes is not None:
+                dtypes.__exit__(None, None, None)  # entered last, left first
+                if keep:
+                    self.matmul_dtypes = dict(dtypes.by_dtype)
             mode.__exit__(None, None, None)
             total = float(mode.get_total_flops())
         if keep and total > 0:
