@@ -45,3 +45,13 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "max_traces" in api and "PerfCallback" in api and "data_wait" in api  # rendered from the docstrings
+
+
+def test_the_analysis_page_counts_the_calibration_traces_there_are() -> None:
+    """The page's count of calibration traces is the table's (it said 22 when there were 24)."""
+    import json
+
+
+    traces = json.loads((ROOT / "tests" / "data" / "calibration.json").read_text())["traces"]
+    said = re.search(r"for each of the (\d+) shared traces", (ROOT / "docs" / "analysis.md").read_text())
+    assert said is not None and int(said.group(1)) == len(traces)

@@ -64,7 +64,7 @@ def test_the_gate_on_three_plain_runs(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_the_interval_and_the_verdicts_on_exact_figures() -> None:
-    from perfhooks.offline.gate import gate, lower_quartile, median_interval
+    from perfhooks.offline.gate import format_gate, gate, lower_quartile, median_interval
 
     def report(steps: list[float], **throughput: float) -> dict:
         return {"framework": "plain", "device": {"type": "cpu", "name": "cpu"}, "world_size": 1,
@@ -84,6 +84,10 @@ def test_the_interval_and_the_verdicts_on_exact_figures() -> None:
     noisy = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0] * 10  # p25s of resamples spread over [10, 12]
     assert gate(report(noisy), report([ms * 1.06 for ms in noisy]), 5)["verdict"] == "unchanged"  # inside the noise
     assert gate(report([10.0] * 60), report([10.4] * 60), 5)["verdict"] == "unchanged"  # +4%, under the gate
+    noisy_words = format_gate(gate(report(noisy), report([ms * 1.06 for ms in noisy]), 5)).splitlines()[0]
+    assert noisy_words == "gate 5%: within noise (+6.0%, but the two runs' 95% intervals overlap)"
+    assert format_gate(gate(report([10.0] * 60), report([10.4] * 60), 5)).splitlines()[0] == \
+        "gate 5%: within noise (+4.0% is inside the 5% gate)"
     assert gate(report([10.0] * 60), report([11.0] * 60), 5)["verdict"] == "regressed"
     assert gate(report([11.0] * 60), report([10.0] * 60), 5)["verdict"] == "improved"
     short = gate(report([10.0] * 8), report([20.0] * 8), 5)

@@ -70,3 +70,4 @@ def test_a_compiled_loop_whose_padded_lengths_are_new_gets_shape_churn(tmp_path:
     assert churn["measured"]["shapes"] == 5 and "pad_to_multiple_of" in churn["recommendation"]
     assert "recompiles" in churn["recommendation"]
     assert "step_time_variance" not in verdicts
+

@@ -124,11 +124,20 @@ def _verdict(result: dict[str, Any], reasons: list[str], force: bool, percent: f
 
 def format_gate(result: dict[str, Any]) -> str:
     """The gate's lines for the text view."""
-    lines = [f"gate {result['percent']:g}%: {result['verdict']}"]
+    verdict, step = result["verdict"], result["step_ms"]
+    said = verdict
+    if verdict == "unchanged":  # the JSON's word; in words: no change the gate can tell from noise
+        change = step.get("change")
+        if change is None:
+            said = "within noise (no interval: too few steady steps)"
+        elif abs(change) <= result["percent"] / 100:
+            said = f"within noise ({change:+.1%} is inside the {result['percent']:g}% gate)"
+        else:
+            said = f"within noise ({change:+.1%}, but the two runs' 95% intervals overlap)"
+    lines = [f"gate {result['percent']:g}%: {said}"]
     if result["reasons"]:
         lines.append(("  compared anyway (--force); " if result["forced"] else "  not comparable: ")
                      + "; ".join(result["reasons"]))
-    step = result["step_ms"]
     if "change" in step:
         (b_low, b_high), (a_low, a_high) = step["before_interval"], step["after_interval"]
         b_median, a_median = step["median"]

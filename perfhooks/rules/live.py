@@ -13,12 +13,13 @@ from perfhooks.rules.verdicts import TITLES, make, pct
 
 def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
                   run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None,
-                  framework: str | None = None) -> list[dict[str, Any]]:
+                  framework: str | None = None, accelerator: bool = True) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
     analysis, a memory capture) are left out of the phase and variance rules. ``compiled`` says
-    torch.compile compiled a graph during the run; ``run`` is the report's run account.
+    torch.compile compiled a graph during the run; ``run`` is the report's run account; ``accelerator``: the run
+    trains on a GPU or another accelerator (pinned memory helps only there).
     """
     out = diagnose_run(run, t)
     if stats.steps < min_steps:
@@ -32,8 +33,8 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
             f"a step; the fetches took {stats.fetch.mean:.2f} ms a step on the host, of which a GPU sees only "
             f"what no queued work hides); threshold {pct(t.dataloader_share)}",
             wait,
-            "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2); "
-            "move decoding/augmentation off the training process.",
+            f"DataLoader(dataset, num_workers=4, {'pin_memory=True, ' if accelerator else ''}persistent_workers=True, "
+            "prefetch_factor=2); move decoding/augmentation off the training process.",
             data_wait_share=wait))
     optimizer = stats.steady_share("optimizer")
     if optimizer >= t.optimizer_share:

@@ -58,7 +58,8 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             f"{step_us / 1e3:.1f} ms); threshold {pct(t.dataloader_share)}",
             dataloader,
             "Load batches in worker processes and keep them ahead of the GPU: "
-            "DataLoader(dataset, num_workers=4, pin_memory=True, persistent_workers=True, prefetch_factor=2).",
+            f"DataLoader(dataset, num_workers=4, {'pin_memory=True, ' if metrics.get('devices') else ''}"
+            "persistent_workers=True, prefetch_factor=2).",
             dataloader_share=dataloader))
     utilization = steady["gpu_utilization"] if "gpu_utilization" in steady else metrics.get("gpu_utilization")
     if metrics.get("queueing"):  # the device was busy; the time before its first kernel was queueing, not idle

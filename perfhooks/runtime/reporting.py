@@ -27,20 +27,21 @@ MIN_STEADY_STEPS = 8
 
 
 def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds,
-                   framework: str | None = None) -> list[Diagnosis]:
+                   framework: str | None = None, accelerator: bool = True) -> list[Diagnosis]:
     """The verdicts this rank's own figures give: live phase timings, compile counts, memory (not yet the
     trace's)."""
     return [*diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
-                           named_work=parts.named_work, framework=framework),
+                           named_work=parts.named_work, framework=framework, accelerator=accelerator),
             *diagnose_compile(parts.compile, parts.run, thresholds),
             *(diagnose_memory(parts.memory_figures, thresholds) if parts.memory_figures is not None else [])]
 
 
 def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds, faults: FaultLog,
-                 stalls: list[dict[str, Any]] | None = None, framework: str | None = None) -> list[Diagnosis]:
+                 stalls: list[dict[str, Any]] | None = None, framework: str | None = None,
+                 accelerator: bool = True) -> list[Diagnosis]:
     """Every verdict of the run so far, merged (a fault in a rule is reported once; the trace's verdicts stand)."""
     try:
-        local = local_verdicts(stats, parts, thresholds, framework) + diagnose_stalls(stalls or [])
+        local = local_verdicts(stats, parts, thresholds, framework, accelerator) + diagnose_stalls(stalls or [])
     except Exception as error:
         faults.report("live_diagnoses", error)
         local = []
@@ -55,7 +56,8 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
     """The report of the run as ``state`` holds it (on any thread); ``stalls``: the live watch's records."""
     stats = state.stats.thaw()
     parts = state.parts
-    diagnoses = run_verdicts(stats, parts, thresholds, faults, stalls, facts.framework)
+    diagnoses = run_verdicts(stats, parts, thresholds, faults, stalls, facts.framework,
+                             accelerator=facts.device.get("type") not in (None, "cpu"))
     windows = [dict(window) for window in parts.windows]
     analysed = [w["metrics"] for w in windows if w.get("metrics")]
     try:

@@ -11,6 +11,7 @@ from fixtures import NUM_WORKERS_0, NUM_WORKERS_4, RESNET, report
 from helpers import plain_loop, train_steps
 from perfhooks import Engine, PerfConfig
 from perfhooks.report.schema import validate_report
+from perfhooks.report.statistics import PhaseStatistics, StepTiming
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import DOCS, rank
@@ -388,3 +389,12 @@ def test_compile_warmup_reads_compilation_not_compiled_code_running() -> None:
                  "torch/_inductor/graph.py(2030): compile_to_module", "_compile.compile_inner (dynamo_timed)"]
     assert [name for name in running if is_compilation(name)] == []
     assert all(is_compilation(name) for name in compiling)
+
+
+@pytest.mark.parametrize("accelerator", [True, False])
+def test_the_dataloader_fix_pins_memory_only_where_there_is_an_accelerator(accelerator: bool) -> None:
+    stats = PhaseStatistics()
+    for index in range(20):
+        stats.add(StepTiming(index, 10.0, {"data_wait": 6.0, "forward": 2.0, "backward": 2.0}, 1, index))
+    [verdict] = [d for d in diagnose_live(stats, accelerator=accelerator) if d["id"] == "dataloader_bound"]
+    assert ("pin_memory=True" in verdict["recommendation"]) is accelerator
