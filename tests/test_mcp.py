@@ -91,6 +91,19 @@ def test_an_agent_reads_runs_diagnoses_and_gates_over_stdio(tmp_path: Path) -> N
     assert set(after) - set(before) == {"slower/TRIGGER"} and all(after[k] == v for k, v in before.items())
 
 
+def test_an_empty_root_is_said_in_words_and_the_server_gives_its_version(tmp_path: Path) -> None:
+    import perfhooks
+
+    async def session() -> tuple[Any, Any]:
+        server = StdioServerParameters(command=sys.executable, args=["-m", "perfhooks", "mcp", "--root", str(tmp_path)])
+        async with Client(server) as client:
+            return client.server_info, await client.call_tool("list_runs", {"folder": "."})
+
+    initialized, listed = anyio.run(session)
+    assert initialized.version == perfhooks.__version__
+    assert listed.is_error and "no perfhooks run under folder '.'" in listed.content[0].text
+
+
 def test_without_a_root_folder_it_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from perfhooks.cli import main
 

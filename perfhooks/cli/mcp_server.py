@@ -88,6 +88,9 @@ class Runs:
             runs.append(entry)
             if len(runs) >= MAX_RUNS:
                 break
+        if not runs:  # an empty list reaches the client as no content at all: say what was looked for
+            raise PathRefused(f"no perfhooks run under folder {folder!r} (a run's folder holds report.json or "
+                              f"live.rank<R>.json; {MAX_DEPTH} levels down were searched)")
         return runs
 
     def run_summary(self, run: str) -> dict[str, Any]:
@@ -220,7 +223,9 @@ def build_server(root: str | Path) -> Any:
     from mcp.server.mcpserver.exceptions import ToolError
 
     runs = Runs(root)
-    server = MCPServer("perfhooks", instructions=INSTRUCTIONS, log_level="WARNING")
+    from perfhooks import __version__
+
+    server = MCPServer("perfhooks", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     def tool(method: Any) -> None:
         def call(**kwargs: Any) -> Any:
