@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,12 @@ def batch_shape(batch: Any) -> tuple[Any, ...]:
     if isinstance(batch, torch.Tensor):
         return (tuple(batch.shape),)
     items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
-    return tuple(tuple(item.shape) for item in items if isinstance(item, torch.Tensor))
+    return tuple(tuple(item.shape) for item in itertools.islice(items, MAX_SHAPED_ITEMS)
+                 if isinstance(item, torch.Tensor))
+
+
+#: Items of a batch whose shapes make its shape key (a batch that is a long list of tensors costs no more).
+MAX_SHAPED_ITEMS = 16
 
 
 def _is_batched(value: Any) -> bool:
