@@ -65,7 +65,9 @@ def test_a_compiled_loop_whose_padded_lengths_are_new_gets_shape_churn(tmp_path:
             optimizer.zero_grad()
     report = json.loads((tmp_path / "report.json").read_text())
     verdicts = {d["id"]: d for d in report["diagnoses"]}
-    assert "shape_churn" in verdicts, [(d["id"], d["evidence"]) for d in report["diagnoses"]]
+    series = report["series"]
+    assert "shape_churn" in verdicts, ([(d["id"], d["evidence"]) for d in report["diagnoses"]],
+                                       {name: series.get(name) for name in ("forward", "other", "perfhooks")})
     churn = verdicts["shape_churn"]
     assert churn["measured"]["shapes"] == 5 and "pad_to_multiple_of" in churn["recommendation"]
     assert "recompiles" in churn["recommendation"]

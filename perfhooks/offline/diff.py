@@ -237,10 +237,13 @@ def format_text(result: dict[str, Any]) -> str:
     d = result["diagnoses"]
     lines += [""] + [f"diagnoses {key}: {', '.join(d[key]) or '-'}" for key in ("resolved", "new", "unchanged")]
     for key, title in (("operators", "operators"), ("kernels", "kernels")):
-        if result[key]:
+        # one rule: a change is shown only where both sides list the item; the others are named apart
+        compared = [row for row in result[key] if row["change_us"] is not None]
+        if compared:
             lines += ["", f"{title} whose time per step changed most (us):"]
-            lines += [f"  {_change(row):>12}  {_us(row['before_us'], result, key, 0):>10} -> "
-                      f"{_us(row['after_us'], result, key, 1):>10}  {row['name'][:80]}" for row in result[key]]
+            lines += [f"  {row['change_us']:>+12.1f}  {row['before_us']:>10.1f} -> {row['after_us']:>10.1f}  "
+                      f"{row['name'][:80]}" for row in compared]
+        lines += _only_one_side(result, key)
     for side in ("before", "after"):
         line = _waste_line(result, side)
         if line:
@@ -252,16 +255,16 @@ def format_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _change(row: dict[str, Any]) -> str:
-    return "?" if row["change_us"] is None else f"{row['change_us']:+.1f}"
-
-
-def _us(value: float | None, result: dict[str, Any], key: str, side: int) -> str:
-    """µs per step, or where the item is outside that side's top list."""
-    if value is not None:
-        return f"{value:.1f}"
-    count = (result.get("top_n") or {}).get(key, [0, 0])[side]
-    return f"not in top {count}" if count else "n/a"
+def _only_one_side(result: dict[str, Any], key: str) -> list[str]:
+    """The items only one side's top list holds: named, not compared (their change is unknown)."""
+    top = (result.get("top_n") or {}).get(key, [0, 0])
+    lines = []
+    for side, index, other in (("after", 1, 0), ("before", 0, 1)):
+        only = [row["name"][:60] for row in result[key] if row["change_us"] is None and row[f"{side}_us"] is not None]
+        if only:
+            lines.append(f"  only in {side}'s top {top[index] or '?'} {key} (not in the other's top "
+                         f"{top[other] or '?'}, so not compared): {', '.join(only)}")
+    return lines
 
 
 def _bytes(value: int | None) -> str:
@@ -289,11 +292,13 @@ def format_html(result: dict[str, Any]) -> str:
                      _pct(r["after_share"])] for r in result["phases"]]),
              table(["diagnoses", "ids"], [[k, ", ".join(v) or "-"] for k, v in result["diagnoses"].items()])]
     for key in ("operators", "kernels"):
-        if result[key]:
+        compared = [r for r in result[key] if r["change_us"] is not None]
+        if compared:
             parts.append(f"<h2>{e(key)} whose time per step changed most</h2>" + table(
                 [key, "before µs/step", "after µs/step", "change"],
-                [[r["name"], _us(r["before_us"], result, key, 0), _us(r["after_us"], result, key, 1), _change(r)]
-                 for r in result[key]]))
+                [[r["name"], f"{r['before_us']:.1f}", f"{r['after_us']:.1f}", f"{r['change_us']:+.1f}"]
+                 for r in compared]))
+        parts += [f"<p>{e(line.strip())}</p>" for line in _only_one_side(result, key)]
     for side in ("before", "after"):
         line = _waste_line(result, side)
         if line:

@@ -114,7 +114,9 @@ def _shape_churn(recent: list[Any], t: Thresholds, framework: str | None, compil
     cuDNN benchmark; a compiled model recompiles) for the first time; the same shape again does not. The extra
     time is measured only where a shape came back (its first step less the median of its later ones); the step
     time variance this explains is this verdict, not ``step_time_variance``'s."""
-    steps = [timing for timing in recent[1:] if not timing.own and timing.shape]  # the first step is warm-up
+    # the first step is warm-up; a step perfhooks' own work overlapped is no baseline, but a shape's first step
+    # stays one whatever overlapped it (its first meeting with the shape happened there)
+    steps = [timing for timing in recent[1:] if timing.shape and (timing.new_shape or not timing.own)]
 
     def cost(timing: Any) -> float:  # a recompilation for the new shape, taken out of the step, is its cost
         return timing.step_ms + (timing.aside_ms if timing.compiled else 0.0)

@@ -147,6 +147,7 @@ def _finish(run: ClosingRun, deadline: Deadline) -> dict[str, Any]:
         run.guarded_call("wandb_close", lambda: run.outputs.close(
             run.global_step, report, run_report, list(state.stats.thaw().recent),
             run.memory.latest if run.memory is not None else None, deadline.left(WANDB_WAIT_S)))
+        report["faults"] = run.faults.as_list()  # a fault of W&B's last rows (its first log call) is the run's too
     if run.output_removed():  # never make again a folder the user removed
         run.once.warn("output_removed", f"{run.output_anchor} was removed during the run; the report "
                       f"({run.output_dir / 'report.json'}) is not written")
