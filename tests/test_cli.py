@@ -80,7 +80,10 @@ def test_report_phase_statistics_come_from_perfhooks_labels(tmp_path: Path, monk
     report = json.loads(capsys.readouterr().out)
     assert report["steps"] == 3
     assert report["phases"]["forward"]["mean_ms"] > 0 and report["phases"]["backward"]["mean_ms"] > 0
-    assert report["coverage"] > 0.5
+    # coverage is the four phases over the step, from the same labels (a loaded machine moves both: 0.48 under
+    # two busy cores, so no bound on its value)
+    phases = sum(report["phases"][name]["mean_ms"] for name in ("data_wait", "forward", "backward", "optimizer"))
+    assert report["coverage"] == pytest.approx(phases / report["step_ms"]["mean"], rel=0.01)
 
 
 def test_missing_path_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,7 +51,9 @@ def test_report_html_renders_with_the_diagnoses_in_view(tmp_path: Path) -> None:
     def pixels_near(rgb: tuple[int, int, int], tolerance: int = 24) -> int:
         return sum(n for c, n in counts.items() if max(abs(a - b) for a, b in zip(c, rgb, strict=True)) <= tolerance)
 
-    assert pixels_near((0x8E, 0x44, 0xAD)) > 500  # backward: its stacked area and its legend swatch
+    # backward: its stacked area beyond its 10 x 10 legend swatches (the area's size follows the run's backward
+    # share, which a loaded machine shrinks: 396 pixels under two busy cores)
+    assert pixels_near((0x8E, 0x44, 0xAD)) > 250
     assert pixels_near((0x2C, 0x3E, 0x50)) > 300  # the memory line
 
 
