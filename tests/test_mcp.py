@@ -91,17 +91,20 @@ def test_an_agent_reads_runs_diagnoses_and_gates_over_stdio(tmp_path: Path) -> N
     assert set(after) - set(before) == {"slower/TRIGGER"} and all(after[k] == v for k, v in before.items())
 
 
-def test_an_empty_root_is_said_in_words_and_the_server_gives_its_version(tmp_path: Path) -> None:
+def test_an_empty_root_and_a_missing_argument_are_said_in_words_and_the_version_given(tmp_path: Path) -> None:
     import perfhooks
 
     async def session() -> tuple[Any, Any]:
         server = StdioServerParameters(command=sys.executable, args=["-m", "perfhooks", "mcp", "--root", str(tmp_path)])
         async with Client(server) as client:
-            return client.server_info, await client.call_tool("list_runs", {"folder": "."})
+            return (client.server_info, await client.call_tool("list_runs", {"folder": "."}),
+                    await client.call_tool("diff", {"before": "a"}))
 
-    initialized, listed = anyio.run(session)
+    initialized, listed, short = anyio.run(session)
     assert initialized.version == perfhooks.__version__
     assert listed.is_error and "no perfhooks run under folder '.'" in listed.content[0].text
+    assert short.is_error and "diff needs 'after' (required: before, after)" in short.content[0].text
+    assert "pydantic" not in short.content[0].text
 
 
 def test_without_a_root_folder_it_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

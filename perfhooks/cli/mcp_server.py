@@ -228,15 +228,22 @@ def build_server(root: str | Path) -> Any:
     server = MCPServer("perfhooks", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     def tool(method: Any) -> None:
+        required = _required(method)
+
         def call(**kwargs: Any) -> Any:
+            missing = [name for name in required if kwargs.get(name) is None]
+            if missing:  # said here, in words: the SDK's own check answers with a pydantic dump
+                raise ToolError(f"{method.__name__} needs {', '.join(repr(name) for name in missing)} "
+                                f"(required: {', '.join(required)}); see the tool's description")
             try:
                 return method(**kwargs)
             except PathRefused as error:
                 raise ToolError(str(error)) from None
 
-        call.__name__, call.__doc__ = method.__name__, method.__doc__
-        call.__signature__ = _signature(method)  # type: ignore[attr-defined]
-        server.add_tool(call, name=method.__name__, description=method.__doc__)
+        description = f"{method.__doc__} Required: {', '.join(required)}." if required else method.__doc__
+        call.__name__, call.__doc__ = method.__name__, description
+        call.__signature__ = _signature(method, optional=True)  # type: ignore[attr-defined]
+        server.add_tool(call, name=method.__name__, description=description)
 
     for method in (runs.list_runs, runs.run_summary, runs.diagnoses, runs.live_status, runs.open_window,
                    runs.analyze, runs.diff):
@@ -244,14 +251,28 @@ def build_server(root: str | Path) -> Any:
     return server
 
 
-def _signature(method: Any) -> Any:
+def _required(method: Any) -> list[str]:
+    import inspect
+
+    return [p.name for p in inspect.signature(method).parameters.values() if p.default is inspect.Parameter.empty]
+
+
+def _signature(method: Any, optional: bool = False) -> Any:
+    """``method``'s signature with its type hints resolved; ``optional``: every parameter defaults to None, so
+    that a missing argument reaches the tool, which names it in words."""
     import inspect
     import typing
 
     signature = inspect.signature(method)
     hints = typing.get_type_hints(method)
-    return signature.replace(parameters=[p.replace(annotation=hints.get(p.name, p.annotation))
-                                         for p in signature.parameters.values()],
+
+    def published(parameter: inspect.Parameter) -> inspect.Parameter:
+        annotation = hints.get(parameter.name, parameter.annotation)
+        if optional and parameter.default is inspect.Parameter.empty:
+            return parameter.replace(annotation=annotation | None, default=None)
+        return parameter.replace(annotation=annotation)
+
+    return signature.replace(parameters=[published(p) for p in signature.parameters.values()],
                              return_annotation=hints.get("return", signature.return_annotation))
 
 
