@@ -4,6 +4,9 @@
   launch, streams, events and the allocator set up.
 - **CUDA/HIP graph captures**: between ``cudaStreamBeginCapture`` and ``cudaStreamEndCapture`` the launches are
   recorded into a graph and run nothing, so the device looks idle while the host is busy.
+- **Graph set-up and module loads**, whatever their length: instantiating and uploading a captured graph, and
+  loading a module or library (lazy loading at a kernel's first launch). A serving engine's warm-up window is
+  made of these and the captures; a graph's replays (``cudaGraphLaunch``) are the steady state.
 - **First-call work spread over many calls**: an operator that makes dozens of kernel-attribute and occupancy
   queries (cuDNN's heuristics choosing an algorithm at a shape's first call), and a kernel's first launch that
   takes far longer than its later ones (a module loaded lazily at first launch).
@@ -24,6 +27,10 @@ from perfhooks.analysis.host import is_compilation
 from perfhooks.analysis.kernels import startup_calls
 from perfhooks.analysis.trace import Event, Trace
 
+#: Runtime calls that set a captured graph up, or load code: one-time work of any length (CUDA, the driver, HIP).
+SETUP_ANY_LENGTH = ("cudaGraphInstantiate", "cuGraphInstantiate", "hipGraphInstantiate", "cudaGraphUpload",
+                    "cuGraphUpload", "hipGraphUpload", "cudaGraphExecUpdate", "hipGraphExecUpdate", "cuModuleLoad",
+                    "hipModuleLoad", "cuLibraryLoad", "cudaLibraryLoad")
 #: Runtime calls that open and close a stream capture (CUDA and HIP).
 BEGIN_CAPTURE = ("cudaStreamBeginCapture", "hipStreamBeginCapture")
 END_CAPTURE = ("cudaStreamEndCapture", "hipStreamEndCapture")
@@ -60,6 +67,12 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
         elif thread in open_at:
             out.append((open_at.pop(thread), call.ts + call.dur))
     return ranges.merge(out)
+
+
+def setup_spans(trace: Trace) -> list[ranges.Span]:
+    """Spans (µs) of graph instantiation and upload and of module loads (:data:`SETUP_ANY_LENGTH`), merged."""
+    return ranges.merge((c.ts, c.ts + c.dur) for c in trace.runtimes
+                        if c.dur > 0 and (c.name or "").startswith(SETUP_ANY_LENGTH))
 
 
 def first_call_spans(trace: Trace) -> list[ranges.Span]:
@@ -112,8 +125,9 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
     captures = clipped(graph_captures(trace))
     compiling = clipped(compilation_spans(trace))
     first_calls = clipped(first_call_spans(trace))
+    setup = clipped(setup_spans(trace))
     startup = [(c.ts, c.ts + c.dur) for c in startup_calls(trace)]
-    holes = ranges.merge([(s, e) for s, e in startup if e > s] + captures + compiling + first_calls)
+    holes = ranges.merge([(s, e) for s, e in startup if e > s] + captures + compiling + first_calls + setup)
     steady = ranges.subtract(window, holes)
     steady_us = ranges.total(steady)
     excluded = length - steady_us
@@ -126,7 +140,8 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
         utilization = spans.measure(spans.union(spans.of_events(kernels)), steady) / steady_us
     return {"excluded_us": excluded, "excluded_share": excluded / length, "captures": len(captures),
             "capture_us": ranges.total(captures), "compile_us": ranges.total(ranges.merge(compiling)),
-            "first_call_us": ranges.total(ranges.merge(first_calls)), "mostly_not_steady": mostly,
+            "first_call_us": ranges.total(ranges.merge(first_calls)), "setup_us": ranges.total(ranges.merge(setup)),
+            "mostly_not_steady": mostly,
             "step_us": steady_us / steps, "gpu_utilization": utilization}
 
 

@@ -137,7 +137,8 @@ def _host_bound(metrics: dict[str, Any], step_us: float, breakdown: dict[str, An
 def _window_not_steady(metrics: dict[str, Any], steady: dict[str, Any]) -> Diagnosis:
     window_us = (metrics.get("step_us") or 0.0) * max(metrics.get("steps") or 1, 1)
     parts = [f"{label} {steady[key] / 1e3:.1f} ms" for key, label in
-             (("capture_us", "graph capture"), ("compile_us", "compilation"),
+             (("capture_us", "graph capture"), ("setup_us", "graph instantiation and upload, module loads"),
+              ("compile_us", "compilation"),
               ("first_call_us", "first-call work (algorithm search, lazy module loads)")) if steady.get(key)]
     return make(
         "window_not_steady", "info", "Most of the window is start-up, capture or compilation: nothing steady judged",
