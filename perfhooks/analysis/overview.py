@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -143,12 +144,35 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
             kept = [[e for e in events if e.ts < first
                      or not any(lo <= e.ts and e.ts + e.dur <= hi for lo, hi in teardown)] for events in host]
             host = [events for events in kept if events] or host
-        return [(0, min(e.ts for events in host for e in events),
-                 max(e.ts + e.dur for events in host for e in events))]
+        start = min(e.ts for events in host for e in events)
+        return [(0, start, _teardown_cut(trace, host) or max(e.ts + e.dur for events in host for e in events))]
     if rule == "device_only":
         device = trace.device_events
         return [(0, device[0].ts, max(e.ts + e.dur for e in device))]
     return []
+
+
+def _teardown_cut(trace: Trace, host: list[list[Event]]) -> float | None:
+    """The end of a step-less window whose host outlives its device work: its last device activity, or its host
+    tail, whichever ends later. The tail is the host events that end before the first Python frame that starts
+    after the last device activity and launches nothing (a ``synchronize`` that waits on an idle device, the
+    profiler's exit): those frames, and the enclosing frames they stretch, are teardown. None where there is no
+    such frame (the window's host end stands)."""
+    device = trace.device_events
+    if not device or not trace.python:
+        return None
+    device_end = max(e.ts + e.dur for e in device)
+    launches = sorted(trace.launch_ts.values())
+    cut = None
+    for frame in trace.python:
+        if frame.ts >= device_end and (cut is None or frame.ts < cut):
+            first_launch = bisect.bisect_left(launches, frame.ts)
+            if first_launch == len(launches) or launches[first_launch] > frame.ts + frame.dur:
+                cut = frame.ts
+    if cut is None:
+        return None
+    tail = [e.ts + e.dur for events in host for e in events if e.ts + e.dur <= cut]
+    return max([device_end, *tail])
 
 
 def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
