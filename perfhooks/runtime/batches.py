@@ -57,6 +57,13 @@ def count_batch(batch: Any) -> BatchCount | None:
     return BatchCount(samples, 0, None)
 
 
+def host_mask(batch: Any) -> torch.Tensor | None:
+    """The batch's 2-D ``attention_mask`` when it is on the CPU (kept, not summed: only a batch the framework then
+    moves to a device needs its sum), else None."""
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    return mask if _is_batched(mask) and mask.dim() == 2 and mask.device.type == "cpu" else None
+
+
 def batch_shape(batch: Any) -> tuple[Any, ...]:
     """The shapes of a micro-batch's tensors (a mapping's values, a sequence's items, or the tensor): what a new
     padded length or batch size changes. Host metadata only."""

@@ -26,7 +26,14 @@ from perfhooks.device.clock import HostClock
 from perfhooks.events import ASIDES, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog
 from perfhooks.report.statistics import PhaseStatistics
-from perfhooks.runtime.batches import FROM_HOST_MASK, FROM_IDS_MASK_ON_DEVICE, BatchCount, batch_shape, count_batch
+from perfhooks.runtime.batches import (
+    FROM_HOST_MASK,
+    FROM_IDS_MASK_ON_DEVICE,
+    BatchCount,
+    batch_shape,
+    count_batch,
+    host_mask,
+)
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.steps import PendingSteps, StepRecord
 from perfhooks.timebase import monotonic
@@ -89,9 +96,10 @@ class StepTracker:
         self.token_source: str | None = None
         #: The batch shapes seen so far (bounded): a step that meets a new one may pay for it (shape churn).
         self.shapes: set[tuple[Any, ...]] = set()
-        #: The training batches as the DataLoader gave them, counted on the host before the framework moved them
-        #: (:mod:`~perfhooks.runtime.host_batches`), in order: each batch seen on the device takes the oldest.
-        self.host_counts: deque[BatchCount | None] = deque(maxlen=64)
+        #: The training batches' masks as the DataLoader gave them, on the host, before the framework moved them
+        #: (:mod:`~perfhooks.runtime.host_batches`), in order: each batch seen on the device takes the oldest and
+        #: sums it only when its own mask is off the host. Bounded: a prefetching loader is a batch or two ahead.
+        self.host_masks: deque[Any] = deque(maxlen=8)
         #: No event is taken any more (the run closed).
         self.closed = False
         #: Tell the listener of each phase start / phase end (set by the engine while a part needs it).
@@ -146,12 +154,12 @@ class StepTracker:
             record.micro_batches += batches - 1
 
     def host_batch(self, batch: Any) -> None:
-        """The DataLoader handed over a batch on the host (this thread, inside a training fetch): counted now, for
-        the batch the framework will give :meth:`batch` on the device, whose mask could not be read there."""
+        """The DataLoader handed over a batch on the host (this thread, inside a training fetch): its mask is kept
+        for the batch the framework will give :meth:`batch` on the device, whose mask could not be read there."""
         if self.closed or self.open_phase != DATA_WAIT:
             return
         try:
-            self.host_counts.append(count_batch(batch))
+            self.host_masks.append(host_mask(batch))
         except Exception as error:
             self.faults.report("host_batch", error)
 
@@ -163,12 +171,12 @@ class StepTracker:
         counted = count_batch(batch)
         if counted is None:
             return
-        if self.host_counts:  # the same batch as the DataLoader gave it, in order
-            host = self.host_counts.popleft()
+        if self.host_masks:  # the same batch as the DataLoader gave it, in order
+            mask = self.host_masks.popleft()
             if counted.token_source != FROM_IDS_MASK_ON_DEVICE:
-                self.host_counts.clear()  # a mask readable here (a CPU run): the host's counts are not needed
-            elif host is not None and host.padded and host.samples == counted.samples:
-                counted = BatchCount(counted.samples, host.tokens, FROM_HOST_MASK, host.padded)
+                self.host_masks.clear()  # a mask readable here (a CPU run): the host's are not needed
+            elif mask is not None and int(mask.shape[0]) == counted.samples:
+                counted = BatchCount(counted.samples, int(mask.sum()), FROM_HOST_MASK, int(mask.numel()))
         record.samples += counted.samples
         record.tokens += counted.tokens
         record.padded_tokens += counted.padded
