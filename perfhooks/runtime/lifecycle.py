@@ -265,7 +265,8 @@ def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = Fals
         run.status = "failed"
         if run.error is None:
             run.error = {"type": "unknown", "message": "the run stopped without ending: an exception that the "
-                         "caller caught, or a loop left early", "step": run.step, "phase": run.open_phase}
+                         "caller caught, or a loop left early", "step": run.owner.step(run.step),
+                         "phase": run.open_phase}
     if quiet:
         run.console = False
     close(run, deadline_s)
@@ -277,8 +278,8 @@ def left_open(run: ClosingRun, reason: str, deadline_s: float = SIGNAL_DEADLINE_
     if run.closed:
         return
     if run.error is None:
-        run.error = {"type": "unknown", "message": f"the run was left open: {reason}", "step": run.step,
-                     "phase": run.open_phase}
+        run.error = {"type": "unknown", "message": f"the run was left open: {reason}",
+                     "step": run.owner.step(run.step), "phase": run.open_phase}
     abandon(run, deadline_s, quiet=True)
 
 
