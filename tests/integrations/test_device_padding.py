@@ -104,14 +104,22 @@ def test_lightning_padding_seen_after_transfer_batch_to_device_moved_the_mask(tm
             return _moved(super().transfer_batch_to_device(batch, device, dataloader_idx))
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            return self.model(batch["input_ids"], batch["labels"])["loss"]
+            loss = self.model(batch["input_ids"], batch["labels"])["loss"]
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("val_loss", self.model(batch["input_ids"], batch["labels"])["loss"])
 
         def configure_optimizers(self) -> Any:
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    trainer = L.Trainer(default_root_dir=tmp_path, max_steps=24, accelerator="cpu", devices=1,
-                        callbacks=[PerfCallback(output_dir=tmp_path / "perf", console=False)])
-    trainer.fit(Module(), torch.utils.data.DataLoader(Rows(96), batch_size=4))
+    # the defaults on (logger, checkpoints, progress bar), with validation every 10 steps
+    trainer = L.Trainer(default_root_dir=tmp_path, max_steps=24, accelerator="cpu", devices=1, val_check_interval=10,
+                        limit_val_batches=2, callbacks=[PerfCallback(output_dir=tmp_path / "perf", console=False)])
+    trainer.fit(Module(), torch.utils.data.DataLoader(Rows(96), batch_size=4),
+                torch.utils.data.DataLoader(Rows(8), batch_size=4))
+    assert list((tmp_path / "lightning_logs").rglob("*.ckpt")), "the default checkpoint was written"
     report = json.loads((tmp_path / "perf" / "report.json").read_text())
     assert _padding(report) == pytest.approx(SHARE, abs=0.03)
 
@@ -131,10 +139,12 @@ def test_hf_trainer_padding_seen_when_its_batches_arrive_moved(tmp_path: Path) -
         def _prepare_input(self, data: Any) -> Any:  # already "on the device"
             return data if isinstance(data, torch.Tensor) and data.is_meta else super()._prepare_input(data)
 
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=24, per_device_train_batch_size=4, report_to="none",
-                             use_cpu=True, save_strategy="no", disable_tqdm=True, logging_steps=10)
-    Moving(model=TinyLM(), args=args, train_dataset=Rows(96),
+    # the defaults on (progress bar, checkpoints), with evaluation and logging every 10 steps
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=24, per_device_train_batch_size=4, use_cpu=True,
+                             save_steps=10, eval_strategy="steps", eval_steps=10, logging_steps=10)
+    Moving(model=TinyLM(), args=args, train_dataset=Rows(96), eval_dataset=Rows(8),
            callbacks=[PerfTrainerCallback(console=False)]).train()
+    assert (tmp_path / "checkpoint-20").exists()
     report = json.loads((tmp_path / "_perfhooks" / "report.json").read_text())
     assert _padding(report) == pytest.approx(SHARE, abs=0.03)
 
