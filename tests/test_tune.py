@@ -134,6 +134,102 @@ def test_the_plan_and_the_figures_on_exact_inputs() -> None:
         "steps": 2, "max_abs": 0.0, "mean": 0.0, "identical": True}
 
 
+def _report(steps: dict[str, list[float]], diagnoses: list[dict] | None = None) -> dict:
+    """A run report with these per-step phase times (ms; 3 warm-up steps of 100 ms each put before them)."""
+    phases = ("data_wait", "forward", "backward", "optimizer", "other")
+    count = len(next(iter(steps.values())))
+    series = {name: [100.0] * 3 + steps.get(name, [0.0] * count) for name in phases}
+    return {"series": {**series, "perfhooks": [0] * (count + 3)}, "diagnoses": diagnoses or []}
+
+
+def test_a_baseline_run_twice_widens_the_interval_and_suspect_figures_are_flagged() -> None:
+    from perfhooks.offline.tune import ceilings, flags, measure
+
+    # quiet: 30 ms of fetch + 10 ms of model a step; workers take the fetch to 0 (the true speedup: 4x)
+    quiet = {"data_wait": [30.0, 30.5] * 20, "forward": [6.0, 6.1] * 20, "backward": [4.0, 4.1] * 20}
+    workers = {"data_wait": [0.0] * 40, "forward": [6.0, 6.1] * 20, "backward": [4.0, 4.1] * 20}
+    diagnosis = {"id": "dataloader_bound", "estimated_gain": 0.75}
+    before = {"report": _report(quiet, [diagnosis]), "losses": {"4": 1.0}}
+    trial = {"report": _report(workers), "losses": {"4": 1.0}}
+    alone = measure([before], trial)
+    assert alone["speedup"] == pytest.approx(4.0, rel=0.01) and alone["interval"][1] < 4.2
+    # a hog from halfway: the trial's model work and the second baseline take twice as long
+    hogged = {"report": _report({**workers, "forward": [12.0, 12.2] * 20, "backward": [8.0, 8.2] * 20}),
+              "losses": {"4": 1.0}}
+    after = {"report": _report({**quiet, "forward": [12.0, 12.2] * 20, "backward": [8.0, 8.2] * 20}),
+             "losses": {"4": 1.0}}
+    once = measure([before], hogged)
+    assert once["interval"][1] < 4.0  # against the quiet baseline alone, the true 4x is outside
+    both = measure([before, after], hogged)
+    assert both["interval"] == [pytest.approx(2.0, abs=0.03), pytest.approx(2.5, abs=0.03)]
+    assert both["steps"] == [80, 40]  # the 4x of a quiet machine was never measured: the trial is flagged (below)
+    limit = ceilings(before["report"])
+    assert limit == {"dataloader_bound": 4.0}
+    moved = flags("dataloader_workers", both, ["dataloader_bound"], limit, [before["report"]], hogged["report"],
+                  "cpu")
+    assert [f["id"] for f in moved] == ["untouched_phase_moved", "untouched_phase_moved"]
+    assert moved[0]["text"].startswith("forward took 12.10 ms a step against the baseline's 6.0")
+    # the model's work moved within the two baselines' spread, but the baseline itself moved 25%
+    said = flags("dataloader_workers", both, ["dataloader_bound"], limit, [before["report"], after["report"]],
+                 hogged["report"], "cpu")
+    assert [f["id"] for f in said] == ["machine_changed"] and "(+25%)" in said[0]["text"]
+    steady = {"report": _report({**quiet, "forward": [6.05, 6.15] * 20}), "losses": {}}
+    assert flags("dataloader_workers", measure([before, steady], trial), ["dataloader_bound"], limit,
+                 [before["report"], steady["report"]], trial["report"], "cpu") == []
+    # faster than the diagnosis allows: 8x where a 75% fetch allows 4x
+    beyond = measure([before], {"report": _report({"data_wait": [0.0] * 40, "forward": [3.0, 3.05] * 20,
+                                                   "backward": [2.0, 2.05] * 20}), "losses": {}})
+    said = flags("dataloader_workers", beyond, ["dataloader_bound"], limit, [before["report"]],
+                 _report({"forward": [3.0] * 40}), "cpu")
+    assert said[0]["id"] == "beyond_ceiling" and "beyond the 4.00x that dataloader_bound allows" in said[0]["text"]
+    # a precision knob on the CPU cannot touch the fetch; on a device the fetch's exposed wait may move
+    fetch = _report({**quiet, "data_wait": [15.0] * 40})
+    assert [f["id"] for f in flags("bf16", measure([before], {"report": fetch, "losses": {}}), [], {},
+                                   [before["report"]], fetch, "cpu")] == ["untouched_phase_moved"]
+    assert flags("bf16", measure([before], {"report": fetch, "losses": {}}), [], {}, [before["report"]], fetch,
+                 "cuda") == []
+
+
+@pytest.mark.slow
+def test_a_hog_started_halfway_is_inside_the_interval_or_flagged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The baseline runs before and after the trials: two CPU hogs started with the workers trial (and left
+    running through the second baseline) either leave the quiet machine's speedup inside the interval, or the
+    trial is flagged."""
+    from perfhooks.cli import tune as tune_module
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)
+    script = str(SCRIPTS / "accelerate_slow_data.py")
+
+    def run(folder: str) -> dict:
+        assert tune_module.run_tune(script, [str(tmp_path / "user")], {}, 40, ("dataloader_workers",), "json", 300,
+                                    str(tmp_path / folder)) == 0
+        return json.loads(capsys.readouterr().out)
+
+    quiet = trial(run("quiet"), "dataloader_workers")
+    hogs: list[subprocess.Popen] = []
+    plain_trial = tune_module.Tuner.trial
+
+    def hogged_trial(self: object, name: str, knobs: dict) -> dict:
+        if name == "dataloader_workers":  # halfway: from the trial on
+            hogs.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2))
+        return plain_trial(self, name, knobs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tune_module.Tuner, "trial", hogged_trial)
+    try:
+        noisy = run("noisy")
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    assert len(hogs) == 2 and len(noisy["baseline"]["blocks"]) == 2 and "drift" in noisy["baseline"]
+    workers = trial(noisy, "dataloader_workers")
+    low, high = workers["interval"]
+    assert low <= quiet["speedup"] <= high or workers["flags"], (quiet, workers)
+    assert (tmp_path / "noisy" / "trials" / "baseline_after" / "report.json").is_file()
+
+
 def test_bad_options_get_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from perfhooks.cli import main
 

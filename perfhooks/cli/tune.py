@@ -5,6 +5,8 @@ Each trial is the unmodified script under the launcher (``perfhooks run``) in a 
 (:mod:`perfhooks.integrations.trials`): its framework writes into the trial's temporary folder, W&B is disabled, a
 knob is set at the framework's seam, and training stops after the warm-up and ``--steps`` steady steps. The
 baseline trial runs first; its facts and diagnoses choose the candidates (:func:`perfhooks.offline.tune.plan`).
+It runs again after the last trial, so that a machine that changed meanwhile widens every interval (and flags
+the trials, :func:`perfhooks.offline.tune.flags`).
 A trial that fails or passes ``--max-trial-s`` is reported and the others go on; Ctrl-C stops with the trials
 done so far. ``tune.json`` and each trial's report land in ``--output-dir`` (default ``perfhooks_tune``).
 """
@@ -25,7 +27,7 @@ from typing import Any
 from perfhooks.cli.machine import out
 from perfhooks.files.atomic import read_json_object
 from perfhooks.offline.gate import WARMUP_STEPS, bootstrap_interval, steady_steps_ms
-from perfhooks.offline.tune import KNOB_NAMES, format_table, measure, plan, ranked
+from perfhooks.offline.tune import KNOB_NAMES, ceilings, flags, format_table, measure, plan, ranked
 
 #: The variables a trial's process gets on top of the user's environment.
 TRIAL_ENVIRONMENT = {"PERFHOOKS_SCHEDULE": "none", "PERFHOOKS_CONSOLE": "0", "PERFHOOKS_WANDB": "0",
@@ -109,15 +111,28 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
         _say(f"{len(trials)} trial(s) of about {base['wall_s']:.0f} s each: "
              f"{', '.join(t['knob'] for t in trials) or 'none'}"
              + (f"; skipped: {', '.join(s['knob'] for s in result['skipped'])}" if result["skipped"] else ""))
+        bases, done = [base], []
         for index, candidate in enumerate(trials, 1):
             running = candidate["knob"]
             _say(f"trial {index}/{len(trials)} {candidate['knob']}: started ({candidate['change']})")
             outcome = tuner.trial(candidate["knob"], candidate["knobs"])
-            entry = _trial_entry(candidate, outcome, base)
+            entry = _trial_entry(candidate, outcome, bases, device)
+            done.append((candidate, outcome))
             result["trials"].append(entry)
             _say(f"trial {index}/{len(trials)} {candidate['knob']}: " + (
                 f"{entry['speedup']:.2f}x ({outcome['wall_s']:.0f} s)" if entry["status"] == "measured"
                 and entry["speedup"] is not None else f"{entry['status']}: {entry.get('error')}"))
+        if done:  # the baseline again: a machine that changed while the trials ran widens every interval
+            running = "baseline_after"
+            _say("the baseline again, after the trials: what the machine did meanwhile goes into each interval")
+            after = tuner.trial("baseline_after", {})
+            if after["status"] == "measured":
+                bases.append(after)
+                result["trials"] = [_trial_entry(candidate, outcome, bases, device) for candidate, outcome in done]
+            else:
+                _say(f"the second baseline {after['status']}: the intervals are against the first alone")
+            result["baseline"]["blocks"] = [_block(entry) for entry in bases]
+            _baseline_drift(result["baseline"])
     except KeyboardInterrupt:
         _say(f"interrupted during the {running} trial: the trials done so far")
         result["interrupted"] = {"during": running}
@@ -143,19 +158,41 @@ def _baseline_entry(base: dict[str, Any]) -> dict[str, Any]:
             "diagnoses": [d["id"] for d in base["report"].get("diagnoses") or []], "losses": base["losses"]}
 
 
-def _trial_entry(candidate: dict[str, Any], outcome: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+def _block(base: dict[str, Any]) -> dict[str, Any]:
+    """One run of the baseline: its mean steady step (ms), the number of steps and how long it ran (s)."""
+    steady = steady_steps_ms(base["report"])
+    return {"step_ms": round(statistics.fmean(steady), 4) if steady else None, "steps": len(steady),
+            "wall_s": base["wall_s"]}
+
+
+def _baseline_drift(baseline: dict[str, Any]) -> None:
+    """``drift``: the last baseline block's mean step over the first's, minus 1 (0.3: 30% slower after the
+    trials than before them)."""
+    blocks = [block for block in baseline.get("blocks") or [] if block.get("step_ms")]
+    if len(blocks) < 2:
+        return
+    baseline["drift"] = round(blocks[-1]["step_ms"] / blocks[0]["step_ms"] - 1, 4)
+
+
+def _trial_entry(candidate: dict[str, Any], outcome: dict[str, Any], bases: list[dict[str, Any]],
+                 device: str | None) -> dict[str, Any]:
     entry = {key: candidate[key] for key in ("knob", "title", "change", "named_by", "keeps_numerics")}
     entry.update(numerics="unchanged" if candidate["keeps_numerics"] else "changed", status=outcome["status"],
                  wall_s=outcome["wall_s"], stopped=outcome["stopped"])
     if outcome["status"] != "measured":
         return {**entry, "error": outcome.get("error"), "speedup": None, "interval": None}
-    return {**entry, **measure(base, outcome), "report": outcome["report"]}
+    figures = measure(bases, outcome)
+    suspect = flags(candidate["knob"], figures, candidate["named_by"], ceilings(bases[0]["report"]),
+                    [base["report"] for base in bases], outcome["report"], device)
+    return {**entry, **figures, "flags": suspect, "report": outcome["report"]}
 
 
 def _save(result: dict[str, Any], output_dir: Path, work: Path) -> None:
     """``tune.json`` and each trial's ``report.json`` under ``output_dir``; the reports leave the result."""
     try:
-        for entry in [result.get("baseline") and {"knob": "baseline"}, *result["trials"]]:
+        repeated = len((result.get("baseline") or {}).get("blocks") or []) > 1
+        for entry in [result.get("baseline") and {"knob": "baseline"}, repeated and {"knob": "baseline_after"},
+                      *result["trials"]]:
             if entry:
                 source = work / entry["knob"] / "perfhooks" / "report.json"
                 if source.is_file():

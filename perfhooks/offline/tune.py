@@ -7,8 +7,9 @@ facts and diagnoses), and what each trial measured against the baseline.
   setting for, is skipped with its reason.
 - **Speedup**: the baseline's mean steady step over the trial's (what throughput gains: a loader with workers
   makes some steps wait and others not, and the median alone would flatter it), with a 95% bootstrap interval of
-  that ratio (both runs' steady steps resampled, 2,000 times, a fixed seed); each side's median (p50) is given
-  beside it. Steady steps are the report's per-step series after the warm-up
+  that ratio (both runs' steady steps resampled, 2,000 times, a fixed seed), spanning the ratio against each run
+  of the baseline (before and after the trials); each side's median (p50) is given beside it. A figure to doubt is
+  flagged (:func:`flags`). Steady steps are the report's per-step series after the warm-up
   (:data:`perfhooks.offline.gate.WARMUP_STEPS`), perfhooks' own steps left out.
 - **Loss**: the trial's loss minus the baseline's at each step both reached; DataLoader knobs should leave it
   identical (``numerics: "unchanged"``), the others change numerics and report the difference.
@@ -21,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from perfhooks.offline.gate import COVERAGE, RESAMPLES, steady_steps_ms
+from perfhooks.offline.gate import COVERAGE, RESAMPLES, WARMUP_STEPS, bootstrap_interval, steady_steps_ms
 
 
 @dataclass(frozen=True)
@@ -131,21 +132,135 @@ def _workers(framework: str, facts: dict[str, Any], accelerator: bool, cores: in
 
 
 # ----------------------------------------------------------------------------- measurements
-def speedup(base_ms: list[float], trial_ms: list[float], seed: int = 0) -> dict[str, Any]:
+#: The phases a knob cannot change: a DataLoader's workers move the fetch, not the model's work; the model's knobs
+#: (precision, compile, attention) leave the fetch alone on the CPU (where ``data_wait`` is the fetch's host time;
+#: on a device it is the device's exposed wait, which a faster model changes).
+UNTOUCHED = {"dataloader_workers": ("forward", "backward", "optimizer")}
+UNTOUCHED_ON_CPU = ("data_wait",)
+#: A phase the knob cannot touch is flagged when its trial mean is outside the baseline's spread (every baseline
+#: block's 95% interval of the mean, and the blocks' own means) by more than this factor, and by at least
+#: :data:`MOVED_SHARE` of the baseline's step (a move too small to change the speedup is not a doubt on it).
+MOVED_FACTOR = 1.2
+MOVED_SHARE = 0.05
+#: A speedup is flagged when it passes the ceiling of the diagnosis that named the knob by more than this factor.
+CEILING_SLACK = 1.05
+
+
+def speedup(base_ms: list[float], trial_ms: list[float], seed: int = 0,
+            blocks: list[list[float]] | None = None) -> dict[str, Any]:
     """``{speedup, interval, base_ms, trial_ms, base_p50_ms, trial_p50_ms, steps}``: the baseline's mean steady
-    step over the trial's, and the 95% bootstrap interval of that ratio."""
-    if not base_ms or not trial_ms:
+    step over the trial's, and the 95% bootstrap interval of that ratio.
+
+    With ``blocks`` (the baseline run more than once: before the trials and after them), ``base_ms`` is their
+    pooled steps, the speedup is the blocks' mean step over the trial's, and the interval spans every block's: the
+    ratio's bootstrap against each block, so that a machine that changed between the blocks widens it."""
+    blocks = [block for block in (blocks or [base_ms]) if block]
+    if not blocks or not trial_ms:
         return {"speedup": None, "interval": None, "steps": [len(base_ms), len(trial_ms)]}
+    lows, highs = [], []
+    for index, block in enumerate(blocks):
+        low, high = _ratio_interval(block, trial_ms, seed + index)
+        lows.append(low)
+        highs.append(high)
+    base = statistics.fmean(statistics.fmean(block) for block in blocks)
+    trial = statistics.fmean(trial_ms)
+    pooled = [ms for block in blocks for ms in block]
+    return {"speedup": round(base / trial, 4), "interval": [round(min(lows), 4), round(max(highs), 4)],
+            "base_ms": round(base, 4), "trial_ms": round(trial, 4),
+            "base_p50_ms": round(statistics.median(pooled), 4), "trial_p50_ms": round(statistics.median(trial_ms), 4),
+            "steps": [len(pooled), len(trial_ms)]}
+
+
+def _ratio_interval(base_ms: list[float], trial_ms: list[float], seed: int) -> tuple[float, float]:
     rng = random.Random(seed)
     ratios = sorted(statistics.fmean(rng.choices(base_ms, k=len(base_ms)))
                     / statistics.fmean(rng.choices(trial_ms, k=len(trial_ms))) for _ in range(RESAMPLES))
     tail = (1 - COVERAGE) / 2
-    base, trial = statistics.fmean(base_ms), statistics.fmean(trial_ms)
-    return {"speedup": round(base / trial, 4), "interval": [round(ratios[int(tail * (RESAMPLES - 1))], 4),
-                                                           round(ratios[int((1 - tail) * (RESAMPLES - 1))], 4)],
-            "base_ms": round(base, 4), "trial_ms": round(trial, 4),
-            "base_p50_ms": round(statistics.median(base_ms), 4), "trial_p50_ms": round(statistics.median(trial_ms), 4),
-            "steps": [len(base_ms), len(trial_ms)]}
+    return ratios[int(tail * (RESAMPLES - 1))], ratios[int((1 - tail) * (RESAMPLES - 1))]
+
+
+def steady_phase_ms(report: dict[str, Any], phase: str) -> list[float]:
+    """One phase's steady steps (ms), the steps :func:`~perfhooks.offline.gate.steady_steps_ms` keeps."""
+    series = report.get("series") or {}
+    values = series.get(phase)
+    if not isinstance(values, list):
+        return []
+    own = series.get("perfhooks") or [0] * len(values)
+    return [ms for i, ms in enumerate(values) if i >= WARMUP_STEPS and not (i < len(own) and own[i])]
+
+
+def ceilings(report: dict[str, Any]) -> dict[str, float]:
+    """Each step diagnosis' ceiling on a speedup: ``1 / (1 - estimated_gain)`` (the most its fix can give)."""
+    out = {}
+    for diagnosis in report.get("diagnoses") or []:
+        gain = diagnosis.get("estimated_gain")
+        if isinstance(gain, (int, float)) and 0 <= gain < 1 and diagnosis.get("gain_basis", "step") == "step":
+            out[diagnosis["id"]] = round(1 / (1 - gain), 4)
+    return out
+
+
+def flags(knob: str, figures: dict[str, Any], named_by: list[str], base_ceilings: dict[str, float],
+          base_reports: list[dict[str, Any]], trial_report: dict[str, Any], device: str | None
+          ) -> list[dict[str, str]]:
+    """What makes a trial's figure suspect, each ``{id, text}``: ``beyond_ceiling`` (faster than the diagnosis
+    that named the knob allows) and ``untouched_phase_moved`` (a phase the knob cannot change moved by more than
+    the baseline's spread: the machine changed between runs, or the knob did more than it says)."""
+    out: list[dict[str, str]] = []
+    ratio = figures.get("speedup")
+    limits = [(base_ceilings[name], name) for name in named_by if name in base_ceilings]
+    if ratio is not None and limits:
+        ceiling, name = max(limits)
+        if ratio > ceiling * CEILING_SLACK:
+            out.append({"id": "beyond_ceiling", "text": f"{ratio:.2f}x is beyond the {ceiling:.2f}x that "
+                        f"{name} allows (its estimated gain): the machine changed between the runs, or the change "
+                        "did more than the diagnosis says"})
+    changed = _machine_changed(base_reports)
+    if changed:
+        out.append({"id": "machine_changed", "text": changed})
+    untouched = UNTOUCHED.get(knob) or (UNTOUCHED_ON_CPU if device in ("cpu", None) else ())
+    step_ms = figures.get("base_ms")
+    for phase in untouched if step_ms else ():
+        moved = _moved(phase, base_reports, trial_report, MOVED_SHARE * step_ms)
+        if moved:
+            out.append({"id": "untouched_phase_moved", "text": moved})
+    return out
+
+
+def _machine_changed(base_reports: list[dict[str, Any]]) -> str | None:
+    """The baseline's first and last runs differ beyond their own spread (their 95% intervals of the mean step do
+    not overlap) by at least :data:`MOVED_SHARE` of the step: the machine changed while the trials ran, and no
+    trial's figure can be told from that change."""
+    blocks = [steady_steps_ms(report) for report in (base_reports[0], base_reports[-1])] \
+        if len(base_reports) > 1 else []
+    if len(blocks) < 2 or min(len(block) for block in blocks) < 2:
+        return None
+    (first, first_low, first_high), (last, last_low, last_high) = (
+        bootstrap_interval(block, statistics.fmean) for block in blocks)
+    gap = max(last_low - first_high, first_low - last_high)
+    if gap <= 0 or abs(last - first) < MOVED_SHARE * first:
+        return None
+    return (f"the baseline's step was {first:.2f} ms before the trials and {last:.2f} ms after them "
+            f"({100 * (last / first - 1):+.0f}%): the machine changed while the trials ran, so this figure may be "
+            "the machine's as much as the change's; run the tune again on a quiet machine")
+
+
+def _moved(phase: str, base_reports: list[dict[str, Any]], trial_report: dict[str, Any], least_ms: float
+           ) -> str | None:
+    trial = steady_phase_ms(trial_report, phase)
+    blocks = [steady_phase_ms(report, phase) for report in base_reports]
+    blocks = [block for block in blocks if len(block) >= 2]
+    if len(trial) < 2 or not blocks:
+        return None
+    lows, highs = [], []
+    for block in blocks:
+        mean, low, high = bootstrap_interval(block, statistics.fmean)
+        lows.append(min(low, mean))
+        highs.append(max(high, mean))
+    low, high, mean = min(lows), max(highs), statistics.fmean(trial)
+    if low / MOVED_FACTOR <= mean <= high * MOVED_FACTOR or max(low - mean, mean - high) < least_ms:
+        return None
+    return (f"{phase} took {mean:.2f} ms a step against the baseline's {low:.2f} to {high:.2f} ms, though this "
+            "change cannot touch it: the machine changed between the runs, or the change did more than it says")
 
 
 def loss_delta(base: dict[str, float], trial: dict[str, float]) -> dict[str, Any]:
@@ -159,13 +274,15 @@ def loss_delta(base: dict[str, float], trial: dict[str, float]) -> dict[str, Any
             "identical": all(d == 0 for d in deltas)}
 
 
-def measure(base: dict[str, Any], trial: dict[str, Any]) -> dict[str, Any]:
-    """A trial's figures against the baseline's: both are ``{report, losses}`` (a run report and the per-step
-    losses)."""
+def measure(bases: list[dict[str, Any]], trial: dict[str, Any]) -> dict[str, Any]:
+    """A trial's figures against the baseline's blocks (each run of the baseline, in order): all are
+    ``{report, losses}`` (a run report and the per-step losses); the losses are the first block's."""
     throughput = (trial["report"].get("throughput") or {})
-    return {**speedup(steady_steps_ms(base["report"]), steady_steps_ms(trial["report"])),
+    blocks = [steady_steps_ms(base["report"]) for base in bases]
+    pooled = [ms for block in blocks for ms in block]
+    return {**speedup(pooled, steady_steps_ms(trial["report"]), blocks=blocks),
             "samples_per_s": throughput.get("samples_per_s"), "tokens_per_s": throughput.get("tokens_per_s"),
-            "loss_delta": loss_delta(base["losses"], trial["losses"])}
+            "loss_delta": loss_delta(bases[0]["losses"], trial["losses"])}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -177,7 +294,12 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"baseline: steady step {base['step_ms']:.2f} ms mean, {base['p50_ms']:.2f} ms p50 [{low:.2f}, "
                      f"{high:.2f}], over {base['steps']} steps"
                      + (f"; stopped by {base['stopped']}" if base.get("stopped") else ""))
+        blocks = [block for block in base.get("blocks") or [] if block.get("step_ms") is not None]
+        if len(blocks) > 1:
+            lines.append(f"baseline again after the trials: {blocks[-1]['step_ms']:.2f} ms mean "
+                         f"({100 * base.get('drift', 0.0):+.0f}%); each interval spans both")
     lines.append(f"{'change':<28}{'speedup':>9}  {'95% interval':<17}{'loss diff':>14}  what to change")
+    notes = []
     for trial in ranked(result.get("trials") or []):
         if trial.get("status") != "measured":
             lines.append(f"{trial['knob']:<28}{'-':>9}  {'':<17}{'':>14}  {trial.get('status')}: "
@@ -185,11 +307,13 @@ def format_table(result: dict[str, Any]) -> str:
             continue
         low, high = trial["interval"] or (None, None)
         interval = f"[{low:.2f}, {high:.2f}]" if low is not None else "n/a"
-        lines.append(f"{trial['knob']:<28}{trial['speedup']:>8.2f}x  {interval:<17}{_loss(trial):>14}  "
+        mark = "*" if trial.get("flags") else ""
+        lines.append(f"{trial['knob'] + mark:<28}{trial['speedup']:>8.2f}x  {interval:<17}{_loss(trial):>14}  "
                      f"{trial['change']}")
+        notes += [f"* {trial['knob']}: {flag['text']}" for flag in trial.get("flags") or []]
     for skip in result.get("skipped") or []:
         lines.append(f"{skip['knob']:<28}{'skipped':>9}  {skip['reason']}")
-    return "\n".join(lines)
+    return "\n".join(lines + notes)
 
 
 def ranked(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
