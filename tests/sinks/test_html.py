@@ -77,7 +77,8 @@ def test_report_html_has_axes_hover_values_run_account_and_top_operators(tmp_pat
     report = read_report(out)
     assert ">0 ms</text>" in page and "ms</text>" in page  # y ticks
     steps = report["series"]["global_step"]
-    assert f">{steps[0]}</text>" in page  # x ticks: the framework's step numbers
+    assert steps[0] <= 10 and steps[-1] >= 20
+    assert ">10</text>" in page and ">20</text>" in page  # x ticks: round numbers of the framework's steps
     assert f"<title>step {steps[-1]}: " in page  # the last step's values under the pointer
     assert "Where the run&#x27;s time went" in page or "Where the run's time went" in page
     assert 'id="top_operators"' in page and report["windows"][0]["metrics"]["top_operators"]

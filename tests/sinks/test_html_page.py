@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 from pathlib import Path
@@ -115,7 +116,8 @@ def screenshot(tmp_path: Path, body: str, width: int = 1000, height: int = 260):
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs chromium-headless-shell (apt-get install chromium-headless-shell)")
 def test_rendered_second_labels_are_not_clipped_and_the_memory_line_uses_the_height(tmp_path: Path) -> None:
-    image = screenshot(tmp_path, _series({"forward": [1200.0, 1560.0, 1400.0, 1500.0]}))
+    chart = re.sub(r'<div class="legend">.*?</div>', "", _series({"forward": [1200.0, 1560.0, 1400.0, 1500.0]}))
+    image = screenshot(tmp_path, chart)  # the chart alone, without its caption
     pixels = image.load()
 
     def inked(x: int, y: int) -> bool:
@@ -155,3 +157,69 @@ def test_a_failed_runs_status_box_is_painted_above_the_diagnoses(tmp_path: Path)
     pixels = image.load()
     fill = [y for y in range(600) for x in range(0, 1100, 5) if pixels[x, y] == (0xFD, 0xEC, 0xEA)]
     assert len(fill) > 200 and max(fill) < 300  # the box's pink fill, in the first screen's upper half
+
+
+# ----------------------------------------------------------------------------- issue 52: charts that look finished
+@pytest.mark.parametrize(("top", "expected"), [(473.0, (500.0, 100.0)), (354.0, (400.0, 100.0)),
+                                               (0.39, (0.4, 0.1)), (1560.0, (2000.0, 500.0)), (7.0, (8.0, 2.0))])
+def test_axis_tops_and_ticks_are_round_one_two_five_steps(top: float, expected: tuple[float, float]) -> None:
+    from perfhooks.sinks.html import nice_top
+
+    axis_top, step = nice_top(top)
+    assert (axis_top, step) == pytest.approx(expected)
+    assert axis_top >= top and round(axis_top / step) <= 5
+    assert step / 10 ** math.floor(math.log10(step)) in (1.0, 2.0, 5.0)
+
+
+def test_every_tick_is_a_round_number_and_the_memory_ticks_are_even() -> None:
+    """Before: 473/354/236 ms, 0.39/0.29 GiB, and memory x ticks 0, 6, 10, 13, 20, 27, 35."""
+    from perfhooks.sinks.html import _stacked_series
+
+    forward = [473.0, 300.0, 310.0] * 10
+    assert tick_labels(_stacked_series({"forward": forward})) == ["0 ms", "100 ms", "200 ms", "300 ms", "400 ms",
+                                                                  "500 ms"]
+    assert tick_labels(_series({"forward": forward})) == ["0 ms", "200 ms", "400 ms", "600 ms"]  # a small chart
+    gib = 2**30
+    steps = [0, 1, 3, 6, 8, 9, 10, 12, 13, 13, 15, 17, 20, 22, 25, 27, 30, 32, 35, 37]
+    svg = _memory_line({"series": {"used_bytes": [0.35 * gib + i * 1e6 for i in range(20)], "step": steps},
+                        "capacity_bytes": 24 * gib, "peak_used_bytes": 0.4 * gib, "peak_step": 37,
+                        "peak_phase": "forward", "device": "cuda:0"})
+    assert tick_labels(svg) == ["0 GiB", "0.1 GiB", "0.2 GiB", "0.3 GiB", "0.4 GiB", "0.5 GiB"]
+    x_labels = re.findall(r'<text x="[^"]+" y="156" text-anchor="(?:middle|end)"[^>]*>([^<]*)</text>', svg)
+    assert x_labels == ["0", "5", "10", "15", "20", "25", "30", "35"]
+    assert "at each reading" in svg and "per sample" not in svg
+
+
+def test_few_steps_are_bars_and_each_phase_has_its_own_chart() -> None:
+    from perfhooks.sinks.html import _stacked_series
+
+    three = {"forward": [5.0, 6.0, 5.5], "backward": [1.0, 1.2, 1.1]}
+    stacked = _stacked_series(three, steps=[10, 11, 12])
+    assert stacked.count("<rect") - stacked.count('fill="transparent"') == 6 and "<polygon" not in stacked
+    assert "<polygon" in _stacked_series({name: values * 10 for name, values in three.items()})
+    small = _series({name: values * 10 for name, values in three.items()})
+    assert small.count('aria-label="forward per step"') == 1 and small.count('aria-label="backward per step"') == 1
+    assert small.count('class="median"') == 2 and "median of 5 steps" in small  # raw faint, median over it
+    assert 'class="median"' not in _series(three)  # 3 points: no median drawn
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs chromium-headless-shell (apt-get install chromium-headless-shell)")
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_no_chart_or_table_makes_the_page_scroll_sideways(tmp_path: Path, width: int) -> None:
+    """A run's page (charts 1000 px wide on their grid) and a trace's page (kernel names of 200 characters) in a
+    window of ``width`` px: the document is no wider than the window."""
+    import subprocess
+
+    from perfhooks.cli import main
+
+    run_report(tmp_path / "run", schedule=None)
+    trace = Path(__file__).parents[1] / "data" / "traces" / "h100" / "fp32_handwritten_attention.pt.trace.json.gz"
+    assert main(["analyze", str(trace), "--format", "html", "-o", str(tmp_path / "trace.html")]) == 0
+    for page in (tmp_path / "run" / "report.html", tmp_path / "trace.html"):
+        probe = page.with_suffix(".probe.html")  # the page, and a script that reads its layout into the title
+        probe.write_text(page.read_text() + "<script>document.title = 'scroll ' + document.documentElement.scrollWidth"
+                         " + ' client ' + document.documentElement.clientWidth</script>")
+        dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--window-size={width},900",
+                              "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120).stdout
+        scroll, client = map(int, re.search(r"<title>scroll (\d+) client (\d+)</title>", dom).groups())
+        assert scroll <= client <= width, (page.name, scroll, client)
