@@ -12,7 +12,10 @@ Two loops, each bare and with perfhooks (defaults, no profiler window: ``schedul
 after round: ``engine``, the engine's events alone around two simulated kernels (what an integration sends a
 step), and ``plain_loop``, ``perfhooks.profile`` on a two-layer model with AdamW (torch's hooks included). Each
 round's figure is the median step (wall clock, batch to batch); the result is the median over rounds of
-(perfhooks - bare) in µs a step, with the rounds' range, and the device calls a step by thread.
+(perfhooks - bare) in µs a step, with the rounds' range, and the device calls a step by thread. The simulation's
+calls are Python (about 1 µs each, warm) on top of the cost they charge; the part of the figure that is the test
+bed's own Python (its calls a step × their overhead, calibrated in a warm loop, so a floor) is said and taken out
+of the net figure the target is checked against.
 Target (issue 49): at most 25 µs a step for the plain loop on the 2-core machine, idle.
 """
 
@@ -165,6 +168,38 @@ def background_share(gpu: SimulatedGpu, seconds: float = 4.0) -> dict[str, float
     return shares
 
 
+def simulation_overhead_us(gpu: SimulatedGpu, rounds: int = 20000) -> dict[str, float]:
+    """The simulation's own Python per call (µs, charged nothing, in a warm loop: a floor on what it adds to a
+    step, where its calls run cold), by kind: the part of a measured step that is the test bed, not perfhooks."""
+    costs, gpu.call_cost_us = gpu.call_cost_us, dict.fromkeys(gpu.call_cost_us, 0.0)
+    try:
+        first, second = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        stream = torch.cuda.current_stream(0)
+        first.record(stream)
+        second.record(stream)
+        calls = {"event_record": lambda: first.record(stream), "event_query": first.query,
+                 "elapsed_time": lambda: first.elapsed_time(second),
+                 "capture_check": torch.cuda.is_current_stream_capturing,
+                 "current_stream": lambda: torch.cuda.current_stream(0),
+                 "stream_id": lambda: torch._C._cuda_getCurrentStream(0),
+                 "mem_get_info": lambda: torch.cuda.mem_get_info(0), "memory_stats": lambda: torch.cuda.memory_stats(0)}
+        out = {}
+        for kind, call in calls.items():
+            started = time.perf_counter_ns()
+            for _ in range(rounds):
+                call()
+            out[kind] = round((time.perf_counter_ns() - started) / rounds / 1e3, 2)
+        return out
+    finally:
+        gpu.call_cost_us = costs
+
+
+def test_bed_us(calls: collections.Counter, steps: int, overhead: dict[str, float]) -> float:
+    """The simulation's own Python in a step of the training thread (µs): its calls a step × their overhead."""
+    return sum(count / steps * overhead.get(kind, 0.0) for (thread, kind), count in calls.items()
+               if thread == "MainThread")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -177,8 +212,10 @@ def main() -> None:
         if args.free:
             gpu.call_cost_us = dict.fromkeys(gpu.call_cost_us, 0.0)
         print(f"per-call host cost (µs): {gpu.call_cost_us}")
+        overhead = simulation_overhead_us(gpu)
+        print(f"the simulation's own Python per call (µs, warm; charged on top of the costs above): {overhead}")
         for name, loop in (("engine", engine_loop), ("plain_loop", plain_loop)):
-            deltas, bare_us, calls, bare_calls = [], [], {}, {}
+            deltas, bare_us, calls, bare_calls, bed = [], [], {}, {}, []
             with tempfile.TemporaryDirectory() as out:
                 loop(gpu, 50, True, out)  # warm-up: imports, first allocations
                 for round_ in range(args.rounds):
@@ -186,6 +223,7 @@ def main() -> None:
                     figures = {}
                     for profiled in order:
                         figures[profiled], counted = loop(gpu, args.steps, profiled, out)
+                        bed.append((1 if profiled else -1) * test_bed_us(counted, args.steps, overhead))
                         if profiled:
                             calls = per_step(counted, args.steps)
                         else:
@@ -193,10 +231,13 @@ def main() -> None:
                     deltas.append(figures[True] - figures[False])
                     bare_us.append(figures[False])
             median = statistics.median(deltas)
-            verdict = f"target <= {TARGET_US:.0f} µs: {'met' if median <= TARGET_US else 'NOT met'}" \
+            simulation = sum(bed) / args.rounds  # the test bed's Python in perfhooks' calls, net of the bare loop's
+            net = median - simulation
+            verdict = f"target <= {TARGET_US:.0f} µs: {'met' if net <= TARGET_US else 'NOT met'}" \
                 if name == "plain_loop" else "(the engine's events alone)"
             print(f"{name:>10}: bare step {statistics.median(bare_us):7.1f} µs; perfhooks adds "
-                  f"{median:6.1f} µs a step (rounds {min(deltas):.1f} to {max(deltas):.1f}); {verdict}")
+                  f"{median:6.1f} µs a step (rounds {min(deltas):.1f} to {max(deltas):.1f}), of which at least "
+                  f"{simulation:.1f} µs is the simulation's own Python: {net:.1f} µs net; {verdict}")
             print(f"{'':>12}device calls a step: bare {bare_calls}, with perfhooks {calls}")
         print(f"background threads' share of each second (CPU time, an upper bound on their GIL time), "
               f"host-bound 1 ms steps: {background_share(gpu)}")
