@@ -38,7 +38,8 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
     candidates on one thread is counted, with its own duration. An ``.item()`` that made no sync or
     copy call (a CPU tensor's) is no sync.
     """
-    candidates = [event for event in trace.runtimes if (event.name or "").startswith(SYNC_RUNTIME)]
+    syncs = trace.names("runtimes", SYNC_RUNTIME)
+    candidates = [event for event in trace.runtimes if event.name in syncs]
     if trace.has_gpu:  # without a device, .item() waits for nothing
         candidates += _waits_for_the_device([op for op in trace.cpu_ops if (op.name or "") in SYNC_OPS], trace)
     inside = _inside_steps(candidates, trace)

@@ -118,8 +118,9 @@ TENSOR_CORE_DTYPES = ("c10::bfloat16", "c10::half", "bfloat16", "half", "c10::fl
 def _matmul_dtypes(trace: Trace) -> dict[Any, str]:
     """External id of each matmul/conv op -> its first input's dtype (lower case), where it was recorded."""
     found: dict[Any, str] = {}
+    matmuls = trace.names("cpu_ops", MATMUL_OPS)
     for op in trace.cpu_ops:
-        if op.external_id is not None and (op.name or "").startswith(MATMUL_OPS):
+        if op.name in matmuls and op.external_id is not None:
             types = op.a.input_type
             if types:
                 found[op.external_id] = str(types[0]).lower()
@@ -265,8 +266,8 @@ def startup_calls(trace: Trace) -> list[Any]:
     launches = [call for call in trace.runtimes if "Launch" in (call.name or "")]
     bound = one_time_bound(launches)
     found = [call for call in launches if call.dur > bound]
-    found += [call for call in trace.runtimes
-              if (call.name or "").startswith(SETUP_CALLS) and call.dur > ONE_TIME_CALL_US]
+    setup = trace.names("runtimes", SETUP_CALLS)
+    found += [call for call in trace.runtimes if call.name in setup and call.dur > ONE_TIME_CALL_US]
     trace.__dict__["_startup_calls"] = found
     return found
 

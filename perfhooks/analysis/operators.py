@@ -116,9 +116,9 @@ def eligible_precision(trace: Trace) -> dict[str, float]:
     """Device time (µs) of Tensor-Core-eligible ops by input dtype: ``fp32``, ``half`` (fp16/bf16), ``unknown``."""
     by_id = device_time_by_op(trace)
     out = {"fp32": 0.0, "half": 0.0, "unknown": 0.0}
+    eligible = trace.names("cpu_ops", TENSOR_CORE_ELIGIBLE)
     for op in trace.cpu_ops:
-        name = op.name or ""
-        if not name.startswith(TENSOR_CORE_ELIGIBLE):
+        if op.name not in eligible:
             continue
         device = by_id.get(op.external_id, 0.0)
         if not device:

@@ -75,12 +75,13 @@ def communication_ids(trace: Trace) -> set[Any]:
     if cached is not None:
         return cached
     ids = set()
-    for event in trace.cpu_ops + trace.annotations:
-        name = event.name or ""
-        if name.startswith(COMMUNICATION_OPS):
-            ext = event.external_id
-            if ext is not None:
-                ids.add(ext)
+    for kind in ("cpu_ops", "annotations"):
+        collectives = trace.names(kind, COMMUNICATION_OPS)
+        for event in getattr(trace, kind):
+            if event.name in collectives:
+                ext = event.external_id
+                if ext is not None:
+                    ids.add(ext)
     trace.__dict__["_communication_ids"] = ids
     return ids
 
@@ -190,25 +191,30 @@ def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
             devices_by_correlation.setdefault(correlation, []).append(event)
     if not devices_by_correlation:
         return steps
-    runtimes = sorted((r for r in trace.runtimes if r.correlation in devices_by_correlation),
-                      key=lambda r: r.ts)
+    # (ts, end, the devices it launched) of each launch, in time order: read once, not once a step
+    launches = sorted(((r.ts, r.ts + r.dur, devices_by_correlation[c]) for r in trace.runtimes
+                       if (c := r.correlation) in devices_by_correlation), key=lambda launch: launch[0])
     device_span: list[tuple[float, float] | None] = []
     launched = [0] * len(steps)
     matched: set[int] = set()
+    count = len(launches)
     r = 0
     for index, (_, start, end) in enumerate(steps):
         low, high = float("inf"), float("-inf")
-        while r < len(runtimes) and runtimes[r].ts < start:
+        while r < count and launches[r][0] < start:
             r += 1
         k = r
-        while k < len(runtimes) and runtimes[k].ts < end:
-            runtime = runtimes[k]
-            if runtime.ts + runtime.dur <= end:
-                for device in devices_by_correlation[runtime.correlation]:
-                    low = min(low, device.ts)
-                    high = max(high, device.ts + device.dur)
+        while k < count and launches[k][0] < end:
+            _, launch_end, devices = launches[k]
+            if launch_end <= end:
+                for device in devices:
+                    ts = device.ts
+                    if ts < low:
+                        low = ts
+                    if ts + device.dur > high:
+                        high = ts + device.dur
                     matched.add(id(device))
-                    launched[index] += 1
+                launched[index] += len(devices)
             k += 1
         r = k
         device_span.append((low, high) if launched[index] else None)
@@ -249,9 +255,9 @@ def role_spans(trace: Trace) -> dict[str, spans.Spans]:
     for kernel in trace.kernels:
         (comm if is_communication_kernel(kernel, comm_ids) else compute).append(kernel)
     dataloader, cpu_exec = [], []
+    fetches = {name for name in trace.names("cpu_ops", DATALOADER_PREFIX) if name.endswith("__next__")}
     for op in trace.cpu_ops:
-        name = op.name or ""
-        (dataloader if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__") else cpu_exec).append(op)
+        (dataloader if op.name in fetches else cpu_exec).append(op)
     for annotation in trace.annotations:  # newer torch records the DataLoader as a user annotation
         name = annotation.name or ""
         if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):

@@ -59,8 +59,8 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
     """Each stream capture's span (begin call's start to end call's end, µs), paired per host thread."""
     open_at: dict[Any, float] = {}
     out: list[ranges.Span] = []
-    for call in sorted((c for c in trace.runtimes if (c.name or "").startswith(BEGIN_CAPTURE + END_CAPTURE)),
-                       key=lambda c: c.ts):
+    captures = trace.names("runtimes", BEGIN_CAPTURE + END_CAPTURE)
+    for call in sorted((c for c in trace.runtimes if c.name in captures), key=lambda c: c.ts):
         thread = (call.pid, call.tid)
         if (call.name or "").startswith(BEGIN_CAPTURE):
             open_at.setdefault(thread, call.ts)
@@ -71,15 +71,16 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
 
 def setup_spans(trace: Trace) -> list[ranges.Span]:
     """Spans (µs) of graph instantiation and upload and of module loads (:data:`SETUP_ANY_LENGTH`), merged."""
-    return ranges.merge((c.ts, c.ts + c.dur) for c in trace.runtimes
-                        if c.dur > 0 and (c.name or "").startswith(SETUP_ANY_LENGTH))
+    setup = trace.names("runtimes", SETUP_ANY_LENGTH)
+    return ranges.merge((c.ts, c.ts + c.dur) for c in trace.runtimes if c.name in setup and c.dur > 0)
 
 
 def first_call_spans(trace: Trace) -> list[ranges.Span]:
     """Spans (µs) of first-call work spread over many short calls: operators making at least
     :data:`FIRST_CALL_QUERIES` kernel-attribute queries, and kernels' first launches past
     :data:`LAZY_LOAD_US` and :data:`LAZY_LOAD_RATIO` times the median launch."""
-    queries = sorted(c.ts for c in trace.runtimes if (c.name or "").startswith(QUERY_CALLS))
+    query_names = trace.names("runtimes", QUERY_CALLS)
+    queries = sorted(c.ts for c in trace.runtimes if c.name in query_names)
     out: list[ranges.Span] = []
     if len(queries) >= FIRST_CALL_QUERIES:
         for op in trace.cpu_ops:

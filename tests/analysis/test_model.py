@@ -57,6 +57,8 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     (tmp_path / "empty_folder").mkdir()
     return {
         "truncated gzip": (write(tmp_path, "truncated.json.gz", good[: len(good) // 2]), "truncated or corrupt gzip"),
+        "gzip with a wrong CRC": (write(tmp_path, "crc.json.gz", good[:-8] + bytes(4) + good[-4:]),
+                                  "truncated or corrupt gzip"),
         "invalid UTF-8": (write(tmp_path, "latin1.json", b'{"traceEvents": [], "x": "\xff\xfe"}'), "invalid UTF-8"),
         "not JSON": (write(tmp_path, "notjson.json", b"this is not json"), "not JSON"),
         "no traceEvents": (write(tmp_path, "noevents.json", b'{"schemaVersion": 1}'), "no traceEvents"),
@@ -69,6 +71,17 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "top level array of numbers": (write(tmp_path, "array.json", events.replace(b"{", b"[").replace(
             b'"traceEvents": []}', b"1, 2]")), "not a trace"),
     }
+
+
+def test_a_gzip_of_several_members_reads_whole_as_gzip_does(tmp_path: Path) -> None:
+    """One member is inflated in one call (ISA-L where installed); a file of several (``cat a.gz b.gz``) is still
+    read whole."""
+    from perfhooks.analysis.trace import read_trace_bytes
+
+    text = json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2}]}).encode()
+    one = write(tmp_path, "one.json.gz", gzip.compress(text))
+    two = write(tmp_path, "two.json.gz", gzip.compress(text[:20]) + gzip.compress(text[20:]))
+    assert read_trace_bytes(one) == read_trace_bytes(two) == text
 
 
 def test_bad_input_corpus_exits_2_with_one_line_each(tmp_path: Path) -> None:
