@@ -122,7 +122,8 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
             _say(f"trial {index}/{len(trials)} {candidate['knob']}: " + (
                 f"{entry['speedup']:.2f}x ({outcome['wall_s']:.0f} s)" if entry["status"] == "measured"
                 and entry["speedup"] is not None else f"{entry['status']}: {entry.get('error')}"))
-        if done:  # the baseline again: a machine that changed while the trials ran widens every interval
+        if any(outcome["status"] == "measured" for _, outcome in done):
+            # the baseline again: a machine that changed while the trials ran widens every interval
             running = "baseline_after"
             _say("the baseline again, after the trials: what the machine did meanwhile goes into each interval")
             after = tuner.trial("baseline_after", {})
