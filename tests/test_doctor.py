@@ -52,7 +52,10 @@ def test_events_that_read_twice_the_time_fail_the_timing_check() -> None:
     with simulated_cuda() as gpu:
         gpu.event_time_scale = 2.0
         check = _by_name(doctor("cuda:0"))["device timing"]
-    assert check["status"] == "fail" and 1.8 <= check["figure"]["ratio"] <= 2.2, check
+    # the events read 2x the kernel; the host's polled time is the floor of its length, which a busy machine only
+    # stretches (both cores busy once read 7.9 ms for a kernel the events put at 11.4: 1.44x): the ratio is at
+    # most 2 and past the check's 10% allowance
+    assert check["status"] == "fail" and 1.1 < check["figure"]["ratio"] <= 2.2, check
 
 
 def test_a_torch_without_memory_history_fails_that_check_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
