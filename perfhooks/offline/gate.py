@@ -37,9 +37,14 @@ def steady_steps_ms(report: dict[str, Any]) -> list[float]:
     phases = [series.get(name) for name in (*PHASES, OTHER)]
     if not all(isinstance(values, list) for values in phases) or not phases[0]:
         return []
-    own = series.get("perfhooks") or [0] * len(phases[0])
     steps = [sum(values[i] for values in phases) for i in range(len(phases[0]))]  # type: ignore[index]
-    return [ms for i, ms in enumerate(steps) if i >= WARMUP_STEPS and not (i < len(own) and own[i])]
+    return steady_values(series, steps)
+
+
+def steady_values(series: dict[str, Any], values: list[float]) -> list[float]:
+    """The values of a per-step series at the steady steps: after the warm-up, perfhooks' own steps left out."""
+    own = series.get("perfhooks") or [0] * len(values)
+    return [ms for i, ms in enumerate(values) if i >= WARMUP_STEPS and not (i < len(own) and own[i])]
 
 
 def lower_quartile(values: list[float]) -> float:

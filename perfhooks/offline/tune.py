@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from perfhooks.offline.gate import COVERAGE, RESAMPLES, WARMUP_STEPS, bootstrap_interval, steady_steps_ms
+from perfhooks.offline.gate import COVERAGE, RESAMPLES, bootstrap_interval, steady_steps_ms, steady_values
 
 
 @dataclass(frozen=True)
@@ -183,10 +183,7 @@ def steady_phase_ms(report: dict[str, Any], phase: str) -> list[float]:
     """One phase's steady steps (ms), the steps :func:`~perfhooks.offline.gate.steady_steps_ms` keeps."""
     series = report.get("series") or {}
     values = series.get(phase)
-    if not isinstance(values, list):
-        return []
-    own = series.get("perfhooks") or [0] * len(values)
-    return [ms for i, ms in enumerate(values) if i >= WARMUP_STEPS and not (i < len(own) and own[i])]
+    return steady_values(series, values) if isinstance(values, list) else []
 
 
 def ceilings(report: dict[str, Any]) -> dict[str, float]:
