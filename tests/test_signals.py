@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).parent / "scripts" / "terminated.py"
 #: The step at which the test sends its signal (the script prints ``step N`` after each optimizer step).
@@ -106,3 +107,54 @@ def test_sigkill_leaves_the_last_periodic_report(tmp_path: Path) -> None:
     report = _report(tmp_path)
     assert report["status"] == "running" and report["updated_at"] > report["started_at"]
     assert report["steps"] >= 0.75 * printed, (report["steps"], printed)
+
+
+def test_a_report_the_writer_is_writing_when_the_signal_comes_never_replaces_the_signals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A periodic report reads the file on disk (a ``running`` report never replaces a ``terminated`` one), then
+    writes. Under load the signal's report landed between the two, and the periodic one replaced it: a SIGTERM-ed
+    run read without its ``signal``. Here the writer is held right between them while the signal's report is
+    written from the helper's thread: it waits for the writer's write, then stands; the close still writes the
+    full report."""
+    import threading
+
+    import perfhooks
+    from perfhooks.report import write
+    from perfhooks.runtime import lifecycle
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, console=False, wandb=False, schedule=None)
+    for _ in range(5):
+        with perf.data_wait():
+            x = torch.randn(2, 4)
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    engine = perf.engine
+    between, go_on = threading.Event(), threading.Event()
+    write_files = write._write_json_and_html
+
+    def held_between_read_and_write(path: Path, report: dict[str, Any], render: Any) -> None:
+        if report["status"] == "running" and threading.current_thread().name != "MainThread":
+            between.set()
+            go_on.wait(30)
+        write_files(path, report, render)
+
+    monkeypatch.setattr(write, "_write_json_and_html", held_between_read_and_write)
+    engine.saving.save(window=False)  # a periodic report of the state before the signal
+    assert between.wait(30)
+    helper_done = threading.Event()
+
+    def helper(job: Any, wait_s: float) -> bool:
+        threading.Thread(target=lambda: (job(), helper_done.set()), name="helper").start()
+        return True
+
+    lifecycle.terminate(engine, "SIGTERM", busy=False, helper=helper)
+    helper_done.wait(2)  # unordered, the signal's report is written by now; in turn, it waits for the writer's
+    go_on.set()
+    assert helper_done.wait(30) and engine.writer.flush(30)
+    report = _report(tmp_path)
+    assert (report["status"], report.get("signal")) == ("terminated", "SIGTERM"), "the periodic report replaced it"
+    perf.close()
+    assert _report(tmp_path)["steps"] == 5  # the close writes the full report over it

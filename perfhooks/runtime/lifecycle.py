@@ -51,6 +51,8 @@ WRITER_WAIT_S = 60.0
 WANDB_WAIT_S = 30.0
 #: Seconds a signal's handler may take in all: the device's queue, the open window's partial trace, the report.
 SIGNAL_DEADLINE_S = 10.0
+#: Seconds of a signal's deadline kept for its report's own write (a write of the writer's is waited for until then).
+WRITE_MARGIN_S = 1.0
 #: Seconds the device gets to finish the work queued before the close (pending step timings, the open window),
 #: polled: a hung kernel or a collective whose peer died costs this much, never more.
 DEVICE_WAIT_S = 30.0
@@ -227,7 +229,7 @@ def terminate(run: ClosingRun, name: str, busy: bool, helper: Helper, deadline_s
                 run.faults.report("signal_window", fault)
             if run.output_removed():
                 return
-            run.saving.write_now(state)
+            run.saving.write_now(state, wait_s=deadline.left(deadline_s) - WRITE_MARGIN_S)
             if export is not None:
                 export()
 

@@ -6,12 +6,20 @@ thread builds the report from that state and writes it, atomically. A window's r
 trace to be written and analysed (the writer runs its jobs in order), so it carries the window's verdicts.
 
 Threading: :meth:`ReportSaving.window_written` runs on the writer thread and swaps in the window's verdicts as
-one value; everything else runs on the training thread (or, for :meth:`ReportSaving.write_now`, in a signal
-handler on the main thread).
+one value; everything else runs on the training thread (or, for :meth:`ReportSaving.write_now`, on the signal
+helper's thread or the live watch's).
+
+A signal's report is the last word until the run closes: a write of the writer's from a state published before
+the signal must not replace it. ``write_report`` reads the file on disk and does not put a ``running`` report over
+a ``terminated`` one, but that read and the write are two steps: a writer between them when the signal's report
+was written (under load, it was) would replace it. So the writer's writes and :meth:`ReportSaving.write_now` hold
+one lock around the whole read-and-write. The training thread never takes it: a signal handler there cannot wait
+on it.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,8 @@ from perfhooks.runtime.run_state import RunState, TraceVerdicts
 from perfhooks.timebase import monotonic_ns
 
 Write = Callable[[Path, dict[str, Any]], Any]
+#: Seconds :meth:`ReportSaving.write_now` waits for a write of the writer's under way, before it writes regardless.
+WRITE_WAIT_S = 2.0
 
 
 class ReportSaving:
@@ -50,6 +60,13 @@ class ReportSaving:
         self.suspended = False
         self.every_ns = int(every_s * 1e9)
         self._next_ns = monotonic_ns() + self.every_ns
+        #: Held around each file write of the writer's and of :meth:`write_now`; never by the training thread.
+        self._file_lock = threading.Lock()
+
+    def _write_in_turn(self, report: dict[str, Any]) -> None:
+        """The writer thread's write of ``report`` (the file is read and written with no other write between)."""
+        with self._file_lock:
+            self.write(self.output_dir, report)
 
     def window_written(self, path: Path, window: dict[str, Any]) -> None:
         """On the writer thread, after a window's trace is written: its metrics and verdicts."""
@@ -78,14 +95,20 @@ class ReportSaving:
 
         def write() -> None:
             report = self.build(state.with_parts(windows=tuple(self.capture.windows.snapshot()), trace=self.trace))
-            self.write(self.output_dir, report)
+            self._write_in_turn(report)
             if window:
                 self.outputs.window_written(state.global_step, report)
 
         self.writer.submit("report_write", write)
 
-    def write_now(self, state: RunState) -> dict[str, Any]:
-        """Build and write the report of ``state`` here, now (a signal handler's: the process may end next)."""
+    def write_now(self, state: RunState, wait_s: float = WRITE_WAIT_S) -> dict[str, Any]:
+        """Build and write the report of ``state`` here, now (the signal helper's thread, or the watch's: never
+        the training thread). A write of the writer's under way is waited for, at most ``wait_s`` seconds."""
         report = self.build(state.with_parts(windows=tuple(self.capture.windows.snapshot()), trace=self.trace))
-        self.write(self.output_dir, report)
+        held = self._file_lock.acquire(timeout=max(0.0, wait_s))
+        try:
+            self.write(self.output_dir, report)
+        finally:
+            if held:
+                self._file_lock.release()
         return report
