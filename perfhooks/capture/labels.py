@@ -19,18 +19,16 @@ class ProfilerLabels:
 
     def __init__(self) -> None:
         self._open: Any = None
-
-    @property
-    def is_open(self) -> bool:
-        return self._open is not None
+        #: A label is open (a plain attribute: the tracker reads it at every phase change).
+        self.is_open = False
 
     def enter(self, name: str) -> None:
         if self._open is None and autograd_profiler._is_profiler_enabled:
             label = autograd_profiler.record_function(name)
             label.__enter__()
-            self._open = label
+            self._open, self.is_open = label, True
 
     def exit(self) -> None:
-        label, self._open = self._open, None
+        label, self._open, self.is_open = self._open, None, False
         if label is not None:
             label.__exit__(None, None, None)

@@ -26,19 +26,21 @@ from perfhooks.locks import holds_lock
 #: signal's close (``let_go``) may run on the thread that the signal interrupted inside ``_count``.
 _lock = threading.RLock()
 _followers = 0
-_open = 0  # torch.cuda.graph contexts entered and not yet left, in the process
+#: ``torch.cuda.graph`` contexts entered and not yet left, in the process (read as
+#: ``capture_watch.open_contexts`` on a step's path: an attribute, not a call).
+open_contexts = 0
 _saved: tuple[Any, Any, Any] | None = None  # (the class, its __enter__, its __exit__)
 
 
 def active() -> bool:
     """A capture may be under way somewhere in the process (a ``torch.cuda.graph`` context is open)."""
-    return _open > 0
+    return open_contexts > 0
 
 
 @holds_lock
 def follow(torch: Any) -> bool:
     """Start following ``torch.cuda.graph`` (once per process, counted); False where torch has no such class."""
-    global _followers, _saved, _open
+    global _followers, _saved, open_contexts
     graph = getattr(getattr(getattr(torch, "cuda", None), "graphs", None), "graph", None)
     if not isinstance(graph, type) or not callable(getattr(graph, "__enter__", None)):
         return False
@@ -50,7 +52,7 @@ def follow(torch: Any) -> bool:
                 _followers -= 1
                 return False
             _saved = (graph, enter, leave)
-            _open = 0
+            open_contexts = 0
             graph.__enter__ = _entering(enter)
             graph.__exit__ = _leaving(leave)
     return True
@@ -76,9 +78,9 @@ def let_go() -> None:
 
 @holds_lock
 def _count(delta: int) -> None:
-    global _open
+    global open_contexts
     with _lock:
-        _open = max(0, _open + delta)
+        open_contexts = max(0, open_contexts + delta)
 
 
 def _entering(enter: Any) -> Any:

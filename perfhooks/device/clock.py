@@ -115,7 +115,7 @@ class DeviceClock(HostClock):
 
     def _record_mark(self) -> Mark:
         room = self.room
-        if self._clear and room.lost is None and (not capture_watch.active() or room.usable()):
+        if self._clear and room.lost is None and (not capture_watch.open_contexts or room.usable()):
             event = self._pool.pop() if self._pool else room.new_event()
             try:
                 stream = room.record_current(event)

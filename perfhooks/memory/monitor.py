@@ -122,7 +122,8 @@ class MemoryMonitor:
         self._next_step_ns = 0
         self.census: dict[str, Any] | None = None
         self._capture_ready = True  # a near-limit capture may fire (re-armed 5 points below the threshold)
-        self._next_ns = 0
+        #: ``monotonic_ns()`` of the next phase-boundary sample (earlier boundaries are not sampled).
+        self.next_sample_ns = 0
         self._observer_attached = False
         #: The OOM observer's calls in this run (what the allocator said at each OOM), the latest last.
         self.observed: list[dict[str, Any]] = []
@@ -157,9 +158,9 @@ class MemoryMonitor:
         """At a phase boundary: sample (rate-limited), track the peak, capture on crossing the threshold. Not
         while the device is lost or a CUDA graph captures (``cudaMemGetInfo`` would invalidate the graph)."""
         now = monotonic_ns()
-        if now < self._next_ns or (self.cuda and not self.room.free()):
+        if now < self.next_sample_ns or (self.cuda and not self.room.free()):
             return
-        self._next_ns = now + self.poll_ns
+        self.next_sample_ns = now + self.poll_ns
         figures = self.sample()
         used = figures["used_bytes"]
         self.series.append((step, used))

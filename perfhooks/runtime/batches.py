@@ -37,6 +37,8 @@ class BatchCount:
 
 def count_batch(batch: Any) -> BatchCount | None:
     """Samples and tokens of one micro-batch, or None when it holds no tensor with a leading dimension."""
+    if type(batch) is torch.Tensor:  # the common plain-loop batch, ``x``: answered without the general walk
+        return _count_tensor(batch) if batch.dim() >= 1 else None
     ids = mask = None
     if isinstance(batch, Mapping):
         ids, mask = batch.get("input_ids"), batch.get("attention_mask")
@@ -51,8 +53,15 @@ def count_batch(batch: Any) -> BatchCount | None:
             return BatchCount(samples, int(ids.numel()), FROM_IDS_MASK_ON_DEVICE)
     if _is_batched(ids) and ids.dim() == 2:
         return BatchCount(samples, int(ids.numel()), FROM_IDS)
-    if ids is None and lead.dim() == 2 and not lead.is_floating_point() and not lead.is_complex() \
-            and lead.dtype != torch.bool:
+    if ids is None:
+        return _count_tensor(lead)
+    return BatchCount(samples, 0, None)
+
+
+def _count_tensor(lead: torch.Tensor) -> BatchCount:
+    """A batch led by ``lead`` (no ``input_ids``): its samples, and its tokens when it is a 2-D integer tensor."""
+    samples = int(lead.shape[0])
+    if lead.dim() == 2 and not lead.is_floating_point() and not lead.is_complex() and lead.dtype != torch.bool:
         return BatchCount(samples, int(lead.numel()), FROM_INTEGER_TENSOR)
     return BatchCount(samples, 0, None)
 

@@ -58,7 +58,8 @@ class RunParts:
 
     def watch_phases(self) -> None:
         """Tell the tracker which phase moments a part needs now."""
-        self.tracker.notify_phases = self.flops.watching or self.tag_allocations
+        tagging = self.tag_allocations and self.memory.history  # type: ignore[union-attr]
+        self.tracker.notify_phases = self.flops.watching or tagging
         self.tracker.observe_phases = self.memory is not None and not self.device_broken
 
     def stop_flop_count(self, keep: bool) -> None:
@@ -106,9 +107,12 @@ class RunParts:
             cuda_extras.tag_allocations(name)  # the snapshot shows each allocation's phase
 
     def phase_closed(self, name: str) -> bool:
-        memory = self.memory
+        memory, tracker = self.memory, self.tracker
         try:
-            memory.observe(self.tracker.step, name)  # type: ignore[union-attr]
+            memory.observe(tracker.step, name)  # type: ignore[union-attr]
+            tracker.observe_after_ns = memory.next_sample_ns  # type: ignore[union-attr]
+            if self.tag_allocations and memory.history and not tracker.notify_phases:  # type: ignore[union-attr]
+                self.watch_phases()  # the approach armed the allocation history: tag allocations from here on
             if len(memory.captures) != self._captures_seen:  # type: ignore[union-attr]  # a capture paused the step
                 self._captures_seen = len(memory.captures)  # type: ignore[union-attr]
                 return True

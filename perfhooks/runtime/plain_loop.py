@@ -68,6 +68,37 @@ def _device_of(models: list[torch.nn.Module]) -> torch.device | None:
     return None
 
 
+class DataWait:
+    """``with perf.data_wait():`` a fetch (a plain object: entered once a step, it costs less than a generator's
+    context manager). A fetch inside a step (nanoGPT prefetches the next batch between forward and backward)
+    pauses the open phase; one at a step's start ends the step that stepped."""
+
+    __slots__ = ("loop", "resume", "timed")
+
+    def __init__(self, loop: ProfiledLoop) -> None:
+        self.loop = loop
+        self.resume: str | None = None
+        self.timed = False
+
+    def __enter__(self) -> None:
+        loop = self.loop
+        if loop._closed:
+            return
+        self.timed = True
+        self.resume = None if loop._stepped else loop.engine.open_phase
+        loop._stepped = False
+        loop.engine.fetch()  # ends the step that stepped, opens data_wait
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not self.timed:
+            return
+        loop = self.loop
+        loop._unseen_batch = True
+        loop.engine.phase_end(DATA_WAIT)
+        if self.resume in (FORWARD, BACKWARD):
+            loop.engine.phase_start(self.resume)
+
+
 class ProfiledLoop(LoopSession):
     """The hooks :func:`profile` added; ``close()`` (idempotent) removes them and writes the report."""
 
@@ -133,24 +164,9 @@ class ProfiledLoop(LoopSession):
         self._stepped = True
 
     # --------------------------------------------------------------- what the loop says
-    @contextmanager
-    def data_wait(self) -> Iterator[None]:
+    def data_wait(self) -> DataWait:
         """Around the loop's fetch of a training batch (``get_batch``, ``next(iterator)``)."""
-        if self._closed:
-            yield
-            return
-        # a fetch inside a step (nanoGPT prefetches the next batch between forward and backward) pauses the open
-        # phase; one at a step's start ends the step that stepped
-        resume = None if self._stepped else self.engine.open_phase
-        self._stepped = False
-        self.engine.fetch()  # ends the step that stepped, opens data_wait
-        try:
-            yield
-        finally:
-            self._unseen_batch = True
-            self.engine.phase_end(DATA_WAIT)
-            if resume in (FORWARD, BACKWARD):
-                self.engine.phase_start(resume)
+        return DataWait(self)
 
     def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """The batches of ``iterable``, each fetch timed as ``data_wait``; the last step ends with the data."""

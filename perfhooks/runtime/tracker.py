@@ -36,7 +36,7 @@ from perfhooks.runtime.batches import (
 )
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.steps import PendingSteps, StepRecord
-from perfhooks.timebase import monotonic
+from perfhooks.timebase import monotonic_ns
 
 _PHASE_NAMES = frozenset(PHASES)
 #: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
@@ -57,8 +57,8 @@ class StepListener(Protocol):
         """Phase ``name`` starts (called only while :attr:`StepTracker.notify_phases` is set)."""
 
     def phase_closed(self, name: str) -> bool:
-        """Phase ``name`` ended (called only while :attr:`StepTracker.observe_phases` is set): True when a
-        memory capture paused the step."""
+        """Phase ``name`` ended (called only while :attr:`StepTracker.observe_phases` is set, and not before
+        :attr:`StepTracker.observe_after_ns`): True when a memory capture paused the step."""
 
     def aside_opening(self, kind: str) -> None:
         """An aside begins inside the run."""
@@ -105,6 +105,9 @@ class StepTracker:
         #: Tell the listener of each phase start / phase end (set by the engine while a part needs it).
         self.notify_phases = False
         self.observe_phases = False
+        #: ``monotonic_ns()`` before which a phase's end is not worth telling the listener (its memory sample is
+        #: rate-limited): set by the listener, so that most phase ends cost a comparison, not two calls.
+        self.observe_after_ns = 0
         #: ``time.monotonic()`` when the open phase started (None: no phase open), for the published state.
         self.phase_since_s: float | None = None
         #: ``(phase or None, monotonic() when it started, step)``, one tuple swapped in at each phase change:
@@ -234,7 +237,7 @@ class StepTracker:
             if autograd_profiler._is_profiler_enabled:
                 self.labels.enter(name)
             self.phase = (name, mark)
-            self.phase_since_s = now = monotonic()
+            self.phase_since_s = now = monotonic_ns() / 1e9
             self.beacon = (name, now, self.step)
         except Exception as error:
             self.faults.report("phase_start", error)
@@ -251,14 +254,15 @@ class StepTracker:
         """Close the open phase; its end mark (which the next phase may start from)."""
         name, start = self.phase  # type: ignore[misc]
         self.phase = self.phase_since_s = None
-        self.beacon = (None, monotonic(), self.step)
+        now_ns = monotonic_ns()
+        self.beacon = (None, now_ns / 1e9, self.step)
         if self.labels.is_open:
             self.labels.exit()
         if self._nvtx_on:
             self.nvtx.pop()
         end = self.clock.mark()
         self.record.intervals.append((name, start, end))  # type: ignore[union-attr]
-        if self.observe_phases and self.listener.phase_closed(name):
+        if self.observe_phases and now_ns >= self.observe_after_ns and self.listener.phase_closed(name):
             self.record.own = True  # type: ignore[union-attr]
         return end
 
