@@ -168,3 +168,22 @@ def longest_step_after_the_first_ms(report: dict) -> float:
     names = ("data_wait", "forward", "backward", "optimizer", "other")
     totals = [sum(values) for values in zip(*(series[name] for name in names), strict=True)]
     return max(totals[1:])
+
+
+def plain_ctrl_c() -> None:
+    """``preexec_fn`` for a child a test sends Ctrl-C (SIGINT): the signal's default action, unblocked, as a terminal
+    gives a program. An ignored or blocked SIGINT survives ``exec``: in one busy suite run two such tests on one
+    worker saw their child ignore it, whatever an earlier test in that worker had left."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def ctrl_c_state() -> str:
+    """This process's SIGINT disposition and whether it is blocked (for a failing Ctrl-C test's message)."""
+    import signal
+
+    return (f"SIGINT here: {signal.getsignal(signal.SIGINT)!r}, "
+            f"blocked: {signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}")
+

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import ctrl_c_state, plain_ctrl_c
 from perfhooks.offline.tune import loss_delta, plan, speedup
 
 SCRIPTS = Path(__file__).parent / "scripts" / "tune"
@@ -98,7 +99,7 @@ def test_a_failing_trial_is_reported_the_next_runs_and_ctrl_c_keeps_the_trials_d
     process = subprocess.Popen([sys.executable, "-m", "perfhooks", "tune", "--steps", "5", "--format", "json",
                                 "--output-dir", str(tmp_path / "tuned"), str(SCRIPTS / "fails_in_workers.py"),
                                 str(tmp_path / "user")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, preexec_fn=plain_ctrl_c)
     seen = ""
     deadline = time.monotonic() + 300
     while "trial 2/2 bf16: started" not in seen and time.monotonic() < deadline and process.poll() is None:
@@ -106,7 +107,7 @@ def test_a_failing_trial_is_reported_the_next_runs_and_ctrl_c_keeps_the_trials_d
     assert "trial 1/2 dataloader_workers: failed" in seen, seen
     process.send_signal(signal.SIGINT)
     out, rest = process.communicate(timeout=120)
-    assert process.returncode == 130, seen + rest
+    assert process.returncode == 130, seen + rest + ctrl_c_state()
     result = json.loads(out)
     assert result["interrupted"] == {"during": "bf16"}  # the next trial was running
     [workers] = result["trials"]
