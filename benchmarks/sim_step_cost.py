@@ -1,6 +1,6 @@
 """perfhooks' host time per step on the simulated GPU, with every device call charged its real cost.
 
-    python benchmarks/sim_step_cost.py [--steps 400] [--rounds 7] [--free]
+    python benchmarks/sim_step_cost.py [--steps 400] [--rounds 7] [--free] [--loops engine plain_loop]
 
 A CPU benchmark of a GPU run's cost: the simulated GPU (``tests/simulated_gpu.py``) spins the calling thread for
 each device call as long as the call costs on an H100 (an event record 2.5 µs, a query 1 µs, a Python ``Stream``
@@ -205,6 +205,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--free", action="store_true", help="device calls cost no host time")
+    parser.add_argument("--loops", nargs="+", choices=("engine", "plain_loop"), default=["engine", "plain_loop"],
+                        help="the loops to time (default both); an A/B of two commits alternates runs of one")
     args = parser.parse_args()
     print(describe_machine())
     bind_to_the_simulation()
@@ -215,6 +217,8 @@ def main() -> None:
         overhead = simulation_overhead_us(gpu)
         print(f"the simulation's own Python per call (µs, warm; charged on top of the costs above): {overhead}")
         for name, loop in (("engine", engine_loop), ("plain_loop", plain_loop)):
+            if name not in args.loops:
+                continue
             deltas, bare_us, calls, bare_calls, bed = [], [], {}, {}, []
             with tempfile.TemporaryDirectory() as out:
                 loop(gpu, 50, True, out)  # warm-up: imports, first allocations
