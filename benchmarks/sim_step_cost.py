@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import itertools
 import statistics
 import sys
@@ -73,32 +74,244 @@ def engine_loop(gpu: SimulatedGpu, steps: int, profiled: bool, out: str) -> tupl
     return _median_step_us(ends), calls
 
 
-def plain_loop(gpu: SimulatedGpu, steps: int, profiled: bool, out: str) -> tuple[float, collections.Counter]:
+class Floor:
+    """The least a design can do at a plain loop's six step boundaries (the fetch's start and end, the forward's
+    start and end, the optimizer step's start and end, through the same torch hooks perfhooks uses): take the host
+    time and append it; with ``device``, also record a pooled event on the current stream found by its id, and ask
+    once a step whether the stream captures (the device calls perfhooks makes on the training thread)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any, device: bool) -> None:
+        self.log: list[Any] = []
+        self.pool: list[Any] = []
+        self.streams: dict[Any, Any] = {}
+        self.device = device
+        model.register_forward_pre_hook(lambda _module, _args: self.mark())
+        model.register_forward_hook(lambda _module, _args, _output: self.mark())
+        optimizer.register_step_pre_hook(lambda *_: self.mark())
+        optimizer.register_step_post_hook(lambda *_: self.mark())
+
+    def mark(self) -> None:
+        if self.device:
+            event = self.pool.pop() if self.pool else torch.cuda.Event(enable_timing=True)
+            key = torch._C._cuda_getCurrentStream(0)
+            stream = self.streams.get(key)
+            if stream is None:
+                stream = self.streams[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1],
+                                                               device_type=key[2])
+            event.record(stream)
+            self.log.append((time.perf_counter_ns(), event))
+        else:
+            self.log.append(time.perf_counter_ns())
+        if len(self.log) >= 64:
+            if self.device:
+                self.pool.extend(event for _, event in self.log)
+            self.log.clear()
+
+    def __enter__(self) -> None:
+        if self.device:
+            torch.cuda.is_current_stream_capturing()
+        self.mark()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.mark()
+
+
+#: The plain loop's variants: the bare loop, the floor on the host and with its device calls (charged, or free:
+#: the test bed's own Python in place), and perfhooks.
+PLAIN_MODES = ("bare", "floor_host", "floor_free", "floor", "perfhooks")
+
+
+#: Steps each plain-loop run takes before it is timed: at ~0.5 ms a step, past the first second of a run, in which
+#: perfhooks creates the device events its pool later recycles (the timing reader returns them every 0.2 s).
+WARMUP_STEPS = 1500
+
+
+def plain_loop(gpu: SimulatedGpu, steps: int, mode: str | bool, out: str, warmup: int = WARMUP_STEPS,
+               at_steady: Any = None) -> tuple[float, collections.Counter]:
     import perfhooks
 
+    mode = {True: "perfhooks", False: "bare"}.get(mode, mode)  # type: ignore[call-overload]
     torch.random.default_generator.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     model[0].register_forward_hook(lambda *args: gpu.run(0.01))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(4, 16), torch.randn(4, 1)
-    perf = perfhooks.profile(model, optimizer, output_dir=out, **SETTINGS) if profiled else None
+    perf = perfhooks.profile(model, optimizer, output_dir=out, **SETTINGS) if mode == "perfhooks" else None
+    fetch: Any = contextlib.nullcontext
+    if perf is not None:
+        fetch = perf.data_wait
+    elif mode != "bare":
+        floor = Floor(model, optimizer, device=mode != "floor_host")
+        fetch = lambda: floor  # noqa: E731
+    costs = gpu.call_cost_us
+    if mode == "floor_free":
+        gpu.call_cost_us = dict.fromkeys(costs, 0.0)
     ends: list[int] = []
-    before = collections.Counter(gpu.calls_by_thread)
-    for _ in range(steps):
-        if perf is not None:
-            with perf.data_wait():
+    before = gpu.calls_by_thread
+    try:
+        for step in range(-warmup, steps):
+            if step == 0:  # steady from here: perfhooks' event pool is filled by the timing reader's first reads
+                before, ends = gpu.calls_by_thread, []
+                if at_steady is not None:
+                    at_steady()
+            with fetch():
                 batch = (x, y)
-        else:
-            batch = (x, y)
-        loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        ends.append(time.perf_counter_ns())
-    calls = collections.Counter(gpu.calls_by_thread) - before
+            loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            ends.append(time.perf_counter_ns())
+    finally:
+        gpu.call_cost_us = costs
+    calls = gpu.calls_by_thread - before
     if perf is not None:
         perf.close()
     return _median_step_us(ends), calls
+
+
+def main_thread_calls(calls: collections.Counter, steps: int) -> float:
+    """The simulation's calls a step on the training thread, every kind but the user's kernels."""
+    return sum(count for (thread, kind), count in calls.items() if thread == "MainThread" and kind != "kernel") / steps
+
+
+def run_plain_loop(gpu: SimulatedGpu, rounds: int, steps: int) -> None:
+    """The plain loop's variants alternating round after round (each round in the reverse order of the last); the
+    target is checked on perfhooks' added time less the test bed's own Python, measured in place."""
+    figures: dict[str, list[float]] = {mode: [] for mode in PLAIN_MODES}
+    calls: dict[str, collections.Counter] = {}
+    with tempfile.TemporaryDirectory() as out:
+        for mode in PLAIN_MODES:
+            plain_loop(gpu, 50, mode, out, warmup=0)  # warm-up: imports, first allocations
+        for round_ in range(rounds):
+            for mode in PLAIN_MODES if round_ % 2 == 0 else PLAIN_MODES[::-1]:
+                step_us, calls[mode] = plain_loop(gpu, steps, mode, out)
+                figures[mode].append(step_us)
+
+    def over(mode: str, base: str = "bare") -> list[float]:
+        return [a - b for a, b in zip(figures[mode], figures[base], strict=True)]
+
+    def said(deltas: list[float]) -> str:
+        return f"{statistics.median(deltas):6.1f} µs (rounds {min(deltas):.1f} to {max(deltas):.1f})"
+
+    floor_calls = main_thread_calls(calls["floor"], steps)
+    bed_per_call = statistics.median(a - b for a, b in zip(figures["floor_free"], figures["floor_host"],
+                                                            strict=True)) / floor_calls
+    perf_calls = main_thread_calls(calls["perfhooks"], steps)
+    gross = over("perfhooks")
+    bed = bed_per_call * perf_calls
+    net = statistics.median(gross) - bed
+    print(f"plain_loop: bare step {statistics.median(figures['bare']):7.1f} µs")
+    print(f"{'':>12}the floor (six boundaries, each taking the time and appending it): +{said(over('floor_host'))}")
+    print(f"{'':>12}the floor with its device calls ({floor_calls:.1f} a step, charged): +{said(over('floor'))}; "
+          f"the test bed's own Python in place: {bed_per_call:.2f} µs a call (the free floor less the host floor)")
+    print(f"{'':>12}perfhooks adds {said(gross)}; beyond the floor with device calls "
+          f"{said(over('perfhooks', 'floor'))}")
+    verdict = "met" if net <= TARGET_US else "NOT met"
+    print(f"{'':>12}perfhooks net of the test bed's Python ({perf_calls:.1f} calls a step x {bed_per_call:.2f} µs = "
+          f"{bed:.1f} µs): {net:.1f} µs a step; target <= {TARGET_US:.0f} µs: {verdict}")
+    print(f"{'':>12}device calls a step: bare {per_step(calls['bare'], steps)}, "
+          f"with perfhooks {per_step(calls['perfhooks'], steps)}")
+
+
+#: perfhooks.profile's entry points from the loop and torch's hooks: a step's host time inside perfhooks is spent
+#: in these (each timed in place by :func:`in_place`).
+ENTRY_POINTS = (("DataWait", "__enter__"), ("DataWait", "__exit__"), ("ProfiledLoop", "_forward_start"),
+                ("ProfiledLoop", "_forward_end"), ("ProfiledLoop", "_optimizer_start"),
+                ("ProfiledLoop", "_optimizer_end"))
+
+
+class InPlace:
+    """Timers around perfhooks' entry points and, inside them, around the simulation's calls (ns in all)."""
+
+    def __init__(self) -> None:
+        self.inside_ns = self.simulation_ns = 0
+        self.depth = 0
+
+    def reset(self) -> None:
+        self.inside_ns = self.simulation_ns = 0
+
+    def entry(self, function: Any) -> Any:
+        clock = time.perf_counter_ns
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.depth += 1
+            started = clock()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                if not self.depth:
+                    self.inside_ns += clock() - started
+
+        return timed
+
+    def simulated(self, function: Any) -> Any:
+        clock = time.perf_counter_ns
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not self.depth:
+                return function(*args, **kwargs)
+            started = clock()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.simulation_ns += clock() - started
+
+        return timed
+
+
+def charged_us(calls: collections.Counter, costs: dict[str, float]) -> float:
+    """µs the training thread's simulated calls were charged."""
+    return sum(count * costs.get(kind, 0.0) for (thread, kind), count in calls.items() if thread == "MainThread")
+
+
+def in_place(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
+    """perfhooks' host time a step measured in place, free of the wall clock's drift between runs: the time inside
+    its entry points (``ENTRY_POINTS``: what the loop and torch's hooks call), less the time inside the
+    simulation's calls made from there, plus what the calls perfhooks added were charged (their cost on an H100,
+    counted against the bare loop's). The timers' own cost is in it (13 or so a step, each a frame): the same
+    meters around the floor's entry points read it, with the floor's few lines, and the figure beyond the floor's is
+    said too. Torch's own cost of calling a hook is not in either (the wall-clock figures hold it)."""
+    from simulated_gpu import SimEvent
+
+    import perfhooks.runtime.plain_loop as plain
+
+    meter = InPlace()
+    entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS]
+    entries += [(Floor, "mark"), (Floor, "__enter__"), (Floor, "__exit__")]
+    calls = [(SimEvent, "record"), (torch._C, "_cuda_getCurrentStream"), (torch.cuda, "is_current_stream_capturing"),
+             (torch._C, "_cuda_memoryStats"), (torch.cuda, "mem_get_info")]
+    saved = [(target, name, target.__dict__[name] if isinstance(target, type) else getattr(target, name))
+             for target, name in entries + calls]
+    figures: dict[str, list[tuple[float, float]]] = {"perfhooks": [], "floor": []}
+    try:
+        for target, name in entries:
+            setattr(target, name, meter.entry(getattr(target, name)))
+        for target, name in calls:
+            setattr(target, name, meter.simulated(getattr(target, name)))
+        with tempfile.TemporaryDirectory() as out:
+            _, bare_calls = plain_loop(gpu, steps, "bare", out)
+            for round_ in range(rounds):
+                for mode in ("perfhooks", "floor") if round_ % 2 == 0 else ("floor", "perfhooks"):
+                    _, counted = plain_loop(gpu, steps, mode, out, at_steady=meter.reset)
+                    own = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
+                    added = (charged_us(counted, gpu.call_cost_us) - charged_us(bare_calls, gpu.call_cost_us)) / steps
+                    figures[mode].append((own, added))
+    finally:
+        for target, name, original in saved:
+            setattr(target, name, original)
+
+    def median(mode: str, which: int) -> float:
+        return statistics.median(figure[which] for figure in figures[mode])
+
+    own, charged, floor = median("perfhooks", 0), median("perfhooks", 1), median("floor", 0)
+    mine = [figure[0] for figure in figures["perfhooks"]]
+    total = own + charged
+    verdict = "met" if total <= TARGET_US else "NOT met"
+    print(f"{'':>12}in place: perfhooks' own Python {own:.1f} µs a step (rounds {min(mine):.1f} to {max(mine):.1f}; "
+          f"the same meters read {floor:.1f} µs around the floor's marks, so {own - floor:.1f} µs beyond them) + its "
+          f"device calls' charged cost {charged:.1f} µs = {total:.1f} µs a step; target <= {TARGET_US:.0f} µs: "
+          f"{verdict}")
 
 
 def bind_to_the_simulation() -> None:
@@ -200,6 +413,30 @@ def test_bed_us(calls: collections.Counter, steps: int, overhead: dict[str, floa
                if thread == "MainThread")
 
 
+def run_engine_loop(gpu: SimulatedGpu, rounds: int, steps: int, overhead: dict[str, float]) -> None:
+    """The engine's events alone, bare and with perfhooks alternating; the test bed's Python is taken out by its
+    calibration in a warm loop (a tight loop, as this one is)."""
+    deltas, bare_us, bed = [], [], []
+    calls: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as out:
+        engine_loop(gpu, 50, True, out)  # warm-up: imports, first allocations
+        for round_ in range(rounds):
+            figures = {}
+            for profiled in (False, True) if round_ % 2 == 0 else (True, False):
+                figures[profiled], counted = engine_loop(gpu, steps, profiled, out)
+                bed.append((1 if profiled else -1) * test_bed_us(counted, steps, overhead))
+                if profiled:
+                    calls = per_step(counted, steps)
+            deltas.append(figures[True] - figures[False])
+            bare_us.append(figures[False])
+    median = statistics.median(deltas)
+    simulation = sum(bed) / rounds  # the test bed's Python in perfhooks' calls, net of the bare loop's
+    print(f"    engine: bare step {statistics.median(bare_us):7.1f} µs; perfhooks adds {median:6.1f} µs a step "
+          f"(rounds {min(deltas):.1f} to {max(deltas):.1f}), of which at least {simulation:.1f} µs is the "
+          f"simulation's own Python: {median - simulation:.1f} µs net (the engine's events alone)")
+    print(f"{'':>12}device calls a step: with perfhooks {calls}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=400)
@@ -216,33 +453,11 @@ def main() -> None:
         print(f"per-call host cost (µs): {gpu.call_cost_us}")
         overhead = simulation_overhead_us(gpu)
         print(f"the simulation's own Python per call (µs, warm; charged on top of the costs above): {overhead}")
-        for name, loop in (("engine", engine_loop), ("plain_loop", plain_loop)):
-            if name not in args.loops:
-                continue
-            deltas, bare_us, calls, bare_calls, bed = [], [], {}, {}, []
-            with tempfile.TemporaryDirectory() as out:
-                loop(gpu, 50, True, out)  # warm-up: imports, first allocations
-                for round_ in range(args.rounds):
-                    order = (False, True) if round_ % 2 == 0 else (True, False)
-                    figures = {}
-                    for profiled in order:
-                        figures[profiled], counted = loop(gpu, args.steps, profiled, out)
-                        bed.append((1 if profiled else -1) * test_bed_us(counted, args.steps, overhead))
-                        if profiled:
-                            calls = per_step(counted, args.steps)
-                        else:
-                            bare_calls = per_step(counted, args.steps)
-                    deltas.append(figures[True] - figures[False])
-                    bare_us.append(figures[False])
-            median = statistics.median(deltas)
-            simulation = sum(bed) / args.rounds  # the test bed's Python in perfhooks' calls, net of the bare loop's
-            net = median - simulation
-            verdict = f"target <= {TARGET_US:.0f} µs: {'met' if net <= TARGET_US else 'NOT met'}" \
-                if name == "plain_loop" else "(the engine's events alone)"
-            print(f"{name:>10}: bare step {statistics.median(bare_us):7.1f} µs; perfhooks adds "
-                  f"{median:6.1f} µs a step (rounds {min(deltas):.1f} to {max(deltas):.1f}), of which at least "
-                  f"{simulation:.1f} µs is the simulation's own Python: {net:.1f} µs net; {verdict}")
-            print(f"{'':>12}device calls a step: bare {bare_calls}, with perfhooks {calls}")
+        if "engine" in args.loops:
+            run_engine_loop(gpu, args.rounds, args.steps, overhead)
+        if "plain_loop" in args.loops:
+            run_plain_loop(gpu, args.rounds, args.steps)
+            in_place(gpu, args.steps, args.rounds)
         print(f"background threads' share of each second (CPU time, an upper bound on their GIL time), "
               f"host-bound 1 ms steps: {background_share(gpu)}")
 

@@ -68,6 +68,9 @@ from typing import Any
 
 import torch
 
+_current_thread = threading.current_thread
+_perf_counter = time.perf_counter
+
 # c10/core/AllocatorConfig.h
 K_SMALL_BUFFER = 2097152
 K_MIN_BLOCK_SIZE = 512
@@ -556,19 +559,34 @@ class SimulatedGpu:
         self.call_cost_us: dict[str, float] = dict(CALL_COST_US)
         #: The calls made, by kind (the user's kernels under ``kernel``).
         self.calls: collections.Counter[str] = collections.Counter()
-        #: The same, by (thread name, kind): what the training thread pays and what perfhooks' threads do.
-        self.calls_by_thread: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: The same, by (thread, kind) (:attr:`calls_by_thread` names the threads when read): counting stays
+        #: cheap, so the test bed's own Python adds little to a step it charges.
+        self._calls_by_thread: dict[tuple[threading.Thread, str], int] = {}
 
     def charge(self, kind: str) -> None:
         """Count one call of ``kind`` and spend its host cost (a spin: the calling thread is busy, as in a driver
         call)."""
         self.calls[kind] += 1
-        self.calls_by_thread[threading.current_thread().name, kind] += 1
+        self._count_thread(kind)
         cost = self.call_cost_us.get(kind, 0.0)
         if cost > 0.0:
-            until = time.perf_counter() + cost / 1e6
-            while time.perf_counter() < until:
+            until = _perf_counter() + cost / 1e6
+            while _perf_counter() < until:
                 pass
+
+    def _count_thread(self, kind: str) -> None:
+        key = (_current_thread(), kind)
+        counts = self._calls_by_thread
+        counts[key] = counts.get(key, 0) + 1
+
+    @property
+    def calls_by_thread(self) -> collections.Counter[tuple[str, str]]:
+        """The calls made, by (thread name, kind): what the training thread pays and what perfhooks' threads do
+        (a new Counter at each read)."""
+        out: collections.Counter[tuple[str, str]] = collections.Counter()
+        for (thread, kind), count in list(self._calls_by_thread.items()):
+            out[thread.name, kind] += count
+        return out
 
     def device_calls(self) -> int:
         """Device calls so far, every kind that reaches the driver (not the user's kernels)."""
@@ -606,7 +624,7 @@ class SimulatedGpu:
         inside a capture, a node of the graph (it runs at each ``replay()``)."""
         self._check("kernel")
         self.calls["kernel"] += 1
-        self.calls_by_thread[threading.current_thread().name, "kernel"] += 1
+        self._count_thread("kernel")
         stream = self.current_stream(device)
         if stream.capturing:
             self.capture.kernels_ms.append(ms)  # type: ignore[union-attr]
