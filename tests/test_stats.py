@@ -84,3 +84,15 @@ def test_a_diagnosis_has_one_title_in_a_run_and_in_analyze() -> None:
     assert {"dataloader_bound", "step_time_variance"} <= set(live) & set(trace)
     for rule in ("dataloader_bound", "step_time_variance"):
         assert live[rule] == trace[rule], rule
+
+
+@given(st.lists(st.floats(min_value=-1.0, max_value=1e6, allow_nan=False, allow_infinity=False), max_size=200))
+def test_add_many_keeps_the_summary_add_keeps(values: list[float]) -> None:
+    """The fold's batch path (C-level maps) lands every value where ``add`` does: buckets, extremes, kept values."""
+    one, many = StreamingStats(), StreamingStats()
+    for value in values:
+        one.add(value)
+    many.add_many(values)
+    assert (many.count, many.maximum, many.minimum) == (one.count, one.maximum, one.minimum)
+    assert many._buckets == one._buckets and many._values == one._values
+    assert many.total == pytest.approx(one.total, rel=1e-12, abs=1e-9)
