@@ -99,16 +99,16 @@ class CaptureWindows:
         return self._profiler is not None
 
     @holds_lock
-    def at_step(self, step: int, trigger: str = "schedule") -> None:
-        """Called once per step, at its start, before any of its work."""
+    def at_step(self, step: int, trigger: str = "schedule") -> Action:
+        """Called once per step, at its start, before any of its work; the step's action."""
         action = self.action_fn(step)
         if self._profiler is None:
             if action is Action.NONE or self._external is not None:
-                return
+                return action
             if profiler_recording():
                 self.once.warn("other_profiler", "another torch.profiler session is already running; "
                                "perfhooks opens no second one (phase timing and NVTX continue)")
-                return
+                return action
             self._open(step, action, trigger)
         else:
             self._profiler.step()  # may save the previous cycle through _on_trace_ready
@@ -121,6 +121,7 @@ class CaptureWindows:
                 self._first_step = step
                 self._nsys(start=True)
             self._last_step = step
+        return action
 
     @holds_lock
     def end_step_label(self) -> None:

@@ -101,9 +101,14 @@ class DeviceClock(HostClock):
         self._done: dict[Any, int] = {}
         #: No capture was under way when the open step opened: its marks may be recorded on the device.
         self._clear = True
+        self._record = room.current_recorder()
         self.mark = self._record_mark
-        room.when_lost(self._pool.clear)
+        room.when_lost(self._lost)
         room.follow_captures()
+
+    def _lost(self) -> None:
+        self._pool.clear()
+        self._clear = False
 
     def step_opening(self) -> None:
         self._clear = self.room.usable()  # the step's one capture check (not lost, the stream not capturing)
@@ -114,14 +119,14 @@ class DeviceClock(HostClock):
         return self._clear and self.room.lost is None and not capture_watch.active()
 
     def _record_mark(self) -> Mark:
-        room = self.room
-        if self._clear and room.lost is None and (not capture_watch.open_contexts or room.usable()):
-            event = self._pool.pop() if self._pool else room.new_event()
+        if self._clear and (not capture_watch.open_contexts or self.room.usable()):
+            pool = self._pool
+            event = pool.pop() if pool else self.room.new_event()
             try:
-                stream = room.record_current(event)
+                stream = self._record(event)
                 return Mark(monotonic_ns(), event, stream)
             except DeviceLost:
-                pass
+                self._clear = False  # no device call until the next step's check (which says no: the room is lost)
         return Mark(monotonic_ns())
 
     def ready(self, mark: Mark) -> bool:

@@ -223,6 +223,29 @@ class DeviceRoom:
             self.failed(error)
             raise  # not reached: failed() raises
 
+    def current_recorder(self) -> Callable[[Any], Any]:
+        """``record(event)``: :meth:`record_current` made for a step's marks (the stream's lookup and the record,
+        its names bound once: the training thread calls it six times a step). The caller stops calling it once the
+        device is lost (:meth:`when_lost`); a device error raises :class:`DeviceLost`."""
+        lookup = self._stream_id
+        if lookup is None:
+            return self.record_current
+        index, streams, make, failed = self.index, self._streams, self._torch.cuda.Stream, self.failed
+
+        def record(event: Any) -> tuple[int, int, int]:
+            try:
+                key = lookup(index)
+                stream = streams.get(key)
+                if stream is None:
+                    stream = streams[key] = make(stream_id=key[0], device_index=key[1], device_type=key[2])
+                event.record(stream)
+                return key
+            except Exception as error:
+                failed(error)  # raises: DeviceLost after a device error, else the error itself
+                raise
+
+        return record
+
     @_device_call
     def query(self, event: Any) -> bool:
         """Whether ``event`` has completed (never blocks)."""

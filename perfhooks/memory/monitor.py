@@ -119,7 +119,8 @@ class MemoryMonitor:
         #: (step, bytes in use) at the start of steps (rate-limited): the same point of each step, for the
         #: ``memory_growth`` rule. Allocated bytes on CUDA, resident memory on the CPU.
         self.step_samples: deque[tuple[int, int]] = deque(maxlen=SERIES_SAMPLES)
-        self._next_step_ns = 0
+        #: ``monotonic_ns()`` before which a step's start takes no sample (compared in place at each step's open).
+        self.next_step_ns = 0
         self.census: dict[str, Any] | None = None
         self._capture_ready = True  # a near-limit capture may fire (re-armed 5 points below the threshold)
         #: ``monotonic_ns()`` of the next phase-boundary sample (earlier boundaries are not sampled).
@@ -185,9 +186,9 @@ class MemoryMonitor:
     def observe_step_start(self, step: int) -> None:
         """At a step's start (rate-limited like phase samples): the bytes in use there, for ``memory_growth``."""
         now = monotonic_ns()
-        if now < self._next_step_ns or (self.cuda and not self.room.free()):
+        if now < self.next_step_ns or (self.cuda and not self.room.free()):
             return
-        self._next_step_ns = now + self.poll_ns
+        self.next_step_ns = now + self.poll_ns
         if self.cuda:
             self.step_samples.append((step, self.room.memory().allocated_bytes))
         else:

@@ -95,11 +95,11 @@ class CaptureControl:
         """Another ``torch.profiler`` user is configured (e.g. Lightning's PyTorchProfiler): open no window."""
         self.windows.defer_to(owner)
 
-    def at_step(self, step: int) -> None:
+    def at_step(self, step: int) -> Action:
         """A step starts: take the triggers, then open, step or close the window (once per step number: a step
-        discarded by ``idle`` has driven the windows already)."""
+        discarded by ``idle`` has driven the windows already); the step's action."""
         if self._driven_at == step:
-            return
+            return self.action(step)
         self._driven_at = step
         trigger = "schedule"
         try:
@@ -108,9 +108,10 @@ class CaptureControl:
         except Exception as error:
             self.faults.report("trigger", error)
         try:
-            self.windows.at_step(step, trigger)
+            return self.windows.at_step(step, trigger)
         except Exception as error:
             self.faults.report("window", error)
+            return self.action(step)
 
     def _take_triggers(self, step: int) -> bool:
         """True when an on-demand window records at ``step``."""

@@ -52,8 +52,7 @@ class CompileTracking:
         return compiled_graphs() > self._graphs_at_start
 
     def step_opening(self) -> None:
-        if not self.watch.installed:
-            self.watch.maybe_install()
+        self.watch.maybe_install()  # a check, once installed
 
     def started(self, _args: Any) -> None:
         """Dynamo starts compiling (a frame, or a backward compiled lazily): the open phase pauses, and the time

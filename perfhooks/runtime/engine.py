@@ -52,7 +52,7 @@ from perfhooks.runtime.timing_reader import TimingReader
 from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.runtime.tracker import StepTracker
 from perfhooks.sinks.wandb import RunSource
-from perfhooks.timebase import monotonic, monotonic_ns
+from perfhooks.timebase import monotonic_ns
 
 __all__ = ["Engine", "NullEngine", "RunEngine"]
 
@@ -112,15 +112,18 @@ class Engine:
         config, facts = self.config, self.facts
         account = RunAccount(monotonic_ns if self.clock.device_timed else self.clock.mark)
         self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults, None,  # type: ignore[arg-type]
-                                   lambda: self.capture.end_step_label(), start_step, global_step)
+                                   None, start_step, global_step)
         # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
-        self.phase_start, self.phase_end, self.step_end = (self.tracker.phase_start, self.tracker.phase_end,  # type: ignore[method-assign]
-                                                           self.tracker.step_end)
+        tracker = self.tracker
+        self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (  # type: ignore[method-assign]
+            tracker.phase_start, tracker.phase_end, tracker.step_end, tracker.batch, tracker.fetch, tracker.stepped,
+            tracker.named)
         self.capture = CaptureControl(config, self.output_dir, facts.rank, facts.world_size, self.room.is_cuda,
                                       self.writer, self.faults, self.once, lambda: self.tracker.step,
                                       on_saved=lambda: self.saving.window_saved(),
                                       on_written=(lambda path, window: self.saving.window_written(path, window))
                                       if config.analyze_windows else None)
+        self.tracker.end_step_label = self.capture.windows.end_step_label  # closes ProfilerStep#N (one frame)
         self.memory: MemoryMonitor | None = self._start_memory() if config.memory else None
         self.flops = FlopArming(config, self.faults)
         self.compile = CompileTracking(self.tracker, self.faults)
@@ -195,10 +198,7 @@ class Engine:
 
     def fetch(self) -> None:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts."""
-        try:
-            self.tracker.fetch()
-        except Exception as error:
-            self.faults.report("fetch", error)
+        self.tracker.fetch()  # it guards itself (instances call it directly)
 
     def phase_start(self, name: str) -> None:
         """Start phase ``name``: ends the open phase, opens a step if none is open."""
@@ -217,21 +217,18 @@ class Engine:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
         self.tracker.fetched(batches)
 
-    @guarded("batch")
     def batch(self, batch: Any) -> None:
         """A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync)."""
-        self.tracker.batch(batch)
+        self.tracker.batch(batch)  # it guards itself (instances call it directly)
 
-    @guarded("named")
     def named(self, name: str, ms: float) -> None:
         """Host work the framework named (a Lightning callback's hook, ``Name.hook``) took ``ms`` while a training
         step was open (not in an evaluation or a checkpoint write): who ran in ``other`` and the phases."""
-        self.tracker.named(name, ms)
+        self.tracker.named(name, ms)  # it guards itself (instances call it directly)
 
-    @guarded("stepped")
     def stepped(self, global_step: int | None = None) -> None:
         """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
-        self.tracker.stepped(global_step)
+        self.tracker.stepped(global_step)  # it guards itself (instances call it directly)
 
     @guarded("idle")
     def idle(self) -> None:
@@ -301,8 +298,9 @@ class Engine:
                  if full or not hasattr(self, "state") else self.state.parts)
         if parts.trace is not self.saving.trace:  # a window's analysis ended since: its verdicts at once
             parts = parts._replace(trace=self.saving.trace)
-        state = RunState(tracker.step, tracker.global_step, self.status, tracker.open_phase, tracker.phase_since_s,
-                         monotonic(), tracker.stats.snapshot(), parts, self.signal)
+        phase, since, _ = tracker.beacon  # the open phase and when it started (one read: they agree)
+        state = RunState(tracker.step, tracker.global_step, self.status, phase, since if phase is not None else None,
+                         monotonic_ns() / 1e9, tracker.stats.snapshot(), parts, self.signal)
         self.state = state
         return state
 

@@ -35,14 +35,15 @@ class RunOutputs:
             self.wandb = WandbSink(source=wandb_source or RunSource(), explicit_run=config.wandb_run,
                                    open_if_missing=config.wandb is True, queue=config.wandb_queue,
                                    output_dir=output_dir, faults=faults, once=once)
-        self._next_rows_at = start_step + config.wandb_log_every
+        #: The step at which W&B next gets rows (a step's end compares it in place).
+        self.next_rows_at = start_step + config.wandb_log_every
 
     def step_closed(self, step: int, global_step: int, recent: Any, memory_latest: dict[str, Any] | None) -> None:
         """A step ended (training thread): every ``wandb_log_every`` steps, the rows of the steps since."""
-        if self.wandb is None or step < self._next_rows_at:
+        if self.wandb is None or step < self.next_rows_at:
             return
         every = self.config.wandb_log_every
-        self._next_rows_at = step + every
+        self.next_rows_at = step + every
         self.wandb.log_steps(global_step, list(recent)[-every:], memory_latest)
 
     def window_written(self, global_step: int, report: dict[str, Any]) -> None:

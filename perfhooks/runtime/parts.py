@@ -28,7 +28,7 @@ from perfhooks.runtime.outputs import RunOutputs
 from perfhooks.runtime.run_state import ReportParts, TraceVerdicts
 from perfhooks.runtime.saving import ReportSaving
 from perfhooks.runtime.tracker import StepTracker
-from perfhooks.timebase import monotonic
+from perfhooks.timebase import monotonic, monotonic_ns
 
 
 class RunParts:
@@ -76,25 +76,30 @@ class RunParts:
 
     def step_opening(self, step: int) -> bool:
         """A step opens: windows, compile watch, memory, FLOPs. True when perfhooks' own work overlaps it."""
-        if not self.device_broken:  # a window's profiler would call the broken device
-            self.capture.at_step(step)
+        capture = self.capture
+        # a window's profiler would call the broken device
+        action = capture.action(step) if self.device_broken else capture.at_step(step)
         self.compile.step_opening()
-        if self.memory is not None and not self.device_broken:
+        memory = self.memory
+        if memory is not None and not self.device_broken and monotonic_ns() >= memory.next_step_ns:
             try:
-                self.memory.observe_step_start(step)
+                memory.observe_step_start(step)
             except Exception as error:
                 self.faults.report("memory_sample", error)
         flops = self.flops
         if flops.watching:
             flops.stop()
-        elif flops.may_count and self.capture.action(step) is Action.WARMUP:
+            self.watch_phases()
+        elif flops.may_count and action is Action.WARMUP:
             flops.arm(compiled=self.compile.model_compiled or self.compile.compiled_in_run(), step=step)
-        self.watch_phases()
+            self.watch_phases()
+        elif self.tag_allocations and self.tracker.notify_phases and not self.memory.history:  # type: ignore[union-attr]
+            self.watch_phases()  # the allocation history stopped: no more tags
         writer = self.writer
         self._writer_seen = writer.started
         # perfhooks' allocation history records a Python stack at every allocation: its steps are perfhooks'
-        stacks = self.memory is not None and self.memory.history_owner == "perfhooks"
-        return self.capture.is_open or writer.running or stacks
+        return (capture.windows.is_open or writer.running
+                or (memory is not None and memory.history_owner == "perfhooks"))
 
     def phase_opening(self, name: str) -> None:
         if self.flops.watching:
@@ -129,11 +134,15 @@ class RunParts:
         return writer.running or writer.started != self._writer_seen
 
     def step_closed(self) -> None:
-        tracker = self.tracker
-        self.outputs.step_closed(tracker.step, tracker.global_step, tracker.stats.recent,
-                                 self.memory.latest if self.memory is not None else None)
+        outputs = self.outputs
+        if outputs.wandb is not None and self.tracker.step >= outputs.next_rows_at:
+            tracker = self.tracker
+            outputs.step_closed(tracker.step, tracker.global_step, tracker.stats.recent,
+                                self.memory.latest if self.memory is not None else None)
         self.published()
-        self.saving.step_closed()
+        saving = self.saving
+        if saving.every_ns and monotonic_ns() >= saving.next_ns:
+            saving.save(window=False)
 
     # ----------------------------------------------------------------- the close
     def settle_device(self, room: Any, deadline: float, once: Any) -> None:

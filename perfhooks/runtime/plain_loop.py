@@ -28,7 +28,7 @@ import torch
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, EVALUATION_FORWARDS, FORWARD, OPTIMIZER
 from perfhooks.runtime.engine import Engine, NullEngine
-from perfhooks.runtime.precision import autocast_dtype
+from perfhooks.runtime.precision import autocast_dtype, autocast_probe
 from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
 from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps, watch_training_forward
 
@@ -69,9 +69,10 @@ def _device_of(models: list[torch.nn.Module]) -> torch.device | None:
 
 
 class DataWait:
-    """``with perf.data_wait():`` a fetch (a plain object: entered once a step, it costs less than a generator's
-    context manager). A fetch inside a step (nanoGPT prefetches the next batch between forward and backward)
-    pauses the open phase; one at a step's start ends the step that stepped."""
+    """``with perf.data_wait():`` a fetch (a plain object, made once and entered once a step: it costs less than a
+    generator's context manager; a nested fetch gets one of its own). A fetch inside a step (nanoGPT prefetches the
+    next batch between forward and backward) pauses the open phase; one at a step's start ends the step that
+    stepped."""
 
     __slots__ = ("loop", "resume", "timed")
 
@@ -92,6 +93,7 @@ class DataWait:
     def __exit__(self, *exc_info: object) -> None:
         if not self.timed:
             return
+        self.timed = False
         loop = self.loop
         loop._unseen_batch = True
         loop.engine.phase_end(DATA_WAIT)
@@ -107,9 +109,11 @@ class ProfiledLoop(LoopSession):
         self._stepped = False
         self._unseen_batch = False  # a fetch whose batch no forward has taken yet (its samples and tokens count)
         self._closed = False
-        self._autocast_unseen = True
+        self._wait = DataWait(self)
         device = _device_of(models)
         self._device_type = device.type if device is not None else "cpu"
+        #: Until autocast was seen on at a forward: the check (a C call), else None.
+        self._autocast_on = autocast_probe(self._device_type)
         output_dir = config.output_dir or "perfhooks"
         self.engine: Engine | NullEngine = Engine.start(config, output_dir, framework="pytorch",
                                                         device=_device_of(models))
@@ -121,7 +125,8 @@ class ProfiledLoop(LoopSession):
                 watch_training_forward(model, self._forward_start, self._forward_end, self._hooks, with_inputs=True,
                                        on_evaluation_forward=self._evaluation_forward)
                 self.engine.watch_model(model)
-            watch_optimizer_steps(optimizers, self._optimizer_end, self._hooks, on_before_step=self._optimizer_start)
+            watch_optimizer_steps(optimizers, self._optimizer_end, self._hooks, on_before_step=self._optimizer_start,
+                                  with_args=True)
         except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched
             self._hooks.remove()
             self.engine.faults.report("profile", error)
@@ -129,23 +134,22 @@ class ProfiledLoop(LoopSession):
             self._closed = True
 
     # --------------------------------------------------------------- events from torch's hooks
-    def _end_stepped(self) -> None:
+    def _forward_start(self, inputs: tuple[Any, ...]) -> None:
+        engine = self.engine
         if self._stepped:
             self._stepped = False
-            self.engine.step_end()
-
-    def _forward_start(self, inputs: tuple[Any, ...]) -> None:
-        self._end_stepped()
-        self.engine.phase_start(FORWARD)
-        if self._autocast_unseen:  # until seen once: the dtype the step's matmuls run in (a C call, ~0.1 µs)
+            engine.step_end()
+        engine.phase_start(FORWARD)
+        autocast_on = self._autocast_on
+        if autocast_on is not None and autocast_on():  # the dtype the step's matmuls run in, once seen
             dtype = autocast_dtype(self._device_type)
             if dtype is not None:
-                self._autocast_unseen = False
-                self.engine.note_precision(dtype, f"torch.autocast({self._device_type!r}, dtype={dtype}) at the "
-                                           "model's forward", ran=True)
+                self._autocast_on = None
+                engine.note_precision(dtype, f"torch.autocast({self._device_type!r}, dtype={dtype}) at the "
+                                      "model's forward", ran=True)
         if self._unseen_batch and inputs:  # the first forward after a fetch: its first input is the batch
             self._unseen_batch = False
-            self.engine.batch(inputs[0])
+            engine.batch(inputs[0])
 
     def _forward_end(self) -> None:
         self.engine.phase_start(BACKWARD)
@@ -155,10 +159,10 @@ class ProfiledLoop(LoopSession):
         not mark (named work; nothing inside ``perf.evaluation()``, which is an aside)."""
         self.engine.named(EVALUATION_FORWARDS, ms)
 
-    def _optimizer_start(self) -> None:
+    def _optimizer_start(self, *_hook_args: Any) -> None:
         self.engine.phase_start(OPTIMIZER)
 
-    def _optimizer_end(self) -> None:
+    def _optimizer_end(self, *_hook_args: Any) -> None:
         self.engine.phase_end(OPTIMIZER)
         self.engine.stepped()
         self._stepped = True
@@ -166,7 +170,8 @@ class ProfiledLoop(LoopSession):
     # --------------------------------------------------------------- what the loop says
     def data_wait(self) -> DataWait:
         """Around the loop's fetch of a training batch (``get_batch``, ``next(iterator)``)."""
-        return DataWait(self)
+        wait = self._wait
+        return DataWait(self) if wait.timed else wait
 
     def batches(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """The batches of ``iterable``, each fetch timed as ``data_wait``; the last step ends with the data."""

@@ -3,6 +3,8 @@ peak that applies to MFU)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,3 +36,13 @@ def autocast_dtype(device_type: str) -> str | None:
         return _AUTOCAST.get(str(torch.get_autocast_dtype(device_type)))
     except (TypeError, RuntimeError, AttributeError):  # an older torch, or a device type autocast does not know
         return None
+
+
+def autocast_probe(device_type: str) -> Callable[[], bool] | None:
+    """A check that ``torch.autocast(device_type)`` is on in the calling thread, as one C call (asked at every
+    training forward until it says yes); None when this torch cannot say."""
+    try:
+        torch.is_autocast_enabled(device_type)
+    except (TypeError, RuntimeError, AttributeError):
+        return None
+    return functools.partial(torch.is_autocast_enabled, device_type)

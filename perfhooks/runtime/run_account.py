@@ -25,7 +25,9 @@ class RunAccount:
         self.end_ns: int | None = None
         self.total_ns: dict[str, int] = dict.fromkeys(ASIDES, 0)
         self.counts: dict[str, int] = dict.fromkeys(ASIDES, 0)
-        self._stack: list[list[Any]] = []  # [kind, start of the stretch now charged to it]
+        #: The asides open now, outermost first: [kind, start of the stretch now charged to it] (empty: none; the
+        #: tracker tests it in place, at every named hook).
+        self.open_asides: list[list[Any]] = []
 
     def started(self) -> None:
         """The first step started: the wall clock runs from here, or from an aside that began before it."""
@@ -36,12 +38,12 @@ class RunAccount:
 
     @property
     def depth(self) -> int:
-        return len(self._stack)
+        return len(self.open_asides)
 
     @property
     def innermost(self) -> str | None:
         """The aside open now (the innermost), or ``None``."""
-        return self._stack[-1][0] if self._stack else None
+        return self.open_asides[-1][0] if self.open_asides else None
 
     def begin(self, kind: str) -> None:
         if kind not in ASIDES:
@@ -49,40 +51,40 @@ class RunAccount:
         now = self._clock()
         if self.began_ns is None:
             self.began_ns = now
-        nested_in_same = bool(self._stack) and self._stack[-1][0] == kind  # a save inside a save: one save
-        if self._stack:
-            outer = self._stack[-1]
+        nested_in_same = bool(self.open_asides) and self.open_asides[-1][0] == kind  # a save inside a save: one save
+        if self.open_asides:
+            outer = self.open_asides[-1]
             self.total_ns[outer[0]] += now - outer[1]
-        self._stack.append([kind, now])
+        self.open_asides.append([kind, now])
         if not nested_in_same:
             self.counts[kind] += 1
 
     def end(self, kind: str) -> bool:
         """End the innermost aside if it is ``kind``; False (nothing changed) otherwise."""
-        if not self._stack or self._stack[-1][0] != kind:
+        if not self.open_asides or self.open_asides[-1][0] != kind:
             return False
         now = self._clock()
-        _, start = self._stack.pop()
+        _, start = self.open_asides.pop()
         self.total_ns[kind] += now - start
-        if self._stack:
-            self._stack[-1][1] = now
+        if self.open_asides:
+            self.open_asides[-1][1] = now
         return True
 
     def retract(self, kind: str) -> bool:
         """Take back the innermost aside if it is ``kind``: it was not one (it is neither counted nor timed)."""
-        if not self._stack or self._stack[-1][0] != kind:
+        if not self.open_asides or self.open_asides[-1][0] != kind:
             return False
-        self._stack.pop()
-        if not (self._stack and self._stack[-1][0] == kind):
+        self.open_asides.pop()
+        if not (self.open_asides and self.open_asides[-1][0] == kind):
             self.counts[kind] -= 1
-        if self._stack:
-            self._stack[-1][1] = self._clock()
+        if self.open_asides:
+            self.open_asides[-1][1] = self._clock()
         return True
 
     def close(self) -> None:
         """Training ended: open asides end and the wall clock stops (the first call's time is kept)."""
-        while self._stack:
-            self.end(self._stack[-1][0])
+        while self.open_asides:
+            self.end(self.open_asides[-1][0])
         if self.end_ns is None:
             self.end_ns = self._clock()
 

@@ -59,7 +59,8 @@ class ReportSaving:
         #: A signal's handler saves the window and writes the report itself: no write follows the window.
         self.suspended = False
         self.every_ns = int(every_s * 1e9)
-        self._next_ns = monotonic_ns() + self.every_ns
+        #: ``monotonic_ns()`` of the next periodic write (a step's end compares it in place: no call a step).
+        self.next_ns = monotonic_ns() + self.every_ns
         #: Held around each file write of the writer's and of :meth:`write_now`; never by the training thread.
         self._file_lock = threading.Lock()
 
@@ -85,12 +86,12 @@ class ReportSaving:
 
     def step_closed(self) -> None:
         """A step ended: every ``report_every_s`` seconds, the report is rewritten."""
-        if self.every_ns and monotonic_ns() >= self._next_ns:
+        if self.every_ns and monotonic_ns() >= self.next_ns:
             self.save(window=False)
 
     def save(self, window: bool) -> None:
         """Publish the state now; the writer builds and writes its report (with the window's verdicts)."""
-        self._next_ns = monotonic_ns() + self.every_ns
+        self.next_ns = monotonic_ns() + self.every_ns
         state = self.publish(True)
 
         def write() -> None:

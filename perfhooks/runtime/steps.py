@@ -74,12 +74,14 @@ class PendingSteps:
         """Queue a step that just ended and move the steps resolved so far into ``stats``. On the device without a
         reader, the steps before it are read first: its end mark was recorded a moment ago, and asking about it
         now would be a query that almost never succeeds."""
-        if not self.clock.device_timed:
+        if self.background:  # the reader resolves it; the timings it resolved so far go to the statistics
+            self._queue.append(record)
+            resolved = self._resolved
+            while resolved:
+                stats.add(resolved.popleft())
+        elif not self.clock.device_timed:
             self.push(record)
             self.drain(stats)
-        elif self.background:
-            self.push(record)
-            self.collect(stats)
         else:
             self.drain(stats)
             self.push(record)

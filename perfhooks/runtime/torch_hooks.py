@@ -36,13 +36,14 @@ class HookHandles:
             handle.remove()
 
 
-def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[[], None], handles: HookHandles,
-                          on_before_step: Callable[[], None] | None = None) -> None:
+def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[..., None], handles: HookHandles,
+                          on_before_step: Callable[..., None] | None = None, with_args: bool = False) -> None:
     """Call ``on_after_step`` (and ``on_before_step``) around each ``optimizer.step()``, via torch's step hooks.
 
     Wrappers such as accelerate's ``AcceleratedOptimizer`` are unwrapped to the torch optimizer,
     whose hooks fire only when it really steps (not on accumulation micro-batches). An optimizer
-    without torch's hook API is skipped: its phase then ends with the step.
+    without torch's hook API is skipped: its phase then ends with the step. ``with_args``: the callbacks are
+    registered as they are and get the hook's arguments (``optimizer, args, kwargs``), a frame fewer a step.
     """
     for optimizer in optimizers:
         inner = getattr(optimizer, "optimizer", optimizer)
@@ -50,10 +51,14 @@ def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[[],
             inner = optimizer
         register_post = getattr(inner, "register_step_post_hook", None)
         if register_post is not None:
-            handles.add(register_post(lambda *_: on_after_step()))
+            handles.add(register_post(on_after_step if with_args else _no_args(on_after_step)))
         register_pre = getattr(inner, "register_step_pre_hook", None)
         if on_before_step is not None and register_pre is not None:
-            handles.add(register_pre(lambda *_: on_before_step()))
+            handles.add(register_pre(on_before_step if with_args else _no_args(on_before_step)))
+
+
+def _no_args(callback: Callable[[], None]) -> Callable[..., None]:
+    return lambda *_: callback()
 
 
 def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None],
@@ -78,18 +83,16 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     #: a backward (``on_evaluation_forward(ms)`` gets each one's host time).
     evaluating: list[int] = []
 
-    def evaluation_forward(module: torch.nn.Module) -> bool:
-        return (on_evaluation_forward is not None and not (module.training and torch.is_grad_enabled())
-                and threading.get_ident() == training_thread and torch._C._current_graph_task_id() == -1)
+    get_ident, grad_enabled, graph_task = threading.get_ident, torch.is_grad_enabled, torch._C._current_graph_task_id
 
-    def training_forward(module: torch.nn.Module) -> bool:
-        return (module.training and torch.is_grad_enabled() and threading.get_ident() == training_thread
-                and torch._C._current_graph_task_id() == -1)
+    def evaluation_forward(module: torch.nn.Module) -> bool:
+        return (on_evaluation_forward is not None and not (module.training and grad_enabled())
+                and get_ident() == training_thread and graph_task() == -1)
 
     def pre(module: torch.nn.Module, args: Any) -> None:
         if compiling():
             return
-        if training_forward(module):
+        if module.training and grad_enabled() and get_ident() == training_thread and graph_task() == -1:
             if with_inputs:
                 on_start(args)
             else:
@@ -102,7 +105,7 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
         def post(module: torch.nn.Module, _args: Any, _output: Any) -> None:
             if compiling():
                 return
-            if training_forward(module):
+            if module.training and grad_enabled() and get_ident() == training_thread and graph_task() == -1:
                 if on_end is not None:
                     on_end()
             elif evaluating and evaluation_forward(module):

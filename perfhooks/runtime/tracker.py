@@ -19,6 +19,7 @@ from collections import deque
 from typing import Any, Protocol
 
 import torch.autograd.profiler as autograd_profiler
+from torch import Tensor
 
 from perfhooks.capture.labels import ProfilerLabels
 from perfhooks.capture.nvtx import NvtxRanges
@@ -44,6 +45,28 @@ _PHASE_NAMES = frozenset(PHASES)
 MAX_NAMED_WORK = 256
 #: Distinct batch shapes remembered: past it, no shape counts as new (a run with a fresh shape every step).
 MAX_SHAPES = 4096
+
+
+#: Tensors in a tuple or list batch that is looked up by its shapes (a longer one is counted each time).
+MAX_KEYED_ITEMS = 8
+
+
+def _tensor_batch_key(batch: Any) -> tuple[Any, ...] | None:
+    """The shapes and dtypes of a batch that is a tensor, or a tuple or list of tensors (``x``, ``(x, y)``): all
+    its count and shape depend on, so one count serves every batch with the same key. None for anything else (a
+    mapping's count may read its attention mask's values)."""
+    kind = type(batch)
+    if kind is Tensor:
+        return (batch.shape, batch.dtype)
+    if (kind is tuple or kind is list) and 0 < len(batch) <= MAX_KEYED_ITEMS:
+        key: list[Any] = [kind]
+        for item in batch:
+            if type(item) is not Tensor:
+                return None
+            key.append(item.shape)
+            key.append(item.dtype)
+        return tuple(key)
+    return None
 
 
 class StepListener(Protocol):
@@ -96,6 +119,9 @@ class StepTracker:
         self.token_source: str | None = None
         #: The batch shapes seen so far (bounded): a step that meets a new one may pay for it (shape churn).
         self.shapes: set[tuple[Any, ...]] = set()
+        #: A tensor batch's count and shape by its shapes and dtypes (:func:`_tensor_batch_key`): each kind is
+        #: counted once.
+        self._tensor_batches: dict[tuple[Any, ...], tuple[BatchCount | None, Any]] = {}
         #: The training batches' masks as the DataLoader gave them, on the host, before the framework moved them
         #: (:mod:`~perfhooks.runtime.host_batches`), in order: each batch seen on the device takes the oldest and
         #: sums it only when its own mask is off the host. Bounded: a prefetching loader is a batch or two ahead.
@@ -108,8 +134,6 @@ class StepTracker:
         #: ``monotonic_ns()`` before which a phase's end is not worth telling the listener (its memory sample is
         #: rate-limited): set by the listener, so that most phase ends cost a comparison, not two calls.
         self.observe_after_ns = 0
-        #: ``time.monotonic()`` when the open phase started (None: no phase open), for the published state.
-        self.phase_since_s: float | None = None
         #: ``(phase or None, monotonic() when it started, step)``, one tuple swapped in at each phase change:
         #: what the live watch reads from its own thread.
         self.beacon: tuple[str | None, float | None, int] = (None, None, start_step)
@@ -140,15 +164,18 @@ class StepTracker:
     def fetch(self) -> None:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
         device, the step's end mark is the next step's start (one event fewer a step)."""
-        if self.closed:
-            return
-        record = self.record
-        if record is not None and record.stepped:
-            self.step_end(handoff=self.clock.device_timed)
         try:
-            self.phase_start(DATA_WAIT)
-        finally:
-            self._handoff = None  # one no step took (the run closed, a fault): its event is left to the collector
+            if self.closed:
+                return
+            record = self.record
+            if record is not None and record.stepped:
+                self.step_end(handoff=self.clock.device_timed)
+            try:
+                self.phase_start(DATA_WAIT)
+            finally:
+                self._handoff = None  # one no step took (the run closed, a fault): its event is left to the collector
+        except Exception as error:
+            self.faults.report("fetch", error)
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
@@ -168,45 +195,82 @@ class StepTracker:
 
     def batch(self, batch: Any) -> None:
         """A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync)."""
-        record = self.record
-        if record is None or self.closed:
-            return
+        try:
+            record = self.record
+            if record is None or self.closed:
+                return
+            key = _tensor_batch_key(batch)
+            if key is not None:  # ``x`` or ``(x, y)``: counted once per shapes and dtypes, then looked up
+                known = self._tensor_batches.get(key)
+                if known is None:
+                    known = self._count_tensor_batch(key, batch)
+                counted, shape = known
+                if counted is None:
+                    return
+            else:
+                counted, shape = count_batch(batch), None
+                if counted is None:
+                    return
+            if self.host_masks:  # the same batch as the DataLoader gave it, in order
+                mask = self.host_masks.popleft()
+                if counted.token_source != FROM_IDS_MASK_ON_DEVICE:
+                    self.host_masks.clear()  # a mask readable here (a CPU run): the host's are not needed
+                elif mask is not None and int(mask.shape[0]) == counted.samples:
+                    counted = BatchCount(counted.samples, int(mask.sum()), FROM_HOST_MASK, int(mask.numel()))
+            record.samples += counted.samples
+            record.tokens += counted.tokens
+            record.padded_tokens += counted.padded
+            if shape is None:
+                shape = batch_shape(batch)
+                self._note_shape(record, shape)
+            record.shape = hash((record.shape, shape))
+            if counted.token_source is not None:
+                self.token_source = counted.token_source
+        except Exception as error:
+            self.faults.report("batch", error)
+
+    def _count_tensor_batch(self, key: tuple[Any, ...], batch: Any) -> tuple[BatchCount | None, Any]:
+        """Count a batch of tensors whose shapes and dtypes were not seen before, and note its shape: what
+        :meth:`batch` looks up for every later batch like it (bounded, as the shapes are)."""
         counted = count_batch(batch)
-        if counted is None:
-            return
-        if self.host_masks:  # the same batch as the DataLoader gave it, in order
-            mask = self.host_masks.popleft()
-            if counted.token_source != FROM_IDS_MASK_ON_DEVICE:
-                self.host_masks.clear()  # a mask readable here (a CPU run): the host's are not needed
-            elif mask is not None and int(mask.shape[0]) == counted.samples:
-                counted = BatchCount(counted.samples, int(mask.sum()), FROM_HOST_MASK, int(mask.numel()))
-        record.samples += counted.samples
-        record.tokens += counted.tokens
-        record.padded_tokens += counted.padded
         shape = batch_shape(batch)
-        record.shape = hash((record.shape, shape))
+        if counted is not None:
+            self._note_shape(self.record, shape)  # type: ignore[arg-type]
+        if len(self._tensor_batches) < MAX_SHAPES:
+            self._tensor_batches[key] = (counted, shape)
+        return counted, shape
+
+    def _note_shape(self, record: StepRecord, shape: tuple[Any, ...]) -> None:
         if shape not in self.shapes and len(self.shapes) < MAX_SHAPES:
             self.shapes.add(shape)
             record.new_shape = True
-        if counted.token_source is not None:
-            self.token_source = counted.token_source
 
     def named(self, name: str, ms: float) -> None:
-        """Host work the framework named took ``ms`` while a training step was open (not in an aside)."""
-        if self.record is None or self.account.innermost is not None:
-            return
-        work = self.named_work
-        if name in work or len(work) < MAX_NAMED_WORK:
-            work[name] = work.get(name, 0.0) + ms
+        """Host work the framework named took ``ms`` while a training step was open (not in an aside). A Lightning
+        step names about 24 callback hooks: one frame each, the aside check an attribute, not a property."""
+        try:
+            if self.record is None or self.account.open_asides:
+                return
+            work = self.named_work
+            known = work.get(name)
+            if known is not None:
+                work[name] = known + ms
+            elif len(work) < MAX_NAMED_WORK:
+                work[name] = ms
+        except Exception as error:
+            self.faults.report("named", error)
 
-    def stepped(self, global_step: int | None) -> None:
+    def stepped(self, global_step: int | None = None) -> None:
         """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
-        record = self.record
-        if record is None or self.closed:
-            return
-        record.stepped = True
-        self.global_step = global_step if global_step is not None else self.global_step + 1
-        record.global_step = self.global_step
+        try:
+            record = self.record
+            if record is None or self.closed:
+                return
+            record.stepped = True
+            self.global_step = global_step if global_step is not None else self.global_step + 1
+            record.global_step = self.global_step
+        except Exception as error:
+            self.faults.report("stepped", error)
 
     # The three methods below run several times per step: NVTX and label calls are skipped when neither is on, and
     # each guards itself (a fault is reported once, under its own name), so the engine hands them out directly.
@@ -222,12 +286,23 @@ class StepTracker:
                 self.open_step()
                 record = self.record
                 mark = record.start  # type: ignore[union-attr]
-            elif self.phase is not None:
-                if self.phase[0] == name:
-                    return
-                mark = self.close_phase()
             else:
-                mark = self.clock.mark()
+                phase = self.phase
+                if phase is None:
+                    mark = self.clock.mark()
+                elif phase[0] == name:
+                    return
+                else:  # the open phase ends where this one starts: close_phase(), inline (most boundaries)
+                    self.phase = None
+                    if self.labels.is_open:
+                        self.labels.exit()
+                    if self._nvtx_on:
+                        self.nvtx.pop()
+                    mark = self.clock.mark()
+                    record.intervals.append((phase[0], phase[1], mark))
+                    if (self.observe_phases and monotonic_ns() >= self.observe_after_ns
+                            and self.listener.phase_closed(phase[0])):
+                        record.own = True
             if name == DATA_WAIT:  # each fetch is one micro-batch (see fetched() for loaders that take several)
                 record.micro_batches += 1  # type: ignore[union-attr]
             if self.notify_phases:
@@ -237,10 +312,15 @@ class StepTracker:
             if autograd_profiler._is_profiler_enabled:
                 self.labels.enter(name)
             self.phase = (name, mark)
-            self.phase_since_s = now = monotonic_ns() / 1e9
-            self.beacon = (name, now, self.step)
+            self.beacon = (name, monotonic_ns() / 1e9, self.step)
         except Exception as error:
             self.faults.report("phase_start", error)
+
+    @property
+    def phase_since_s(self) -> float | None:
+        """``time.monotonic()`` when the open phase started (None: no phase open), for the published state."""
+        phase, since, _ = self.beacon
+        return since if phase is not None else None
 
     def phase_end(self, name: str) -> None:
         """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
@@ -253,7 +333,7 @@ class StepTracker:
     def close_phase(self) -> Any:
         """Close the open phase; its end mark (which the next phase may start from)."""
         name, start = self.phase  # type: ignore[misc]
-        self.phase = self.phase_since_s = None
+        self.phase = None
         now_ns = monotonic_ns()
         self.beacon = (None, now_ns / 1e9, self.step)
         if self.labels.is_open:
