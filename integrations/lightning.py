@@ -41,6 +41,7 @@ optimization, everything in ``training_step`` outside backward and the optimizer
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,43 @@ def callback_hook_name(action_name: str) -> str | None:
     return f"{name}.{hook}"
 
 
+#: Steps whose callback hooks are all timed, from the fit's start; then one step in ``NAMED_EVERY``.
+NAMED_STEPS_ALL, NAMED_EVERY = 32, 16
+
+
+class CallbackTiming:
+    """The trainer profiler's ``start``/``stop`` replaced by timing wrappers on the steps that time callback
+    hooks, and Lightning's own put back on the others: each switch writes the profiler instance's ``__dict__``
+    and puts back exactly what it held (nothing, or the user's own attribute)."""
+
+    def __init__(self, profiler: Any, start: Callable[[str], None], stop: Callable[[str], None],
+                 began: dict[str, int]) -> None:
+        self.profiler = profiler
+        self.wrappers = {"start": start, "stop": stop}
+        self.before = {name: vars(profiler).get(name, _ABSENT) for name in self.wrappers}
+        self.began = began
+        self.timed = False
+
+    def on(self) -> None:
+        self.began.clear()  # a hook cut by a switch is not timed
+        vars(self.profiler).update(self.wrappers)
+        self.timed = True
+
+    def off(self) -> None:
+        """Put back what the profiler held (idempotent; an attribute the user replaced since stays theirs)."""
+        self.began.clear()
+        attributes = vars(self.profiler)
+        for name, wrapper in self.wrappers.items():
+            if attributes.get(name) is not wrapper:
+                continue
+            if self.before[name] is _ABSENT:
+                del attributes[name]
+            else:
+                attributes[name] = self.before[name]
+        self.timed = False
+
+
+_ABSENT = object()
 #: A hook name not parsed yet (None is a parsed "not a callback's").
 _UNPARSED = object()
 #: The action Lightning's training data fetcher reports to the trainer's profiler around ``next()``.
@@ -98,6 +136,8 @@ class PerfCallback(Callback):
         self._global_step = 0
         self._manual = False
         self._patches = InstancePatches()
+        #: The trainer profiler's methods swapped for callback timing on the steps that time it (None: not set).
+        self._callback_timing: CallbackTiming | None = None
 
     # --------------------------------------------------------------- copies
     def __getstate__(self) -> dict[str, Any]:
@@ -229,6 +269,7 @@ class PerfCallback(Callback):
         if callable(before_fetch):
             def on_before_fetch() -> None:
                 engine.fetch()
+                self._step_opened()
                 before_fetch()
 
             self._patches.set(epoch_loop, "_on_before_fetch", on_before_fetch)
@@ -245,13 +286,16 @@ class PerfCallback(Callback):
 
     def _time_callbacks(self, trainer: Trainer, engine: Engine) -> None:
         """Each callback hook Lightning reports to ``trainer.profiler`` (``[Callback]Name.hook``, around every
-        callback call) is timed on the host and named to the engine: who ran inside the steps."""
+        callback call) is timed on the host and named to the engine: who ran inside the steps. Lightning reports
+        about 48 actions a step (24 of them callback hooks), so they are timed in the first
+        :data:`NAMED_STEPS_ALL` steps and then one step in :data:`NAMED_EVERY`; between those the profiler's own
+        methods are put back (:class:`CallbackTiming`)."""
         profiler = trainer.profiler
         start, stop = getattr(profiler, "start", None), getattr(profiler, "stop", None)
         if not callable(start) or not callable(stop) or "start" in vars(profiler):  # the fetch fallback has it
             return
         began: dict[str, int] = {}
-        clock = monotonic_ns
+        clock, named = monotonic_ns, engine.named
         #: Each action's hook name, parsed once (about 24 callback hooks a step with the defaults): None for
         #: actions that are not a callback's, or perfhooks' own.
         names: dict[str, str | None] = {}
@@ -269,10 +313,21 @@ class PerfCallback(Callback):
             stop(action_name)
             at = began.pop(action_name, None) if began else None
             if at is not None:
-                engine.named(names[action_name], (clock() - at) / 1e6)  # type: ignore[arg-type]
+                named(names[action_name], (clock() - at) / 1e6)  # type: ignore[arg-type]
 
-        self._patches.set(profiler, "start", start_action)
-        self._patches.set(profiler, "stop", stop_action)
+        self._callback_timing = CallbackTiming(profiler, start_action, stop_action, began)
+        self._callback_timing.on()
+
+    def _step_opened(self) -> None:
+        """A training fetch opened a step: its callback hooks are timed or not (the first steps, then one in
+        several)."""
+        timing = self._callback_timing
+        if timing is not None:
+            step = self.engine.step
+            on = step < NAMED_STEPS_ALL or step % NAMED_EVERY == 0
+            if on != timing.timed:
+                timing.on() if on else timing.off()
+            self.engine.time_named(on)
 
     def _wrap_checkpoint(self, trainer: Trainer, engine: Engine) -> None:
         """``trainer.save_checkpoint`` (what users call) and each checkpoint callback's ``_save_checkpoint`` (the
@@ -286,6 +341,9 @@ class PerfCallback(Callback):
 
     def _unwrap(self) -> None:
         self._patches.restore()
+        timing, self._callback_timing = self._callback_timing, None
+        if timing is not None:
+            timing.off()
 
     def _finish(self) -> None:
         self._hooks.remove()

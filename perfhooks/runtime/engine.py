@@ -226,6 +226,10 @@ class Engine:
         step was open (not in an evaluation or a checkpoint write): who ran in ``other`` and the phases."""
         self.tracker.named(name, ms)  # it guards itself (instances call it directly)
 
+    def time_named(self, on: bool) -> None:
+        """Whether the step opening now times the framework's named hooks (:meth:`named`; one step in several)."""
+        self.tracker.naming = on
+
     def stepped(self, global_step: int | None = None) -> None:
         """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
         self.tracker.stepped(global_step)  # it guards itself (instances call it directly)

@@ -35,6 +35,9 @@ class NullEngine:
     def named(self, name: str, ms: float) -> None:
         pass
 
+    def time_named(self, on: bool) -> None:
+        pass
+
     def batch(self, batch: Any) -> None:
         pass
 

@@ -115,6 +115,10 @@ class StepTracker:
         self.global_step = start_step if global_step is None else global_step
         #: Host work the framework named while a step was open (a Lightning callback's hooks): name -> ms in all.
         self.named_work: dict[str, float] = {}
+        #: The framework's named hooks are timed in the open step (an integration may time one step in several:
+        #: the steps it leaves out are counted in :attr:`unnamed_steps`, out of the per-step figure).
+        self.naming = True
+        self.unnamed_steps = 0
         #: The batch's token count's source, once a batch was counted.
         self.token_source: str | None = None
         #: The batch shapes seen so far (bounded): a step that meets a new one may pay for it (shape churn).
@@ -360,6 +364,8 @@ class StepTracker:
             self.record = None
             if record.global_step is None:
                 record.global_step = self.global_step
+            if not self.naming:
+                self.unnamed_steps += 1
             record.micro_batches = max(1, record.micro_batches)  # a loop that reports no fetch: one batch
             if self.listener.step_closing():
                 record.own = True
@@ -450,7 +456,7 @@ class StepTracker:
             self.nvtx.pop()
 
     def named_work_per_step(self) -> dict[str, float]:
-        """The largest named work, ms per step over every step (the 10 largest)."""
-        steps = max(self.stats.steps, 1)
+        """The largest named work, ms per step over the steps whose hooks were timed (the 10 largest)."""
+        steps = max(self.stats.steps - self.unnamed_steps, 1)
         ranked = sorted(self.named_work.items(), key=lambda item: -item[1])[:10]
         return {name: round(ms / steps, 4) for name, ms in ranked}

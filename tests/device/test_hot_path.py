@@ -9,6 +9,7 @@ calls above what the code makes now, so a step that grows by a part's worth of c
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +29,9 @@ from perfhooks.runtime.engine import Engine
 #: The most perfhooks function calls a steady plain-loop step may make (53 at the time of writing: six phase
 #: boundaries, each through torch's hook, the tracker and one device mark, and the step's end and open).
 MAX_PLAIN_LOOP_CALLS = 60
+#: The same for a Lightning fit with its defaults (81: Lightning reports about 48 profiler actions a step, 24 of
+#: them callback hooks, timed in the first 32 steps and then one step in 16; 183 when every step timed them).
+MAX_LIGHTNING_CALLS = 90
 WARM_STEPS, MEASURED_STEPS = 30, 40
 SETTINGS: dict[str, Any] = {"console": False, "schedule": None, "on_demand": False}
 #: Where perfhooks' code is: the engine and its integrations (installed as ``perfhooks.integrations``).
@@ -110,3 +114,35 @@ def test_a_steady_plain_loop_step_makes_few_perfhooks_calls(on_cuda: SimulatedGp
     assert report["device"]["type"] == "cuda" and report["phases"]["forward"]["p50_ms"] >= 0.05, "device-timed"
     per_step = counting.per_step()
     assert per_step <= MAX_PLAIN_LOOP_CALLS, f"{per_step:.1f} calls a step; the most: {counting.largest()[:12]}"
+
+
+def test_a_steady_lightning_step_makes_few_perfhooks_calls(on_cuda: SimulatedGpu, tmp_path: Path) -> None:
+    """Lightning's defaults on (logger, checkpoint, progress bar, validation): its callback hooks, about 24 a
+    step, are timed in the first steps and then one step in 16; the fetch, optimizer and zero_grad are followed."""
+    import lightning as L
+
+    from helpers import default_trainer, lightning_mlp, random_loader
+    from perfhooks.integrations.lightning import PerfCallback
+
+    counting = CallCount()
+
+    class Counting(L.Callback):
+        def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == WARM_STEPS - 1:
+                time.sleep(0.05)  # the timing reader's reads return the warm steps' events to the pool
+            elif trainer.global_step == WARM_STEPS:
+                counting.__enter__()
+            elif trainer.global_step == WARM_STEPS + MEASURED_STEPS:
+                counting.__exit__()
+
+    torch.random.default_generator.manual_seed(0)
+    model = lightning_mlp()
+    model.net[0].register_forward_hook(lambda *args: on_cuda.run(0.05) if torch.is_grad_enabled() else None)
+    steps = WARM_STEPS + MEASURED_STEPS + 1
+    trainer = default_trainer(tmp_path, max_steps=steps, enable_progress_bar=True,
+                              callbacks=[Counting(), PerfCallback(output_dir=tmp_path / "perf", **SETTINGS)])
+    trainer.fit(model, random_loader(steps), random_loader(2))
+    report = json.loads((tmp_path / "perf" / "report.json").read_text())
+    assert report["steps"] == steps and report["faults"] == [] and report["device"]["type"] == "cuda"
+    per_step = counting.per_step()
+    assert per_step <= MAX_LIGHTNING_CALLS, f"{per_step:.1f} calls a step; the most: {counting.largest()[:12]}"

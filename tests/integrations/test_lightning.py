@@ -425,3 +425,32 @@ def test_a_slow_callback_is_named_as_what_holds_the_step_back(tmp_path: Path) ->
     assert "SlowLogger.on_train_batch_end 2" in verdict["evidence"]
     assert verdict["recommendation"].startswith("Make SlowLogger cheaper")
     assert verdict["measured"]["other_share"] >= 0.15
+
+
+def test_callback_hooks_are_timed_in_the_first_steps_then_one_in_16(tmp_path: Path) -> None:
+    """Lightning reports about 48 profiler actions a step. perfhooks times the callback hooks among them in the
+    first 32 steps, then in one step in 16; between those the profiler's own methods are back, and after the fit
+    the profiler holds exactly what it held before. The named work is per timed step."""
+    import lightning as L
+
+    class SlowLogger(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+            time.sleep(0.005)
+
+    timed: list[bool] = []
+
+    class Probe(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+            timed.append("start" in vars(trainer.profiler))
+
+    out = tmp_path / "perf"
+    trainer = default_trainer(tmp_path, max_steps=80, callbacks=[
+        PerfCallback(output_dir=out, schedule=None, console=False), SlowLogger(), Probe()])
+    trainer.fit(lightning_mlp(), random_loader(80))
+    assert timed[:32] == [True] * 32
+    assert [step for step, on in enumerate(timed) if on and step >= 32] == [32, 48, 64]
+    assert "start" not in vars(trainer.profiler) and "stop" not in vars(trainer.profiler)
+    report = read_report(out)
+    assert report["steps"] == 80
+    # 35 timed steps of 5 ms or more: over all 80 steps it would read about 2.2 ms
+    assert report["named_work_ms"]["SlowLogger.on_train_batch_end"] >= 5.0, report["named_work_ms"]
