@@ -51,9 +51,6 @@ class CompileTracking:
         """True when torch.compile compiled a graph in this process since this run started."""
         return compiled_graphs() > self._graphs_at_start
 
-    def step_opening(self) -> None:
-        self.watch.maybe_install()  # a check, once installed
-
     def started(self, _args: Any) -> None:
         """Dynamo starts compiling (a frame, or a backward compiled lazily): the open phase pauses, and the time
         goes to the run account's ``compiling``."""

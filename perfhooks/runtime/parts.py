@@ -79,7 +79,7 @@ class RunParts:
         capture = self.capture
         # a window's profiler would call the broken device
         action = capture.action(step) if self.device_broken else capture.at_step(step)
-        self.compile.step_opening()
+        self.compile.watch.maybe_install()  # dynamo's callbacks once dynamo is loaded (a check after)
         memory = self.memory
         if memory is not None and not self.device_broken and monotonic_ns() >= memory.next_step_ns:
             try:

@@ -157,7 +157,8 @@ class StepTracker:
     def open_step(self) -> None:
         step = self.step
         own = self.listener.step_opening(step)
-        self.account.started()
+        if self.account.first_ns is None:
+            self.account.started()
         handoff, self._handoff = self._handoff, None
         clock = self.clock
         clock.step_opening()
@@ -203,7 +204,7 @@ class StepTracker:
             record = self.record
             if record is None or self.closed:
                 return
-            key = _tensor_batch_key(batch)
+            key = (batch.shape, batch.dtype) if type(batch) is Tensor else _tensor_batch_key(batch)
             if key is not None:  # ``x`` or ``(x, y)``: counted once per shapes and dtypes, then looked up
                 known = self._tensor_batches.get(key)
                 if known is None:

@@ -26,7 +26,7 @@ import perfhooks.integrations
 from perfhooks.runtime import timing_reader
 from perfhooks.runtime.engine import Engine
 
-#: The most perfhooks function calls a steady plain-loop step may make (53 at the time of writing: six phase
+#: The most perfhooks function calls a steady plain-loop step may make (52 at the time of writing: six phase
 #: boundaries, each through torch's hook, the tracker and one device mark, and the step's end and open).
 MAX_PLAIN_LOOP_CALLS = 60
 #: The same for a Lightning fit with its defaults (81: Lightning reports about 48 profiler actions a step, 24 of
