@@ -89,23 +89,28 @@ class CallbackTiming:
                  began: dict[str, int]) -> None:
         self.profiler = profiler
         self.wrappers = {"start": start, "stop": stop}
-        self.before = {name: vars(profiler).get(name, _ABSENT) for name in self.wrappers}
+        self.before: dict[str, Any] = {}
         self.began = began
         self.timed = False
 
     def on(self) -> None:
+        if self.timed:
+            return
         self.began.clear()  # a hook cut by a switch is not timed
-        vars(self.profiler).update(self.wrappers)
+        attributes = vars(self.profiler)
+        self.before = {name: attributes.get(name, _ABSENT) for name in self.wrappers}  # what off() puts back
+        attributes.update(self.wrappers)
         self.timed = True
 
     def off(self) -> None:
-        """Put back what the profiler held (idempotent; an attribute the user replaced since stays theirs)."""
+        """Put back what the profiler held before :meth:`on` (idempotent; an attribute the user replaced since
+        stays theirs)."""
         self.began.clear()
         attributes = vars(self.profiler)
         for name, wrapper in self.wrappers.items():
             if attributes.get(name) is not wrapper:
                 continue
-            if self.before[name] is _ABSENT:
+            if self.before.get(name, _ABSENT) is _ABSENT:
                 del attributes[name]
             else:
                 attributes[name] = self.before[name]

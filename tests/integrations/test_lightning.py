@@ -454,3 +454,32 @@ def test_callback_hooks_are_timed_in_the_first_steps_then_one_in_16(tmp_path: Pa
     assert report["steps"] == 80
     # 35 timed steps of 5 ms or more: over all 80 steps it would read about 2.2 ms
     assert report["named_work_ms"]["SlowLogger.on_train_batch_end"] >= 5.0, report["named_work_ms"]
+
+
+def test_callback_timing_puts_back_what_the_profiler_held_at_each_switch() -> None:
+    """A user's own ``start`` on the profiler instance is put back at each switch off; one set while timing was
+    off is the one put back after the next switch; a user's replacement while timing is on stays theirs."""
+    from lightning.pytorch.profilers import PassThroughProfiler
+
+    from perfhooks.integrations.lightning import CallbackTiming
+
+    profiler = PassThroughProfiler()
+    users_start = lambda action_name: None  # noqa: E731
+    profiler.start = users_start
+    began: dict[str, int] = {"[Callback]X.on_train_batch_end": 1}
+    timing = CallbackTiming(profiler, lambda name: None, lambda name: None, began)
+    timing.on()
+    timing.on()  # a second switch on changes nothing
+    assert vars(profiler)["start"] is timing.wrappers["start"] and not began
+    timing.off()
+    assert vars(profiler)["start"] is users_start and "stop" not in vars(profiler)
+    later = lambda action_name: None  # noqa: E731
+    profiler.start = later
+    timing.on()
+    timing.off()
+    assert vars(profiler)["start"] is later
+    timing.on()
+    replaced = lambda action_name: None  # noqa: E731
+    profiler.stop = replaced  # the user's, while timing is on
+    timing.off()
+    assert vars(profiler)["stop"] is replaced and vars(profiler)["start"] is later
