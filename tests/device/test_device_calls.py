@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 import torch
-from simulated_gpu import DEVICE_CALLS, SimulatedGpu, simulated_cuda
+from simulated_gpu import DEVICE_CALLS, SimulatedGpu
 
-from perfhooks.runtime import timing_reader
 from perfhooks.runtime.engine import Engine
 
 #: The most device calls perfhooks may add to a steady step (issue 49).
@@ -27,21 +26,6 @@ WARM_STEPS, MEASURED_STEPS = 10, 40
 #: Kernels shorter than the host's step (a host-bound loop, the case where each call costs the step its time).
 FORWARD_MS, BACKWARD_MS = 0.1, 0.2
 SETTINGS: dict[str, Any] = {"console": False, "schedule": None, "on_demand": False}
-
-
-@pytest.fixture
-def on_cuda(monkeypatch: pytest.MonkeyPatch):
-    """perfhooks bound to ``cuda:0`` of the simulation (the model's tensors stay on the CPU: a CPU build)."""
-    start = Engine.start.__func__  # type: ignore[attr-defined]
-
-    def on_device(cls: type, *args: Any, **kwargs: Any) -> Any:
-        kwargs["device"] = "cuda:0"
-        return start(cls, *args, **kwargs)
-
-    monkeypatch.setattr(Engine, "start", classmethod(on_device))
-    monkeypatch.setattr(timing_reader, "READ_EVERY_S", 0.01)  # several reads inside the measured steps
-    with simulated_cuda(memory_bytes=1 << 30) as gpu:
-        yield gpu
 
 
 def simulated_work(gpu: SimulatedGpu, layer: torch.nn.Module) -> None:

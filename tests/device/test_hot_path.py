@@ -17,14 +17,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import pytest
 import torch
-from simulated_gpu import SimulatedGpu, simulated_cuda
+from simulated_gpu import SimulatedGpu
 
 import perfhooks
 import perfhooks.integrations
-from perfhooks.runtime import timing_reader
-from perfhooks.runtime.engine import Engine
 
 #: The most perfhooks function calls a steady plain-loop step may make (52 at the time of writing: six phase
 #: boundaries, each through torch's hook, the tracker and one device mark, and the step's end and open).
@@ -36,21 +33,6 @@ WARM_STEPS, MEASURED_STEPS = 30, 40
 SETTINGS: dict[str, Any] = {"console": False, "schedule": None, "on_demand": False}
 #: Where perfhooks' code is: the engine and its integrations (installed as ``perfhooks.integrations``).
 PACKAGES = (str(Path(perfhooks.__file__).parent), str(Path(perfhooks.integrations.__file__).parent))
-
-
-@pytest.fixture
-def on_cuda(monkeypatch: pytest.MonkeyPatch):
-    """perfhooks bound to ``cuda:0`` of the simulation (the model's tensors stay on the CPU: a CPU build)."""
-    start = Engine.start.__func__  # type: ignore[attr-defined]
-
-    def on_device(cls: type, *args: Any, **kwargs: Any) -> Any:
-        kwargs["device"] = "cuda:0"
-        return start(cls, *args, **kwargs)
-
-    monkeypatch.setattr(Engine, "start", classmethod(on_device))
-    monkeypatch.setattr(timing_reader, "READ_EVERY_S", 0.005)  # the event pool refilled before the measured steps
-    with simulated_cuda(memory_bytes=1 << 30) as gpu:
-        yield gpu
 
 
 class CallCount:
