@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from fixtures import path
+from perfhooks.capture.window_job import analyze_window
 from perfhooks.cli import main
+from perfhooks.rules.thresholds import Thresholds
 
 NW0 = "resnet50_num_workers_0.worker0.1623143089861.pt.trace.json.gz"
 NW4 = "resnet50_num_workers_4.worker0.1623212756351.pt.trace.json.gz"
@@ -40,9 +42,22 @@ def test_the_tutorial_before_and_after(tmp_path: Path, capsys: pytest.CaptureFix
     printed = capsys.readouterr().out
     # the verdicts a loaded machine adds or drops (optimizer_heavy on a stretched step) sit beside it on the line
     resolved = next(line for line in printed.splitlines() if line.startswith("diagnoses resolved: "))
-    assert "unfused_attention" in resolved.removeprefix("diagnoses resolved: ").split(", ")
-    for name in ("baseline", "optimized"):  # Lightning's defaults on: its logger, a checkpoint, validation
-        run = json.loads((tmp_path / name / "report.json").read_text())["run"]
+    reports = {name: json.loads((tmp_path / name / "report.json").read_text()) for name in ("baseline", "optimized")}
+    verdicts = {name: [d["id"] for d in report["diagnoses"]] for name, report in reports.items()}
+    # A window of two steps on a loaded machine can stretch until attention falls under the verdict's 2% of the
+    # step (7% idle; one busy run in many): the verdict is resolved where the baseline made it, and the evidence,
+    # read from both windows' traces with any share counting, holds whatever the load.
+    if "unfused_attention" in verdicts["baseline"]:
+        assert "unfused_attention" in resolved.removeprefix("diagnoses resolved: ").split(", "), verdicts
+    any_share = Thresholds(unfused_attention_share=1e-9)
+    found = {}
+    for name, report in reports.items():
+        [window] = report["windows"]
+        _, diagnoses = analyze_window(tmp_path / name / window["path"], any_share, window["first_step"])
+        found[name] = [d["id"] for d in diagnoses]
+    assert "unfused_attention" in found["baseline"] and "unfused_attention" not in found["optimized"], found
+    for name, report in reports.items():  # Lightning's defaults on: its logger, a checkpoint, validation
+        run = report["run"]
         assert (run["evaluations"], run["checkpoints"]) == (1, 1)
         assert (tmp_path / name / "lightning_logs").is_dir()
     assert main(["diff", str(tmp_path / "baseline"), str(tmp_path / "optimized"), "--format", "json"]) == 0
