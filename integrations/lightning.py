@@ -82,42 +82,37 @@ NAMED_STEPS_ALL, NAMED_EVERY = 32, 16
 
 class CallbackTiming:
     """The trainer profiler's ``start``/``stop`` replaced by timing wrappers on the steps that time callback
-    hooks, and Lightning's own put back on the others: each switch writes the profiler instance's ``__dict__``
-    and puts back exactly what it held (nothing, or the user's own attribute)."""
+    hooks, and Lightning's own put back on the others: each switch on is an :class:`InstancePatches` of its own,
+    which puts back exactly what the instance held (nothing, or the user's own attribute)."""
 
     def __init__(self, profiler: Any, start: Callable[[str], None], stop: Callable[[str], None],
                  began: dict[str, int]) -> None:
         self.profiler = profiler
         self.wrappers = {"start": start, "stop": stop}
-        self.before: dict[str, Any] = {}
         self.began = began
-        self.timed = False
+        self._patches: InstancePatches | None = None
+
+    @property
+    def timed(self) -> bool:
+        return self._patches is not None
 
     def on(self) -> None:
-        if self.timed:
+        if self._patches is not None:
             return
         self.began.clear()  # a hook cut by a switch is not timed
-        attributes = vars(self.profiler)
-        self.before = {name: attributes.get(name, _ABSENT) for name in self.wrappers}  # what off() puts back
-        attributes.update(self.wrappers)
-        self.timed = True
+        self._patches = InstancePatches()
+        for name, wrapper in self.wrappers.items():
+            self._patches.set(self.profiler, name, wrapper)
 
     def off(self) -> None:
         """Put back what the profiler held before :meth:`on` (idempotent; an attribute the user replaced since
         stays theirs)."""
         self.began.clear()
-        attributes = vars(self.profiler)
-        for name, wrapper in self.wrappers.items():
-            if attributes.get(name) is not wrapper:
-                continue
-            if self.before.get(name, _ABSENT) is _ABSENT:
-                del attributes[name]
-            else:
-                attributes[name] = self.before[name]
-        self.timed = False
+        patches, self._patches = self._patches, None
+        if patches is not None:
+            patches.restore()
 
 
-_ABSENT = object()
 #: A hook name not parsed yet (None is a parsed "not a callback's").
 _UNPARSED = object()
 #: The action Lightning's training data fetcher reports to the trainer's profiler around ``next()``.
@@ -332,7 +327,7 @@ class PerfCallback(Callback):
             on = step < NAMED_STEPS_ALL or step % NAMED_EVERY == 0
             if on != timing.timed:
                 timing.on() if on else timing.off()
-            self.engine.time_named(on)
+                self.engine.time_named(on)
 
     def _wrap_checkpoint(self, trainer: Trainer, engine: Engine) -> None:
         """``trainer.save_checkpoint`` (what users call) and each checkpoint callback's ``_save_checkpoint`` (the
