@@ -505,7 +505,11 @@ def test_a_healthy_fit_with_a_window_never_reads_dataloader_bound(tmp_path: Path
 
     Its batches are collated before the fit (``batch_size=None``): a fetch takes microseconds, where collating
     128 samples each step took about 1.2 ms of a 13 ms step (9%, a real wait a point under the threshold, which
-    a loaded machine pushed over it: a verdict the data then supports)."""
+    a loaded machine pushed over it: a verdict the data then supports).
+
+    The premise, a healthy fit, is read from the median step: idle, Lightning's fetch path is about 0.12 ms of a
+    5 ms step (2.4%). The mean share is not the premise: on a loaded machine one fetch descheduled for a few ms
+    (seen: 4.2 ms) moves it (CI once read 5.7%), and the rule itself discounts such a stall."""
     from integrations.test_lightning import sized_module
     from torch.utils.data import DataLoader
 
@@ -524,7 +528,8 @@ def test_a_healthy_fit_with_a_window_never_reads_dataloader_bound(tmp_path: Path
         report = read_report(out / "perf")
         assert len(report["windows"]) == 1
         verdicts.append([d["id"] for d in report["diagnoses"]])
-        assert report["steady"]["shares"]["data_wait"] < 0.05  # healthy by a wide margin
+        typical = report["phases"]["data_wait"]["p50_ms"] / report["steady"]["step_ms"]["p50"]
+        assert typical < 0.05, report["phases"]["data_wait"]  # healthy by a wide margin
     assert not any("dataloader_bound" in ids for ids in verdicts), verdicts
 
 
