@@ -11,8 +11,15 @@
 3. **Device API calls a step**: torch's profiler over 50 steps of the launch-bound loop, bare and with perfhooks.
 
 Each figure is the median steady step of the script's own clock (a synchronize at the ends of the measured
-span). ``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the
-script works; its figures mean nothing. Writes ``DIR/gpu_check.json``.
+span), measured after the default window (steps 8-12) has closed: a window's own steps are not steady steps, and
+what a window leaves behind (CUPTI still attached, the trace's analysis on the writer thread) is in the span.
+One more variant, ``defaults_teardown_cupti``, runs the defaults with ``TEARDOWN_CUPTI=1`` set for that run
+only: Kineto then detaches CUPTI when a window stops (pytorch/pytorch#144455), which tells whether the attached
+CUPTI is what the steady steps pay after a window.
+
+``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the script
+works; its figures mean nothing. Rounds stop early, never below one, when ``--budget-s`` would be overrun, and
+what was measured is written. Writes ``DIR/gpu_check.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -43,7 +51,14 @@ PARTS: dict[str, dict[str, Any] | None] = {
     "no_window_analysis": {"analyze_windows": False},
     "no_memory": {"memory": False},
     "no_nvtx": {"nvtx": False},
+    "defaults_teardown_cupti": {},
 }
+
+#: The environment a variant runs under, set for that run and put back after it.
+VARIANT_ENVIRONMENT: dict[str, dict[str, str]] = {"defaults_teardown_cupti": {"TEARDOWN_CUPTI": "1"}}
+
+#: The measured span starts at this step at the earliest, after the default window (steps 8-12).
+FIRST_TIMED_STEP = 20
 
 
 def _sync(device: str) -> None:
@@ -67,6 +82,7 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
     import perfhooks
 
     model, optimizer, batches = job
+    first = max(steps // 5, FIRST_TIMED_STEP) if steps > 2 * FIRST_TIMED_STEP else steps // 5  # short: API calls
     perf = perfhooks.profile(model, optimizer, output_dir=out, console=False, **settings) \
         if settings is not None else None
     ends: list[float] = []
@@ -79,16 +95,17 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
         model(x).square().mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        if i in (steps // 5, steps - 1):
+        if i in (first, steps - 1):
             _sync(device)
             ends.append(time.perf_counter())
     if perf is not None:
         perf.close()
-    return (ends[1] - ends[0]) / (steps - 1 - steps // 5) * 1e3
+    return (ends[1] - ends[0]) / (steps - 1 - first) * 1e3
 
 
 # ----------------------------------------------------------------------------- 2. the Lightning GPT
 def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, dry: bool, out: str) -> float:
+    """The fit's mean step (ms) from ``FIRST_TIMED_STEP`` to its last step, by a synchronized clock."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -119,7 +136,7 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
 
     class Clock(L.Callback):
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
-            if trainer.global_step in (steps // 5, steps - 1):
+            if trainer.global_step in (FIRST_TIMED_STEP, steps - 1):
                 _sync(device)
                 ends.append(time.perf_counter())
 
@@ -133,19 +150,41 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=out, callbacks=callbacks)
     trainer.fit(GPT(), data)
-    return (ends[1] - ends[0]) / (steps - 1 - steps // 5) * 1e3
+    return (ends[1] - ends[0]) / (steps - 1 - FIRST_TIMED_STEP) * 1e3
 
 
 # ----------------------------------------------------------------------------- alternation and API calls
-def alternate(measure: Any, rounds: int) -> dict[str, Any]:
-    """Each part's step time, round after round, each round starting one variant later; ratios to bare."""
+def measure_variant(measure: Any, name: str) -> float:
+    """One run of variant ``name``: its settings, under its environment (put back after the run)."""
+    environment = VARIANT_ENVIRONMENT.get(name, {})
+    before = {key: os.environ.get(key) for key in environment}
+    os.environ.update(environment)
+    try:
+        return measure(PARTS[name])
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic) -> dict[str, Any]:
+    """Each part's step time, round after round, each round starting one variant later; ratios to bare.
+
+    A round that would end past ``deadline`` (s on ``clock``, judged by the mean round so far) is not begun; the
+    first always runs."""
     names = list(PARTS)
     times: dict[str, list[float]] = collections.defaultdict(list)
+    started = clock()
     for round_ in range(rounds):
+        now = clock()
+        if round_ and now + (now - started) / round_ > deadline:
+            break
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            times[name].append(measure(PARTS[name]))
+            times[name].append(measure_variant(measure, name))
     median = {name: statistics.median(values) for name, values in times.items()}
-    return {"step_ms": dict(times), "median_ms": median,
+    return {"rounds": len(times["bare"]), "step_ms": dict(times), "median_ms": median,
             "added_us_per_step": {name: round((ms - median["bare"]) * 1e3, 1) for name, ms in median.items()},
             "ratio": {name: round(ms / median["bare"], 4) for name, ms in median.items()}}
 
@@ -170,6 +209,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for gpu_check.json")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dry-run", action="store_true", help="tiny, on the CPU, one round")
+    parser.add_argument("--budget-s", type=float, default=280.0,
+                        help="seconds for the whole script; rounds stop early to keep within it (default 280)")
     args = parser.parse_args()
     dry = args.dry_run or not torch.cuda.is_available()
     device = "cpu" if dry else "cuda"
@@ -181,13 +222,16 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as out:
         job = launch_bound_job(device, dry)
-        steps = 40 if dry else 400
+        steps = 60 if dry else 400
         launch_bound_ms(job, {}, 20, device, out)  # warm-up
-        result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds)
+        deadline = started + args.budget_s
+        result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds,
+                                           started + 0.3 * args.budget_s)
         result["launch_bound"]["target"] = "at most +50 us a step (defaults)"
         result["api_calls_per_step"] = api_calls_per_step(job, device, out, 10 if dry else 50)
-        gpt_steps = 12 if dry else 60
-        result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds)
+        gpt_steps = FIRST_TIMED_STEP + (4 if dry else 40)
+        result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds,
+                                            deadline)
         result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
     result["seconds"] = round(time.monotonic() - started, 1)
     Path(args.out).mkdir(parents=True, exist_ok=True)

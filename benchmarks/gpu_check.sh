@@ -4,8 +4,8 @@
 #   bash benchmarks/gpu_check.sh [OUT]        # OUT defaults to gpu_check_out; PYTHON picks the interpreter
 #
 # 1. the CUDA tests (pytest -m cuda), 2. `perfhooks doctor --format json`, 3. benchmarks/gpu_check.py: the
-# alternating overhead of a launch-bound loop and of a host-bound Lightning GPT, defaults and each part off, and
-# the device API calls a step. Everything lands in OUT/ and is packed into OUT.tar.gz. Without a GPU it is a dry
+# alternating overhead of a launch-bound loop and of a host-bound Lightning GPT, defaults and each part off, the
+# defaults with TEARDOWN_CUPTI=1, and the device API calls a step. Everything lands in OUT/ and is packed into OUT.tar.gz. Without a GPU it is a dry
 # run: the CUDA tests are skipped (said in OUT/pytest.txt), doctor reports the CPU, and the benchmarks run tiny on
 # the CPU to show the script works. Keep a real run's figures in benchmarks/results/ with the card's name.
 set -uo pipefail
