@@ -141,7 +141,7 @@ class RunParts:
                                 self.memory.latest if self.memory is not None else None)
         self.published()
         saving = self.saving
-        if saving.every_ns and monotonic_ns() >= saving.next_ns:
+        if saving.every_ns and monotonic_ns() >= saving.next_ns:  # every report_every_s, the report is rewritten
             saving.save(window=False)
 
     # ----------------------------------------------------------------- the close

@@ -59,7 +59,8 @@ class ReportSaving:
         #: A signal's handler saves the window and writes the report itself: no write follows the window.
         self.suspended = False
         self.every_ns = int(every_s * 1e9)
-        #: ``monotonic_ns()`` of the next periodic write (a step's end compares it in place: no call a step).
+        #: ``monotonic_ns()`` of the next periodic write, every ``report_every_s``: a step's end compares it in
+        #: place (:meth:`RunParts.step_closed`) and calls :meth:`save` when it is due.
         self.next_ns = monotonic_ns() + self.every_ns
         #: Held around each file write of the writer's and of :meth:`write_now`; never by the training thread.
         self._file_lock = threading.Lock()
@@ -83,11 +84,6 @@ class ReportSaving:
         """A window's trace was handed to the writer: the report follows it, with the window's row for W&B."""
         if not self.suspended:
             self.save(window=True)
-
-    def step_closed(self) -> None:
-        """A step ended: every ``report_every_s`` seconds, the report is rewritten."""
-        if self.every_ns and monotonic_ns() >= self.next_ns:
-            self.save(window=False)
 
     def save(self, window: bool) -> None:
         """Publish the state now; the writer builds and writes its report (with the window's verdicts)."""

@@ -204,7 +204,7 @@ class StepTracker:
             record = self.record
             if record is None or self.closed:
                 return
-            key = (batch.shape, batch.dtype) if type(batch) is Tensor else _tensor_batch_key(batch)
+            key = _tensor_batch_key(batch)
             if key is not None:  # ``x`` or ``(x, y)``: counted once per shapes and dtypes, then looked up
                 known = self._tensor_batches.get(key)
                 if known is None:
@@ -320,12 +320,6 @@ class StepTracker:
             self.beacon = (name, monotonic_ns() / 1e9, self.step)
         except Exception as error:
             self.faults.report("phase_start", error)
-
-    @property
-    def phase_since_s(self) -> float | None:
-        """``time.monotonic()`` when the open phase started (None: no phase open), for the published state."""
-        phase, since, _ = self.beacon
-        return since if phase is not None else None
 
     def phase_end(self, name: str) -> None:
         """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
