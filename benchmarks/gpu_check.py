@@ -19,7 +19,7 @@ CUPTI is what the steady steps pay after a window.
 
 ``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the script
 works; its figures mean nothing. Rounds stop early, never below one, when ``--budget-s`` would be overrun, and
-what was measured is written. Writes ``DIR/gpu_check.json``.
+what was measured is written. Writes ``DIR/gpu_check.json``, after each part.
 """
 
 from __future__ import annotations
@@ -169,11 +169,12 @@ def measure_variant(measure: Any, name: str) -> float:
                 os.environ[key] = value
 
 
-def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic) -> dict[str, Any]:
+def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic,
+              after_round: Any = None) -> dict[str, Any]:
     """Each part's step time, round after round, each round starting one variant later; ratios to bare.
 
     A round that would end past ``deadline`` (s on ``clock``, judged by the mean round so far) is not begun; the
-    first always runs."""
+    first always runs. ``after_round`` gets the figures so far after each round (to save them)."""
     names = list(PARTS)
     times: dict[str, list[float]] = collections.defaultdict(list)
     started = clock()
@@ -183,6 +184,13 @@ def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.mono
             break
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
             times[name].append(measure_variant(measure, name))
+        if after_round is not None:
+            after_round(_summary(times))
+    return _summary(times)
+
+
+def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
+    """Rounds, every step time (ms), the medians, and each median against bare's (µs added, ratio)."""
     median = {name: statistics.median(values) for name, values in times.items()}
     return {"rounds": len(times["bare"]), "step_ms": dict(times), "median_ms": median,
             "added_us_per_step": {name: round((ms - median["bare"]) * 1e3, 1) for name, ms in median.items()},
@@ -220,22 +228,34 @@ def main() -> None:
     if dry:
         result["why_dry"] = "no CUDA device" if not torch.cuda.is_available() else "--dry-run"
     started = time.monotonic()
+    saved = Path(args.out) / "gpu_check.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each part: a run stopped by a timeout keeps what it measured
+        result["seconds"] = round(time.monotonic() - started, 1)
+        saved.write_text(json.dumps(result, indent=1))
+
+    def keep(part: str, so_far: dict[str, Any]) -> None:
+        result[part] = so_far
+        save()
+
     with tempfile.TemporaryDirectory() as out:
         job = launch_bound_job(device, dry)
         steps = 60 if dry else 400
         launch_bound_ms(job, {}, 20, device, out)  # warm-up
         deadline = started + args.budget_s
         result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds,
-                                           started + 0.3 * args.budget_s)
+                                           started + 0.3 * args.budget_s,
+                                           after_round=lambda so_far: keep("launch_bound", so_far))
         result["launch_bound"]["target"] = "at most +50 us a step (defaults)"
+        save()
         result["api_calls_per_step"] = api_calls_per_step(job, device, out, 10 if dry else 50)
+        save()
         gpt_steps = FIRST_TIMED_STEP + (4 if dry else 40)
         result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds,
-                                            deadline)
+                                            deadline, after_round=lambda so_far: keep("lightning_gpt", so_far))
         result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
-    result["seconds"] = round(time.monotonic() - started, 1)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "gpu_check.json").write_text(json.dumps(result, indent=1))
+    save()
     for part in ("launch_bound", "lightning_gpt"):
         print(f"{part}: added µs a step {result[part]['added_us_per_step']}; ratio {result[part]['ratio']}")
     print(f"api calls a step: {result['api_calls_per_step']}")
