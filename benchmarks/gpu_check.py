@@ -78,15 +78,59 @@ def launch_bound_job(device: str, dry: bool) -> tuple[torch.nn.Module, Any, list
     return model, optimizer, batches
 
 
-def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str) -> float:
+class RawWindow:
+    """A bare ``torch.profiler`` window over the default window's recorded steps (10-12), without perfhooks: what
+    any profiler window leaves behind for the steps after it (CUPTI attached)."""
+
+    START, STOP = 10, 13
+
+    def __init__(self, device: str) -> None:
+        self.activities = [torch.profiler.ProfilerActivity.CPU]
+        if device == "cuda":
+            self.activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.profiler: Any = None
+
+    def at_step(self, step: int) -> None:
+        """Before step ``step`` runs."""
+        if step == self.START:
+            self.profiler = torch.profiler.profile(activities=self.activities)
+            self.profiler.start()
+        elif step == self.STOP and self.profiler is not None:
+            self.profiler.stop()
+            self.profiler = None
+
+
+class Span:
+    """The timed span's clocks: wall, the training thread's CPU and the whole process's CPU (s)."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, float, float]] = []
+
+    def mark(self, device: str) -> None:
+        _sync(device)
+        self.marks.append((time.perf_counter(), time.thread_time(), time.process_time()))
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        """Per timed step (ms): the wall clock, the training thread's CPU, and the CPU of every other thread."""
+        (wall0, main0, all0), (wall1, main1, all1) = self.marks[0], self.marks[-1]
+        return {"step_ms": (wall1 - wall0) / steps * 1e3, "main_cpu_ms": (main1 - main0) / steps * 1e3,
+                "other_cpu_ms": ((all1 - all0) - (main1 - main0)) / steps * 1e3}
+
+
+def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str,
+                    raw_window: bool = False, span: Span | None = None) -> float:
+    """The loop's mean step (ms) over its timed span; ``raw_window``: a bare profiler window (no perfhooks)."""
     import perfhooks
 
     model, optimizer, batches = job
     first = max(steps // 5, FIRST_TIMED_STEP) if steps > 2 * FIRST_TIMED_STEP else steps // 5  # short: API calls
     perf = perfhooks.profile(model, optimizer, output_dir=out, console=False, **settings) \
         if settings is not None else None
-    ends: list[float] = []
+    window = RawWindow(device) if raw_window else None
+    span = span or Span()
     for i in range(steps):
+        if window is not None:
+            window.at_step(i)
         if perf is not None:
             with perf.data_wait():
                 x = batches[i % len(batches)]
@@ -96,16 +140,17 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if i in (first, steps - 1):
-            _sync(device)
-            ends.append(time.perf_counter())
+            span.mark(device)
     if perf is not None:
         perf.close()
-    return (ends[1] - ends[0]) / (steps - 1 - first) * 1e3
+    return span.per_step(steps - 1 - first)["step_ms"]
 
 
 # ----------------------------------------------------------------------------- 2. the Lightning GPT
-def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, dry: bool, out: str) -> float:
-    """The fit's mean step (ms) from ``FIRST_TIMED_STEP`` to its last step, by a synchronized clock."""
+def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, dry: bool, out: str,
+                     raw_window: bool = False, span: Span | None = None) -> float:
+    """The fit's mean step (ms) from ``FIRST_TIMED_STEP`` to its last step, by a synchronized clock;
+    ``raw_window``: a bare profiler window (no perfhooks)."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -132,13 +177,15 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=3e-4, fused=device == "cuda")
 
-    ends: list[float] = []
+    span = span or Span()
+    window = RawWindow(device) if raw_window else None
 
     class Clock(L.Callback):
         def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+            if window is not None:
+                window.at_step(trainer.global_step)
             if trainer.global_step in (FIRST_TIMED_STEP, steps - 1):
-                _sync(device)
-                ends.append(time.perf_counter())
+                span.mark(device)
 
     tokens = torch.randint(0, vocab, (steps * batch, seq + 1))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=batch)
@@ -150,7 +197,7 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=out, callbacks=callbacks)
     trainer.fit(GPT(), data)
-    return (ends[1] - ends[0]) / (steps - 1 - FIRST_TIMED_STEP) * 1e3
+    return span.per_step(steps - 1 - FIRST_TIMED_STEP)["step_ms"]
 
 
 # ----------------------------------------------------------------------------- alternation and API calls

@@ -1,0 +1,168 @@
+"""perfhooks' cost on a GPU with each run in a fresh process: where the steady step's added time comes from.
+
+    python benchmarks/gpu_isolate.py --out DIR [--rounds 5] [--budget-s 300] [--dry-run]
+
+``gpu_check.py`` alternates its variants in one process. On a GPU that mixes them: once any variant has opened a
+profiler window, CUPTI stays attached to the process (Kineto detaches it only under ``TEARDOWN_CUPTI=1``), and
+every later variant, bare included, runs with it. Here each run is a child process of its own, so each variant's
+figure is what a user's run of that kind pays:
+
+- ``bare`` and ``bare_window`` (the same loop with a plain ``torch.profiler`` window over steps 10-12, no
+  perfhooks): what any profiler window leaves behind for the steps after it; ``bare_window_teardown`` the same
+  under ``TEARDOWN_CUPTI=1``;
+- ``no_window`` (perfhooks without windows: its own per-step cost), ``no_window_reader_5s`` (its timing reader
+  waking every 5 s instead of 0.2 s: the reader's share), ``defaults`` and ``defaults_teardown``.
+
+Each child reports, per timed step (after the default window, from step 80 of 400, or 20 of 60 for the GPT), the
+wall clock, the training thread's CPU time and the CPU time of every other thread (ms). Rounds rotate the
+variants' order and stop early, never below one, when ``--budget-s`` would be overrun; the JSON is saved after
+each round. ``--dry-run`` (no GPU, or asked for) runs tiny on the CPU to show the script works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+#: Each variant: perfhooks' settings (None: not used), a bare profiler window, its environment, the timing
+#: reader's period (s; None: perfhooks' own).
+Variant = tuple[dict[str, Any] | None, bool, dict[str, str], float | None]
+TEARDOWN = {"TEARDOWN_CUPTI": "1"}
+VARIANTS: dict[str, dict[str, Variant]] = {
+    "launch_bound": {
+        "bare": (None, False, {}, None),
+        "bare_window": (None, True, {}, None),
+        "bare_window_teardown": (None, True, TEARDOWN, None),
+        "no_window": ({"schedule": None}, False, {}, None),
+        "no_window_reader_5s": ({"schedule": None}, False, {}, 5.0),
+        "defaults": ({}, False, {}, None),
+        "defaults_teardown": ({}, False, TEARDOWN, None),
+    },
+    "lightning_gpt": {
+        "bare": (None, False, {}, None),
+        "bare_window": (None, True, {}, None),
+        "no_window": ({"schedule": None}, False, {}, None),
+        "defaults": ({}, False, {}, None),
+        "defaults_teardown": ({}, False, TEARDOWN, None),
+    },
+}
+
+
+def child(loop: str, name: str, dry: bool) -> dict[str, float]:
+    """One run of ``loop`` under variant ``name`` in this process; its per-step figures."""
+    import gpu_check
+    import torch
+
+    settings, raw_window, _, reader_every_s = VARIANTS[loop][name]
+    if reader_every_s is not None:
+        from perfhooks.runtime import timing_reader
+
+        timing_reader.READ_EVERY_S = reader_every_s
+    device = "cpu" if dry or not torch.cuda.is_available() else "cuda"
+    span = gpu_check.Span()
+    with tempfile.TemporaryDirectory() as out:
+        if loop == "launch_bound":
+            job = gpu_check.launch_bound_job(device, dry)
+            gpu_check.launch_bound_ms(job, None, 20, device, out)  # warm-up, bare: no window, no CUPTI
+            steps = 60 if dry else 400
+            gpu_check.launch_bound_ms(job, settings, steps, device, out, raw_window, span)
+            timed = steps - 1 - max(steps // 5, gpu_check.FIRST_TIMED_STEP)
+        else:
+            steps = gpu_check.FIRST_TIMED_STEP + (4 if dry else 40)
+            gpu_check.lightning_gpt_ms(settings, steps, device, dry, out, raw_window, span)
+            timed = steps - 1 - gpu_check.FIRST_TIMED_STEP
+    return {key: round(value, 4) for key, value in span.per_step(timed).items()}
+
+
+def run_child(loop: str, name: str, dry: bool) -> dict[str, Any]:
+    """``child`` in a fresh interpreter, under the variant's environment."""
+    command = [sys.executable, __file__, "--child", loop, name] + (["--dry-run"] if dry else [])
+    environment = {**os.environ, **VARIANTS[loop][name][2]}
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"error": f"exit {done.returncode}: {done.stderr.strip()[-600:]}"}
+    return {**json.loads(lines[-1]), "process_s": round(time.monotonic() - started, 1)}
+
+
+def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Medians of each variant's runs, and each median's step time against bare's (µs added)."""
+    median: dict[str, dict[str, float]] = {}
+    for name, results in runs.items():
+        good = [result for result in results if "error" not in result]
+        if good:
+            median[name] = {key: round(statistics.median(r[key] for r in good), 4)
+                            for key in ("step_ms", "main_cpu_ms", "other_cpu_ms")}
+    bare = median.get("bare", {}).get("step_ms")
+    added = {name: round((m["step_ms"] - bare) * 1e3, 1) for name, m in median.items()} if bare else {}
+    return {"rounds": len(runs.get("bare", [])), "runs": runs, "median": median, "added_us_per_step": added}
+
+
+def alternate(loop: str, rounds: int, deadline: float, dry: bool, save: Any) -> dict[str, Any]:
+    """Every variant of ``loop``, round after round, each round starting one variant later."""
+    names = list(VARIANTS[loop])
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    started = time.monotonic()
+    for round_ in range(rounds):
+        now = time.monotonic()
+        if round_ and now + (now - started) / round_ > deadline:
+            break
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            runs[name].append(run_child(loop, name, dry))
+        save(loop, summary(runs))
+    return summary(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="folder for gpu_isolate.json")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget-s", type=float, default=300.0, help="seconds for the whole script (default 300)")
+    parser.add_argument("--dry-run", action="store_true", help="tiny, on the CPU, one round")
+    parser.add_argument("--loops", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--child", nargs=2, metavar=("LOOP", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(*args.child, args.dry_run)))
+        return
+    if not args.out:
+        parser.error("--out is required: the folder for gpu_isolate.json")
+    import torch
+    from machine import describe_machine
+
+    dry = args.dry_run or not torch.cuda.is_available()
+    result: dict[str, Any] = {"machine": describe_machine(), "dry_run": dry, "torch": torch.__version__,
+                              "card": None if dry else torch.cuda.get_device_name(0)}
+    saved = Path(args.out) / "gpu_isolate.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def save(loop: str, so_far: dict[str, Any]) -> None:
+        result[loop] = so_far
+        result["seconds"] = round(time.monotonic() - started, 1)
+        saved.write_text(json.dumps(result, indent=1))
+
+    shares = {"launch_bound": 0.4, "lightning_gpt": 1.0}
+    for loop in args.loops:
+        deadline = started + shares[loop] * args.budget_s if len(args.loops) > 1 else started + args.budget_s
+        save(loop, alternate(loop, 1 if dry else args.rounds, deadline, dry, save))
+        print(f"{loop}: µs added a step {result[loop]['added_us_per_step']}")
+        for name, median in result[loop]["median"].items():
+            print(f"  {name:22s} {median}")
+    print(f"{'DRY RUN: figures mean nothing; ' if dry else ''}{saved}, {result['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
