@@ -22,6 +22,7 @@ from perfhooks.capture.heap import release_freed_heap
 from perfhooks.capture.labels import profiler_recording
 from perfhooks.capture.schedule import Action
 from perfhooks.device import cuda_extras
+from perfhooks.device.cupti_teardown import CuptiTeardown
 from perfhooks.faults import FaultLog, Once
 from perfhooks.files.atomic import atomic_gzip_file
 from perfhooks.files.writer import BackgroundWriter
@@ -37,6 +38,7 @@ class WindowSettings:
     with_stack: bool = False
     cuda: bool = False
     nsys_capture: bool = False
+    detach_cupti: bool = True
     max_traces: int = 5
     max_trace_bytes: int = 512 * 2**20
 
@@ -83,6 +85,8 @@ class CaptureWindows:
         self._external: str | None = None
         #: While a signal's handler stops the window: where the export job goes (not to the writer).
         self._for_signal: list[Callable[[], None]] | None = None
+        #: ``TEARDOWN_CUPTI=1`` from the first CUDA window to the close: CUPTI let go after each window.
+        self.cupti_teardown = CuptiTeardown()
 
     def defer_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user (e.g. Lightning's PyTorchProfiler) is configured: open no window.
@@ -146,9 +150,12 @@ class CaptureWindows:
         """Stop an open window; a partially recorded one is saved. ``profiler.stop()`` synchronizes the device:
         the lifecycle calls this only once the device has drained its queue within the deadline."""
         profiler, self._profiler = self._profiler, None
-        if profiler is not None:
-            profiler.stop()
-        self._nsys(start=False)
+        try:
+            if profiler is not None:
+                profiler.stop()
+            self._nsys(start=False)
+        finally:
+            self.cupti_teardown.release()
 
     def stop_for_signal(self) -> Callable[[], None] | None:
         """Stop the open window from a signal's handler, taking no lock (the interrupted thread is not inside this
@@ -174,6 +181,7 @@ class CaptureWindows:
         torch's profiler then records until the process ends, which perfhooks says once. The Nsight range is
         left as it is (closing it is a device call)."""
         profiler, self._profiler = self._profiler, None
+        self.cupti_teardown.release()
         if profiler is None:
             return
         if not self._device_activity:
@@ -191,6 +199,8 @@ class CaptureWindows:
         # CUPTI takes one subscriber: under nsys_capture Nsight Systems records the GPU, and the window the CPU.
         if self._device_activity:
             activities.append(ProfilerActivity.CUDA)
+            if self.settings.detach_cupti:
+                self.cupti_teardown.arm()  # read by Kineto when this window stops
         profiler = profile(activities=activities, schedule=self._torch_action,
                            on_trace_ready=self._on_trace_ready, record_shapes=self.settings.record_shapes,
                            profile_memory=self.settings.profile_memory, with_stack=self.settings.with_stack)

@@ -40,6 +40,7 @@ class CaptureControl:
             output_dir / "traces", rank, world_size, self.action, WindowSettings(
                 record_shapes=config.record_shapes, profile_memory=config.profile_memory,
                 with_stack=config.with_stack, cuda=cuda, nsys_capture=config.nsys_capture,
+                detach_cupti=config.detach_cupti,
                 max_traces=config.max_traces, max_trace_bytes=config.max_trace_bytes),
             writer, faults, once, on_saved=on_saved, on_written=on_written)
         self.trigger = OnDemandTrigger(output_dir, config.trigger_poll_s) if config.on_demand else None
