@@ -8,14 +8,16 @@
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
    2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()`` (defaults, then each part off), the
    same alternation. Target: an alternating ratio of at most 1.01.
-3. **Device API calls a step**: torch's profiler over 50 steps of the launch-bound loop, bare and with perfhooks.
+3. **Device API calls a step**: torch's profiler over 50 steps of the launch-bound loop, bare and with perfhooks
+   (run last: a plain ``torch.profiler`` leaves CUPTI attached).
 
 Each figure is the median steady step of the script's own clock (a synchronize at the ends of the measured
 span), measured after the default window (steps 8-12) has closed: a window's own steps are not steady steps, and
-what a window leaves behind (CUPTI still attached, the trace's analysis on the writer thread) is in the span.
-One more variant, ``defaults_teardown_cupti``, runs the defaults with ``TEARDOWN_CUPTI=1`` set for that run
-only: Kineto then detaches CUPTI when a window stops (pytorch/pytorch#144455), which tells whether the attached
-CUPTI is what the steady steps pay after a window.
+what a window leaves behind (the trace's analysis on the writer thread, CUPTI if it stayed attached) is in the span.
+The variants share one process. That holds only while every window lets CUPTI go when it stops (perfhooks'
+``detach_cupti``, on by default): a CUPTI left attached would slow every later variant, bare included. So the
+warm-up opens no window, no variant leaves CUPTI attached, and the API-call count (a plain ``torch.profiler``)
+runs last. ``gpu_isolate.py`` runs each variant in a fresh process, a window with CUPTI left attached among them.
 
 ``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the script
 works; its figures mean nothing. Rounds stop early, never below one, when ``--budget-s`` would be overrun, and
@@ -27,7 +29,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -51,11 +52,7 @@ PARTS: dict[str, dict[str, Any] | None] = {
     "no_window_analysis": {"analyze_windows": False},
     "no_memory": {"memory": False},
     "no_nvtx": {"nvtx": False},
-    "defaults_teardown_cupti": {},
 }
-
-#: The environment a variant runs under, set for that run and put back after it.
-VARIANT_ENVIRONMENT: dict[str, dict[str, str]] = {"defaults_teardown_cupti": {"TEARDOWN_CUPTI": "1"}}
 
 #: The measured span starts at this step at the earliest, after the default window (steps 8-12).
 FIRST_TIMED_STEP = 20
@@ -201,21 +198,6 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
 
 
 # ----------------------------------------------------------------------------- alternation and API calls
-def measure_variant(measure: Any, name: str) -> float:
-    """One run of variant ``name``: its settings, under its environment (put back after the run)."""
-    environment = VARIANT_ENVIRONMENT.get(name, {})
-    before = {key: os.environ.get(key) for key in environment}
-    os.environ.update(environment)
-    try:
-        return measure(PARTS[name])
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic,
               after_round: Any = None) -> dict[str, Any]:
     """Each part's step time, round after round, each round starting one variant later; ratios to bare.
@@ -230,7 +212,7 @@ def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.mono
         if round_ and now + (now - started) / round_ > deadline:
             break
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            times[name].append(measure_variant(measure, name))
+            times[name].append(measure(PARTS[name]))
         if after_round is not None:
             after_round(_summary(times))
     return _summary(times)
@@ -289,19 +271,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         job = launch_bound_job(device, dry)
         steps = 60 if dry else 400
-        launch_bound_ms(job, {}, 20, device, out)  # warm-up
-        deadline = started + args.budget_s
+        launch_bound_ms(job, None, 20, device, out)  # warm-up: bare, no window
+        deadline = started + args.budget_s - 15  # the API calls' count, after
         result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds,
                                            started + 0.3 * args.budget_s,
                                            after_round=lambda so_far: keep("launch_bound", so_far))
         result["launch_bound"]["target"] = "at most +50 us a step (defaults)"
         save()
-        result["api_calls_per_step"] = api_calls_per_step(job, device, out, 10 if dry else 50)
-        save()
         gpt_steps = FIRST_TIMED_STEP + (4 if dry else 40)
         result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds,
                                             deadline, after_round=lambda so_far: keep("lightning_gpt", so_far))
         result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
+        save()
+        result["api_calls_per_step"] = api_calls_per_step(job, device, out, 10 if dry else 50)  # last: CUPTI
     save()
     for part in ("launch_bound", "lightning_gpt"):
         print(f"{part}: added µs a step {result[part]['added_us_per_step']}; ratio {result[part]['ratio']}")

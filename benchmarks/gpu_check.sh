@@ -3,11 +3,13 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT]        # OUT defaults to gpu_check_out; PYTHON picks the interpreter
 #
-# 1. the CUDA tests (pytest -m cuda), 2. `perfhooks doctor --format json`, 3. benchmarks/gpu_check.py: the
-# alternating overhead of a launch-bound loop and of a host-bound Lightning GPT, defaults and each part off, the
-# defaults with TEARDOWN_CUPTI=1, and the device API calls a step. Everything lands in OUT/ and is packed into OUT.tar.gz. Without a GPU it is a dry
-# run: the CUDA tests are skipped (said in OUT/pytest.txt), doctor reports the CPU, and the benchmarks run tiny on
-# the CPU to show the script works. Keep a real run's figures in benchmarks/results/ with the card's name.
+# 1. the CUDA tests (pytest -m cuda), 2. `perfhooks doctor --format json`, 3. benchmarks/gpu_isolate.py: bare, a
+# plain profiler window, perfhooks without windows, its defaults and its defaults with CUPTI left attached, each run
+# in a fresh process, for a launch-bound loop and a host-bound Lightning GPT, 4. benchmarks/gpu_check.py: the same
+# two loops with each of perfhooks' parts switched off in turn (alternating in one process), and the device API
+# calls a step. Everything lands in OUT/ and is packed into OUT.tar.gz. Without a GPU it is a dry run: the CUDA
+# tests are skipped (said in OUT/pytest.txt), doctor reports the CPU, and the benchmarks run tiny on the CPU to
+# show the script works. Keep a real run's figures in benchmarks/results/ with the card's name.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu_check_out}
@@ -27,8 +29,13 @@ fi
 timeout 60 "$PY" -m perfhooks doctor --format json > "$OUT/doctor.json" 2> "$OUT/doctor.err"
 echo "doctor: exit $?"
 if [ -n "$GPU" ]; then DRY=(); else DRY=(--dry-run); fi
-BUDGET=$(( 450 - SECONDS ))  # the 8 minutes less what the tests and doctor took, and 30 s to pack
-[ "$BUDGET" -lt 120 ] && BUDGET=120
+LEFT=$(( 450 - SECONDS ))  # the 8 minutes less what the tests and doctor took, and 30 s to pack
+ISOLATE=$(( LEFT * 55 / 100 ))
+[ "$ISOLATE" -lt 60 ] && ISOLATE=60
+timeout $(( ISOLATE + 40 )) "$PY" benchmarks/gpu_isolate.py --out "$OUT" --budget-s "$ISOLATE" "${DRY[@]}" 2>&1 \
+    | grep -v Warning | tail -12
+BUDGET=$(( 450 - SECONDS ))
+[ "$BUDGET" -lt 90 ] && BUDGET=90
 timeout $(( BUDGET + 20 )) "$PY" benchmarks/gpu_check.py --out "$OUT" --budget-s "$BUDGET" "${DRY[@]}" 2>&1 \
     | grep -v Warning | tail -5
 tar czf "$OUT.tar.gz" "$OUT"
