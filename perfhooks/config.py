@@ -117,7 +117,7 @@ class PerfConfig:
             ``nsys profile --capture-range=cudaProfilerApi``. CUDA only.
         detach_cupti: let Kineto detach CUPTI when each CUDA window stops: ``TEARDOWN_CUPTI=1`` in the environment
             from the first window to the run's end, where torch deems it safe (CUDA 12.6 or newer) and the variable
-            is not already set. Left attached, CUPTI slows every later step (35% on a host-bound GPT on an H100).
+            is not already set. Left attached, CUPTI slows every later step (by 41% on a host-bound GPT on an H100).
         on_demand: open a window when ``<output_dir>/TRIGGER`` appears or on SIGUSR2 (on every rank of a
             multi-rank run, over the same steps).
         on_demand_active: recorded steps in an on-demand window.

@@ -34,9 +34,24 @@ def profile_tutorial(tmp_path: Path, optimized: bool) -> dict:
     return analyze_paths([report["windows"][0]["path"]])
 
 
-def test_baseline_gets_fp32_matmul_and_unfused_attention(tmp_path: Path) -> None:
-    ids = {d["id"] for d in profile_tutorial(tmp_path, optimized=False)["diagnoses"]}
-    assert {"fp32_matmul", "unfused_attention"} <= ids
+def test_baseline_gets_fp32_matmul_and_unfused_attention_where_it_matters(tmp_path: Path) -> None:
+    """The baseline's attention (``nn.MultiheadAttention`` with its weights: bmm and softmax) is seen as written
+    out, and ``unfused_attention`` fires exactly when that attention takes its threshold's share of the steady step.
+    On an H100 the 16 x 128 tokens leave the step host-bound and the attention a small part of it (the verdict, once
+    asserted unconditionally, then rightly stayed silent, 2026-11-27); on a small GPU it fires."""
+    from perfhooks.rules.thresholds import Thresholds
+
+    result = profile_tutorial(tmp_path, optimized=False)
+    ids = {d["id"] for d in result["diagnoses"]}
+    assert "fp32_matmul" in ids
+    metrics = result["metrics"]
+    attention = metrics["attention"]
+    slow = attention.get("unfused", 0.0) + attention.get("math", 0.0)
+    fast = sum(attention.get(kind, 0.0) for kind in ("flash", "memory_efficient", "cudnn"))
+    assert slow > 0 and fast == 0, attention
+    step_us = (metrics.get("steady") or {}).get("step_us") or metrics["step_us"]
+    share = slow / max(metrics.get("steps", 1), 1) / step_us
+    assert ("unfused_attention" in ids) is (share >= Thresholds().unfused_attention_share), (share, ids)
 
 
 #: What may rightly be said of the optimized layer on a fast GPU: on an H100 its 64 x 128 tokens leave the device
