@@ -32,6 +32,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -97,21 +98,39 @@ class RawWindow:
             self.profiler = None
 
 
+def _python_threads_cpu() -> dict[str, float]:
+    """CPU time (s) of each Python thread but this one, by name (perfhooks' threads are named ``perfhooks-*``)."""
+    times: dict[str, float] = collections.defaultdict(float)
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.ident is None:
+            continue
+        try:
+            times[thread.name] += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
+            continue
+    return times
+
+
 class Span:
-    """The timed span's clocks: wall, the training thread's CPU and the whole process's CPU (s)."""
+    """The timed span's clocks: wall, the training thread's CPU, the whole process's CPU and each other Python
+    thread's CPU (s)."""
 
     def __init__(self) -> None:
-        self.marks: list[tuple[float, float, float]] = []
+        self.marks: list[tuple[float, float, float, dict[str, float]]] = []
 
     def mark(self, device: str) -> None:
         _sync(device)
-        self.marks.append((time.perf_counter(), time.thread_time(), time.process_time()))
+        self.marks.append((time.perf_counter(), time.thread_time(), time.process_time(), _python_threads_cpu()))
 
-    def per_step(self, steps: int) -> dict[str, float]:
-        """Per timed step (ms): the wall clock, the training thread's CPU, and the CPU of every other thread."""
-        (wall0, main0, all0), (wall1, main1, all1) = self.marks[0], self.marks[-1]
+    def per_step(self, steps: int) -> dict[str, Any]:
+        """Per timed step (ms): the wall clock, the training thread's CPU, the CPU of every other thread, and of
+        each named Python thread among them (threads of C++ alone, autograd's device threads among them, are in
+        ``other_cpu_ms`` only)."""
+        (wall0, main0, all0, threads0), (wall1, main1, all1, threads1) = self.marks[0], self.marks[-1]
+        threads = {name: round((cpu - threads0.get(name, 0.0)) / steps * 1e3, 4) for name, cpu in threads1.items()}
         return {"step_ms": (wall1 - wall0) / steps * 1e3, "main_cpu_ms": (main1 - main0) / steps * 1e3,
-                "other_cpu_ms": ((all1 - all0) - (main1 - main0)) / steps * 1e3}
+                "other_cpu_ms": ((all1 - all0) - (main1 - main0)) / steps * 1e3,
+                "threads_cpu_ms": {name: ms for name, ms in sorted(threads.items()) if ms > 0}}
 
 
 def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str,

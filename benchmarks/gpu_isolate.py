@@ -15,7 +15,8 @@ is what a user's run of that kind pays:
   ``detach_cupti=False`` (CUPTI left attached after the window, as before 2026-11-27).
 
 Each child reports, per timed step (after the default window: steps 80-399 of 400, or 20-59 of 60 for the GPT),
-the wall clock, the training thread's CPU time and the CPU time of every other thread (ms); the launch-bound
+the wall clock, the training thread's CPU time, the CPU time of every other thread and of each named Python
+thread among them (perfhooks' are ``perfhooks-*``) (ms); the launch-bound
 loop runs 3 times in its child (a later run of a window variant starts with CUPTI as the first left it), and the
 child reports their medians. Rounds rotate the
 variants' order and stop early, never below one, when ``--budget-s`` would be overrun; the JSON is saved after
@@ -60,7 +61,7 @@ VARIANTS: dict[str, dict[str, Variant]] = {
 LAUNCH_BOUND_RUNS = 3
 
 
-def child(loop: str, name: str, dry: bool) -> dict[str, float]:
+def child(loop: str, name: str, dry: bool) -> dict[str, Any]:
     """Run ``loop`` under variant ``name`` in this process; its per-step figures (the median of its runs)."""
     import gpu_check
     import torch
@@ -83,7 +84,12 @@ def child(loop: str, name: str, dry: bool) -> dict[str, float]:
             span = gpu_check.Span()
             gpu_check.lightning_gpt_ms(settings, steps, device, dry, out, raw_window, span)
             spans.append(span.per_step(steps - 1 - gpu_check.FIRST_TIMED_STEP))
-    return {key: round(statistics.median(run[key] for run in spans), 4) for key in spans[0]}
+    figures: dict[str, Any] = {key: round(statistics.median(run[key] for run in spans), 4)
+                               for key in ("step_ms", "main_cpu_ms", "other_cpu_ms")}
+    names = {name for run in spans for name in run["threads_cpu_ms"]}
+    figures["threads_cpu_ms"] = {name: round(statistics.median(run["threads_cpu_ms"].get(name, 0.0) for run in spans),
+                                             4) for name in sorted(names)}
+    return figures
 
 
 def run_child(loop: str, name: str, dry: bool) -> dict[str, Any]:
