@@ -30,7 +30,7 @@ timeout 60 "$PY" -m perfhooks doctor --format json > "$OUT/doctor.json" 2> "$OUT
 echo "doctor: exit $?"
 if [ -n "$GPU" ]; then DRY=(); else DRY=(--dry-run); fi
 LEFT=$(( 450 - SECONDS ))  # the 8 minutes less what the tests and doctor took, and 30 s to pack
-ISOLATE=$(( LEFT * 55 / 100 ))
+ISOLATE=$(( LEFT * 65 / 100 ))
 [ "$ISOLATE" -lt 60 ] && ISOLATE=60
 timeout $(( ISOLATE + 40 )) "$PY" benchmarks/gpu_isolate.py --out "$OUT" --budget-s "$ISOLATE" "${DRY[@]}" 2>&1 \
     | grep -v Warning | tail -12
