@@ -26,7 +26,8 @@ HERE = Path(__file__).resolve().parent / "distributed"
 
 
 def _run(command: list[str], out: Path, timeout: int = 240, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    # PYTHONFAULTHANDLER: a rank that dies of a signal (SIGABRT, SIGSEGV) prints every thread's stack first
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env}
     done = subprocess.run([*command, str(out)], capture_output=True, text=True, timeout=timeout, env=environment,
                           cwd=out.parent)
     assert done.returncode == 0, _failure(done.stderr)
@@ -35,10 +36,13 @@ def _run(command: list[str], out: Path, timeout: int = 240, **env: str) -> subpr
 
 def _failure(stderr: str) -> str:
     """What a failed launch said: the other ranks' lines first, so that a rank that died is not hidden behind rank
-    0's traceback about the lost connection (the tail alone once showed only that), then the tail."""
+    0's traceback about the lost connection (the tail alone once showed only that), the stacks of a rank that a
+    signal killed (a SIGABRT once left no other line, 2026-11-27, under two CPU hogs), then the tail."""
     others = [line for line in stderr.splitlines()
               if re.match(r"\[rank[1-9]", line) or "terminate called" in line or "what():" in line]
-    return "\n".join(others[-40:]) + "\n---- tail ----\n" + stderr[-2000:]
+    fatal = stderr.find("Fatal Python error")  # a rank killed by a signal: its threads' stacks
+    stacks = stderr[fatal:fatal + 4000] + "\n" if fatal >= 0 else ""
+    return "\n".join(others[-40:]) + "\n" + stacks + "---- tail ----\n" + stderr[-2000:]
 
 
 def _torchrun(out: Path, **env: str) -> subprocess.CompletedProcess[str]:
