@@ -237,6 +237,30 @@ def test_a_store_that_stops_answering_falls_back_to_this_ranks_own_trigger(tmp_p
     assert watcher.lost
 
 
+def test_a_store_lost_after_the_close_is_not_said(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
+    """A store call in flight when the run closes (the close waits for it 1 s at most) fails once rank 0 has ended:
+    the daemon thread returns without a word. Its warning could reach stderr during the interpreter's shutdown,
+    which aborts the process (a rank died of SIGABRT once, under two CPU hogs)."""
+    inside, fail = threading.Event(), threading.Event()
+
+    class StoreEndingAfterTheClose:
+        def check(self, keys: list[str]) -> bool:
+            inside.set()
+            fail.wait(5)
+            raise RuntimeError("Connection reset by peer")
+
+    local = OnDemandTrigger(tmp_path, poll_s=0.01, use_signal=False)
+    watcher = AllRanksTrigger(StoreEndingAfterTheClose(), 0, 1, local, 0.01, lambda: 0, 4, lambda s: True, Once())
+    watcher.start()
+    thread = watcher._thread
+    assert inside.wait(5)
+    watcher.close(timeout_s=0.01)
+    assert thread is not None and thread.is_alive(), "the close did not wait for the call in flight"
+    fail.set()
+    thread.join(5)
+    assert watcher.lost and not [w for w in recwarn if "store stopped answering" in str(w.message)]
+
+
 def test_the_engine_goes_back_to_its_own_trigger_when_the_store_is_lost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch

@@ -146,6 +146,8 @@ class AllRanksTrigger:
                 self.poll_once()
             except Exception as error:  # the store stopped answering (rank 0's process, which serves it, ended)
                 self.lost = True
+                if self._stop.is_set():  # the run has closed: rank 0 ending is expected, and this daemon thread
+                    return  # may now be outliving the interpreter's shutdown, when a write to stderr can abort it
                 self.once.warn("trigger_store_lost", f"the process group's store stopped answering "
                                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); "
                                f"an on-demand trigger now opens a window on rank {self.rank} only")
