@@ -48,6 +48,24 @@ def test_on_the_simulated_gpu_every_device_check_runs_and_passes() -> None:
     assert checks["cupti"]["status"] == "warn", "a CPU build of torch records no CUDA activity"
 
 
+@pytest.mark.parametrize(("cuda_version", "environ", "status", "detached"), [
+    ("12.8", {}, "pass", True),  # perfhooks sets TEARDOWN_CUPTI=1 while a run lasts
+    ("12.4", {}, "warn", False),  # torch keeps CUPTI for CUDA graphs before 12.6: so does perfhooks
+    ("12.8", {"TEARDOWN_CUPTI": "0"}, "warn", False),  # the user's choice stands
+    ("12.4", {"TEARDOWN_CUPTI": "1"}, "pass", True),
+])
+def test_the_cupti_check_says_whether_cupti_is_let_go_after_a_window(
+        monkeypatch: pytest.MonkeyPatch, cuda_version: str, environ: dict, status: str, detached: bool) -> None:
+    from perfhooks.cli.doctor_checks import cupti_check
+
+    monkeypatch.setattr(torch.version, "cuda", cuda_version)
+    monkeypatch.setattr(torch.version, "hip", None)
+    check = cupti_check(cuda=True, records_cuda=True, environ=environ)
+    assert (check.status, check.figure["detached_after_windows"]) == (status, detached), check
+    assert ("slows every later step" in check.detail) is (status == "warn")
+    assert cupti_check(cuda=False, records_cuda=False).status == "skip"
+
+
 def test_events_that_read_twice_the_time_fail_the_timing_check() -> None:
     with simulated_cuda() as gpu:
         gpu.event_time_scale = 2.0

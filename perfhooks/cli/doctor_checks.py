@@ -13,6 +13,7 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,31 @@ def nvtx_check() -> Check:
     return Check("nvtx", PASS, detail, {"tool_attached": attached, "under_nsys": under_nsys})
 
 
+def cupti_check(cuda: bool, records_cuda: bool, environ: Mapping[str, str] = os.environ) -> Check:
+    """Whether torch can record CUDA activity (CUPTI), and whether Kineto lets CUPTI go after each window."""
+    from perfhooks.device.cupti_teardown import VARIABLE, teardown_is_safe
+
+    if not cuda:
+        return Check("cupti", SKIP, "no CUDA device")
+    if not records_cuda:
+        return Check("cupti", WARN, "this torch cannot record CUDA activity (no CUPTI): windows record host "
+                     "activity only")
+    value = environ.get(VARIABLE)
+    detached = value == "1" or (value is None and teardown_is_safe(environ))
+    figure = {"teardown_cupti": value, "detached_after_windows": detached}
+    if detached:
+        return Check("cupti", PASS, "torch's profiler can record CUDA activity (CUPTI), and Kineto detaches it after "
+                     f"each window ({VARIABLE}=1{'' if value else ', which perfhooks sets while a run lasts'})",
+                     figure)
+    if value is not None:
+        why, fix = f"{VARIABLE}={value!r} is set", "unset it, or set it to 1 where the run captures no CUDA graphs"
+    else:
+        why = "CUDA older than 12.6, or torch keeps CUPTI for CUDA graphs here"
+        fix = f"where the run captures no CUDA graphs, set {VARIABLE}=1"
+    return Check("cupti", WARN, "torch's profiler can record CUDA activity (CUPTI), but Kineto leaves it attached "
+                 f"after a window, which slows every later step ({why}): {fix}", figure)
+
+
 # ----------------------------------------------------------------------------- 4. the profiler
 def profiler_check(device: str | None) -> list[Check]:
     import torch
@@ -193,10 +219,7 @@ def profiler_check(device: str | None) -> list[Check]:
 
     cuda = torch.cuda.is_available()
     supported = torch.profiler.supported_activities()
-    cupti = Check("cupti", SKIP, "no CUDA device") if not cuda else (
-        Check("cupti", PASS, "torch's profiler can record CUDA activity (CUPTI)") if ProfilerActivity.CUDA in
-        supported else Check("cupti", WARN, "this torch cannot record CUDA activity (no CUPTI): windows record "
-                             "host activity only"))
+    cupti = cupti_check(cuda, ProfilerActivity.CUDA in supported)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda and ProfilerActivity.CUDA in supported
                                            else [])
     with tempfile.TemporaryDirectory() as folder:
