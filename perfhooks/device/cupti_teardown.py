@@ -4,8 +4,8 @@ A ``torch.profiler`` window with CUDA activity attaches CUPTI to the process. Un
 environment when the window stops, Kineto leaves it attached, and every kernel launch after the window pays for
 it. On an H100 (torch 2.11, CUDA 13.0), the 135M GPT of ``benchmarks/gpu_isolate.py`` under Lightning ran its steady
 steps at 48.4 ms after perfhooks' default window, 35.9 ms with the variable set and 34.3 ms bare. A bare
-``torch.profiler`` window left 41.8 ms behind (pytorch/pytorch#144455, kineto#1264 and #1539 make teardown
-Kineto's default for CUDA 12.6 and newer).
+``torch.profiler`` window left 41.8 ms behind (pytorch/pytorch#144455; kineto#1264, for CUDA 12.6 and newer,
+and the open kineto#1539 propose teardown as Kineto's default).
 
 Kineto reads the variable when a trace stops (to tear down), after the teardown (to re-create its callbacks
 lazily or at once) and when the next trace starts. Torch turns teardown off (``"0"``) for CUDA graphs where a
