@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,17 +117,20 @@ class Span:
     thread's CPU (s)."""
 
     def __init__(self) -> None:
-        self.marks: list[tuple[float, float, float, dict[str, float]]] = []
+        self.marks: list[tuple[int, float, float, float, dict[str, float]]] = []
 
-    def mark(self, device: str) -> None:
+    def mark(self, device: str, step: int) -> None:
+        """At step ``step`` (after a synchronize): the span is timed from its first mark to its last."""
         _sync(device)
-        self.marks.append((time.perf_counter(), time.thread_time(), time.process_time(), _python_threads_cpu()))
+        self.marks.append((step, time.perf_counter(), time.thread_time(), time.process_time(),
+                           _python_threads_cpu()))
 
-    def per_step(self, steps: int) -> dict[str, Any]:
+    def per_step(self) -> dict[str, Any]:
         """Per timed step (ms): the wall clock, the training thread's CPU, the CPU of every other thread, and of
         each named Python thread among them (threads of C++ alone, autograd's device threads among them, are in
         ``other_cpu_ms`` only)."""
-        (wall0, main0, all0, threads0), (wall1, main1, all1, threads1) = self.marks[0], self.marks[-1]
+        (step0, wall0, main0, all0, threads0), (step1, wall1, main1, all1, threads1) = self.marks[0], self.marks[-1]
+        steps = step1 - step0
         threads = {name: round((cpu - threads0.get(name, 0.0)) / steps * 1e3, 4) for name, cpu in threads1.items()}
         return {"step_ms": (wall1 - wall0) / steps * 1e3, "main_cpu_ms": (main1 - main0) / steps * 1e3,
                 "other_cpu_ms": ((all1 - all0) - (main1 - main0)) / steps * 1e3,
@@ -156,10 +160,10 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if i in (first, steps - 1):
-            span.mark(device)
+            span.mark(device, i)
     if perf is not None:
         perf.close()
-    return span.per_step(steps - 1 - first)["step_ms"]
+    return span.per_step()["step_ms"]
 
 
 # ----------------------------------------------------------------------------- 2. the Lightning GPT
@@ -201,7 +205,7 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
             if window is not None:
                 window.at_step(trainer.global_step)
             if trainer.global_step in (FIRST_TIMED_STEP, steps - 1):
-                span.mark(device)
+                span.mark(device, trainer.global_step)
 
     tokens = torch.randint(0, vocab, (steps * batch, seq + 1))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=batch)
@@ -213,27 +217,35 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=out, callbacks=callbacks)
     trainer.fit(GPT(), data)
-    return span.per_step(steps - 1 - FIRST_TIMED_STEP)["step_ms"]
+    return span.per_step()["step_ms"]
 
 
 # ----------------------------------------------------------------------------- alternation and API calls
-def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic,
-              after_round: Any = None) -> dict[str, Any]:
-    """Each part's step time, round after round, each round starting one variant later; ratios to bare.
-
-    A round that would end past ``deadline`` (s on ``clock``, judged by the mean round so far) is not begun; the
-    first always runs. ``after_round`` gets the figures so far after each round (to save them)."""
-    names = list(PARTS)
-    times: dict[str, list[float]] = collections.defaultdict(list)
+def rotate_rounds(names: list[str], measure: Callable[[str], Any], rounds: int, deadline: float,
+                  clock: Callable[[], float] = time.monotonic,
+                  after_round: Callable[[dict[str, list[Any]]], None] | None = None) -> dict[str, list[Any]]:
+    """``measure(name)`` for every name, round after round, each round starting one name later; each name's
+    results. A round that would end past ``deadline`` (s on ``clock``, judged by the mean round so far) is not
+    begun; the first always runs. ``after_round`` gets the results so far after each round (to save them)."""
+    results: dict[str, list[Any]] = {name: [] for name in names}
     started = clock()
     for round_ in range(rounds):
         now = clock()
         if round_ and now + (now - started) / round_ > deadline:
             break
         for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            times[name].append(measure(PARTS[name]))
+            results[name].append(measure(name))
         if after_round is not None:
-            after_round(_summary(times))
+            after_round(results)
+    return results
+
+
+def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic,
+              after_round: Any = None) -> dict[str, Any]:
+    """Each part's step time (:func:`rotate_rounds` over :data:`PARTS`); ratios to bare. ``after_round`` gets
+    the summary so far."""
+    times = rotate_rounds(list(PARTS), lambda name: measure(PARTS[name]), rounds, deadline, clock,
+                          None if after_round is None else lambda so_far: after_round(_summary(so_far)))
     return _summary(times)
 
 

@@ -68,28 +68,31 @@ def child(loop: str, name: str, dry: bool) -> dict[str, Any]:
 
     settings, raw_window = VARIANTS[loop][name]
     device = "cpu" if dry or not torch.cuda.is_available() else "cuda"
-    spans: list[dict[str, float]] = []
+    spans: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as out:
         if loop == "launch_bound":
             job = gpu_check.launch_bound_job(device, dry)
             gpu_check.launch_bound_ms(job, None, 20, device, out)  # warm-up, bare: no window, no CUPTI
-            steps = 60 if dry else 400
-            timed = steps - 1 - max(steps // 5, gpu_check.FIRST_TIMED_STEP)
             for _ in range(LAUNCH_BOUND_RUNS):
                 span = gpu_check.Span()
-                gpu_check.launch_bound_ms(job, settings, steps, device, out, raw_window, span)
-                spans.append(span.per_step(timed))
+                gpu_check.launch_bound_ms(job, settings, 60 if dry else 400, device, out, raw_window, span)
+                spans.append(span.per_step())
         else:
-            steps = gpu_check.FIRST_TIMED_STEP + (4 if dry else 40)
             span = gpu_check.Span()
-            gpu_check.lightning_gpt_ms(settings, steps, device, dry, out, raw_window, span)
-            spans.append(span.per_step(steps - 1 - gpu_check.FIRST_TIMED_STEP))
-    figures: dict[str, Any] = {key: round(statistics.median(run[key] for run in spans), 4)
-                               for key in ("step_ms", "main_cpu_ms", "other_cpu_ms")}
+            gpu_check.lightning_gpt_ms(settings, gpu_check.FIRST_TIMED_STEP + (4 if dry else 40), device, dry, out,
+                                       raw_window, span)
+            spans.append(span.per_step())
+    figures: dict[str, Any] = medians(spans)
     names = {name for run in spans for name in run["threads_cpu_ms"]}
     figures["threads_cpu_ms"] = {name: round(statistics.median(run["threads_cpu_ms"].get(name, 0.0) for run in spans),
                                              4) for name in sorted(names)}
     return figures
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median over ``runs`` of the step time and the two CPU times (ms)."""
+    return {key: round(statistics.median(run[key] for run in runs), 4)
+            for key in ("step_ms", "main_cpu_ms", "other_cpu_ms")}
 
 
 def run_child(loop: str, name: str, dry: bool) -> dict[str, Any]:
@@ -109,25 +112,18 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for name, results in runs.items():
         good = [result for result in results if "error" not in result]
         if good:
-            median[name] = {key: round(statistics.median(r[key] for r in good), 4)
-                            for key in ("step_ms", "main_cpu_ms", "other_cpu_ms")}
+            median[name] = medians(good)
     bare = median.get("bare", {}).get("step_ms")
     added = {name: round((m["step_ms"] - bare) * 1e3, 1) for name, m in median.items()} if bare else {}
     return {"rounds": len(runs.get("bare", [])), "runs": runs, "median": median, "added_us_per_step": added}
 
 
 def alternate(loop: str, rounds: int, deadline: float, dry: bool, save: Any) -> dict[str, Any]:
-    """Every variant of ``loop``, round after round, each round starting one variant later."""
-    names = list(VARIANTS[loop])
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    started = time.monotonic()
-    for round_ in range(rounds):
-        now = time.monotonic()
-        if round_ and now + (now - started) / round_ > deadline:
-            break
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            runs[name].append(run_child(loop, name, dry))
-        save(loop, summary(runs))
+    """Every variant of ``loop``, each in a child process, round after round (``gpu_check.rotate_rounds``)."""
+    import gpu_check
+
+    runs = gpu_check.rotate_rounds(list(VARIANTS[loop]), lambda name: run_child(loop, name, dry), rounds, deadline,
+                                   after_round=lambda so_far: save(loop, summary(so_far)))
     return summary(runs)
 
 

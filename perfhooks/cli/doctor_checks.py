@@ -13,7 +13,7 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,9 +185,9 @@ def nvtx_check() -> Check:
     return Check("nvtx", PASS, detail, {"tool_attached": attached, "under_nsys": under_nsys})
 
 
-def cupti_check(cuda: bool, records_cuda: bool, environ: Mapping[str, str] = os.environ) -> Check:
+def cupti_check(cuda: bool, records_cuda: bool, environ: MutableMapping[str, str] = os.environ) -> Check:
     """Whether torch can record CUDA activity (CUPTI), and whether Kineto lets CUPTI go after each window."""
-    from perfhooks.device.cupti_teardown import VARIABLE, teardown_is_safe
+    from perfhooks.device.cupti_teardown import VARIABLE, detaches_after_windows
 
     if not cuda:
         return Check("cupti", SKIP, "no CUDA device")
@@ -195,7 +195,7 @@ def cupti_check(cuda: bool, records_cuda: bool, environ: Mapping[str, str] = os.
         return Check("cupti", WARN, "this torch cannot record CUDA activity (no CUPTI): windows record host "
                      "activity only")
     value = environ.get(VARIABLE)
-    detached = value == "1" or (value is None and teardown_is_safe(environ))
+    detached = detaches_after_windows(environ)
     figure = {"teardown_cupti": value, "detached_after_windows": detached}
     if detached:
         return Check("cupti", PASS, "torch's profiler can record CUDA activity (CUPTI), and Kineto detaches it after "

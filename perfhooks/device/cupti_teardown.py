@@ -56,6 +56,12 @@ def teardown_is_safe(environ: MutableMapping[str, str] = _ENVIRON) -> bool:
         return False
 
 
+def detaches_after_windows(environ: MutableMapping[str, str] = _ENVIRON) -> bool:
+    """Whether Kineto will let CUPTI go after a run's windows: ``TEARDOWN_CUPTI=1`` already, or unset where
+    :class:`CuptiTeardown` sets it."""
+    return environ.get(VARIABLE) == "1" or (VARIABLE not in environ and teardown_is_safe(environ))
+
+
 class CuptiTeardown:
     """Sets ``TEARDOWN_CUPTI=1`` before a run's first CUDA window, and takes it away at the run's close."""
 
