@@ -6,12 +6,14 @@ its first layer queues a forward kernel and holds an activation, a backward hook
 Each run keeps its framework's defaults (a logger, checkpoints, validation or evaluation where it has them).
 No profiler window opens (``schedule=None``): a window on a CUDA device asks torch.profiler for CUPTI's CUDA
 activity, which this CPU build cannot give (there, torch's profiler makes every operator ~100 times slower); the
-window path is tested on the CPU and, with a GPU, in ``tests/test_cuda.py``.
+window path is tested on the CPU and, with a GPU, in ``tests/test_cuda.py``. One test opens a 2-step window, for
+what a window on the device does to the environment (``TEARDOWN_CUPTI``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -151,3 +153,35 @@ def test_accelerate_loop_on_the_simulated_gpu(tmp_path: Path, on_cuda: Simulated
             optimizer.step()
             optimizer.zero_grad()
     _check_timed_on_the_device(perf.engine.report(), on_cuda, 12)
+
+
+def test_lightning_fit_with_a_window_lets_cupti_go_and_puts_the_environment_back(
+        tmp_path: Path, on_cuda: SimulatedGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's defaults (logger, checkpoints, validation) and perfhooks' own window on the device: from the
+    step that opens the window to the fit's end, ``TEARDOWN_CUPTI=1`` (Kineto reads it when the window stops);
+    after the fit, the environment is as it was. torch's CUDA version reads 12.8 (teardown safe)."""
+    import lightning as L
+
+    from helpers import default_trainer, lightning_mlp, random_loader
+    from perfhooks import Schedule
+    from perfhooks.integrations.lightning import PerfCallback
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    seen: list[str | None] = []
+
+    class Environment(L.Callback):
+        def on_train_batch_start(self, *args: Any) -> None:
+            seen.append(os.environ.get("TEARDOWN_CUPTI"))
+
+    model = lightning_mlp()
+    SimulatedWork(on_cuda, model.net[0])
+    settings = {**NO_WINDOW, "schedule": Schedule(skip_first=2, warmup=0, active=2), "analyze_windows": False}
+    trainer = default_trainer(tmp_path, max_steps=6, callbacks=[Environment(), PerfCallback(
+        output_dir=tmp_path / "perf", **settings)])
+    trainer.fit(model, random_loader(6), random_loader(2))
+    assert seen[:2] == [None, None] and set(seen[3:]) == {"1"}, seen
+    assert "TEARDOWN_CUPTI" not in os.environ
+    report = json.loads((tmp_path / "perf" / "report.json").read_text())
+    assert len(report["windows"]) == 1 and report["faults"] == [], report["faults"]
