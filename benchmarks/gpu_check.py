@@ -2,22 +2,23 @@
 
     python benchmarks/gpu_check.py --out DIR [--rounds 5] [--dry-run]
 
-1. **A launch-bound loop** (4 x Linear(1024), batch 64, fused Adam: a ~2 ms step of small kernels), bare and under
-   ``perfhooks.profile`` with its defaults and with each part switched off in turn, alternating round after round.
-   Target: at most +50 µs a step.
+1. **A launch-bound loop** (4 x Linear(1024), batch 64, fused Adam: a ~1-2 ms step of small kernels), bare and under
+   ``perfhooks.profile`` without windows, then with each of its parts switched off in turn from there (NVTX, the
+   memory monitor, the FLOP count, the device events: :data:`PARTS`), alternating round after round, with the
+   CPU time a step of the training thread, of the other threads and of each named one (perfhooks' are
+   ``perfhooks-*``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
-   2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()`` (defaults, then each part off), the
-   same alternation. Target: an alternating ratio of at most 1.01.
-3. **Device API calls a step**: torch's profiler over 50 steps of the launch-bound loop, bare and with perfhooks
+   2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants and alternation.
+   Target: an alternating ratio of at most 1.01.
+3. **Where the training thread's time goes**: ``cProfile`` over the launch-bound loop, bare and without windows
+   (calls and own time a step by function: which calls grew, not how much a step costs unprofiled).
+4. **Device API calls a step**: torch's profiler over 50 steps of the launch-bound loop, bare and with perfhooks
    (run last: a plain ``torch.profiler`` leaves CUPTI attached).
 
 Each figure is the median steady step of the script's own clock (a synchronize at the ends of the measured
-span), measured after the default window (steps 8-12) has closed: a window's own steps are not steady steps, and
-what a window leaves behind (the trace's analysis on the writer thread, CUPTI if it stayed attached) is in the span.
-The variants share one process. That holds only while every window lets CUPTI go when it stops (perfhooks'
-``detach_cupti``, on by default): a CUPTI left attached would slow every later variant, bare included. So the
-warm-up opens no window, no variant leaves CUPTI attached, and the API-call count (a plain ``torch.profiler``)
-runs last. ``gpu_isolate.py`` runs each variant in a fresh process, a window with CUPTI left attached among them.
+span). The variants share one process, which is fair only while none leaves CUPTI attached: no variant opens a
+window (what a window leaves behind is ``gpu_isolate.py``'s, a fresh process per run), the warm-up opens none,
+and the API-call count runs last.
 
 ``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the script
 works; its figures mean nothing. Rounds stop early, never below one, when ``--budget-s`` would be overrun, and
@@ -28,15 +29,19 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import cProfile
 import json
+import pstats
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -45,15 +50,18 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from machine import describe_machine  # noqa: E402
 
-#: perfhooks' parts, each switched off in turn (the settings that do it).
+#: perfhooks' parts, each switched off in turn from perfhooks without windows (the settings that do it). No
+#: variant opens a window, so the variants can share one process whatever a window leaves behind (CUPTI);
+#: ``gpu_isolate.py`` measures the defaults, window included, each run in a fresh process.
+#: ``HOST_CLOCK`` is the benchmark's own switch, not a setting: steps timed on the host, no device event at all.
+HOST_CLOCK = "host_clock"
 PARTS: dict[str, dict[str, Any] | None] = {
     "bare": None,
-    "defaults": {},
     "no_window": {"schedule": None},
-    "no_flop_count": {"count_flops": False},
-    "no_window_analysis": {"analyze_windows": False},
-    "no_memory": {"memory": False},
-    "no_nvtx": {"nvtx": False},
+    "no_nvtx": {"schedule": None, "nvtx": False},
+    "no_memory": {"schedule": None, "memory": False},
+    "no_flop_count": {"schedule": None, "count_flops": False},
+    "no_device_events": {"schedule": None, HOST_CLOCK: True},
 }
 
 #: The measured span starts at this step at the earliest, after the default window (steps 8-12).
@@ -63,6 +71,29 @@ FIRST_TIMED_STEP = 20
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+class _HostClockOnly:
+    """Stands in for perfhooks' ``DeviceClock`` while a ``HOST_CLOCK`` variant builds its engine: the run's steps
+    are timed on the host (the timing reader still runs, with nothing to ask the device)."""
+
+    def __new__(cls, room: Any) -> Any:
+        from perfhooks.device.clock import HostClock
+
+        return HostClock()
+
+
+@contextlib.contextmanager
+def perfhooks_settings(settings: dict[str, Any] | None) -> Iterator[dict[str, Any] | None]:
+    """``settings`` without the benchmark's own switches, with the engine patched as they ask while it is built
+    (the engine makes its clock when it starts)."""
+    if not settings or not settings.get(HOST_CLOCK):
+        yield settings
+        return
+    import perfhooks.runtime.engine as engine
+
+    with mock.patch.object(engine, "DeviceClock", _HostClockOnly):
+        yield {key: value for key, value in settings.items() if key != HOST_CLOCK}
 
 
 # ----------------------------------------------------------------------------- 1. the launch-bound loop
@@ -138,8 +169,15 @@ class Span:
 
 
 def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str,
-                    raw_window: bool = False, span: Span | None = None) -> float:
-    """The loop's mean step (ms) over its timed span; ``raw_window``: a bare profiler window (no perfhooks)."""
+                    raw_window: bool = False, span: Span | None = None) -> dict[str, Any]:
+    """The loop's timed span, per step (:meth:`Span.per_step`: the mean step and the threads' CPU, ms);
+    ``raw_window``: a bare profiler window (no perfhooks)."""
+    with perfhooks_settings(settings) as settings:
+        return _launch_bound(job, settings, steps, device, out, raw_window, span or Span())
+
+
+def _launch_bound(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str, raw_window: bool,
+                  span: Span) -> dict[str, Any]:
     import perfhooks
 
     model, optimizer, batches = job
@@ -147,7 +185,6 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
     perf = perfhooks.profile(model, optimizer, output_dir=out, console=False, **settings) \
         if settings is not None else None
     window = RawWindow(device) if raw_window else None
-    span = span or Span()
     for i in range(steps):
         if window is not None:
             window.at_step(i)
@@ -163,14 +200,20 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
             span.mark(device, i)
     if perf is not None:
         perf.close()
-    return span.per_step()["step_ms"]
+    return span.per_step()
 
 
 # ----------------------------------------------------------------------------- 2. the Lightning GPT
 def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, dry: bool, out: str,
-                     raw_window: bool = False, span: Span | None = None) -> float:
-    """The fit's mean step (ms) from ``FIRST_TIMED_STEP`` to its last step, by a synchronized clock;
-    ``raw_window``: a bare profiler window (no perfhooks)."""
+                     raw_window: bool = False, span: Span | None = None) -> dict[str, Any]:
+    """The fit's span from ``FIRST_TIMED_STEP`` to its last step, by a synchronized clock, per step
+    (:meth:`Span.per_step`); ``raw_window``: a bare profiler window (no perfhooks)."""
+    with perfhooks_settings(settings) as settings:
+        return _lightning_gpt(settings, steps, device, dry, out, raw_window, span or Span())
+
+
+def _lightning_gpt(settings: dict[str, Any] | None, steps: int, device: str, dry: bool, out: str, raw_window: bool,
+                   span: Span) -> dict[str, Any]:
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -197,7 +240,6 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(self.parameters(), lr=3e-4, fused=device == "cuda")
 
-    span = span or Span()
     window = RawWindow(device) if raw_window else None
 
     class Clock(L.Callback):
@@ -217,7 +259,7 @@ def lightning_gpt_ms(settings: dict[str, Any] | None, steps: int, device: str, d
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=out, callbacks=callbacks)
     trainer.fit(GPT(), data)
-    return span.per_step()["step_ms"]
+    return span.per_step()
 
 
 # ----------------------------------------------------------------------------- alternation and API calls
@@ -242,19 +284,58 @@ def rotate_rounds(names: list[str], measure: Callable[[str], Any], rounds: int, 
 
 def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic,
               after_round: Any = None) -> dict[str, Any]:
-    """Each part's step time (:func:`rotate_rounds` over :data:`PARTS`); ratios to bare. ``after_round`` gets
-    the summary so far."""
-    times = rotate_rounds(list(PARTS), lambda name: measure(PARTS[name]), rounds, deadline, clock,
-                          None if after_round is None else lambda so_far: after_round(_summary(so_far)))
-    return _summary(times)
+    """Each part's step (:func:`rotate_rounds` over :data:`PARTS`; ``measure(settings)`` gives the step in ms, or
+    :meth:`Span.per_step`); ratios to bare. ``after_round`` gets the summary so far."""
+    results = rotate_rounds(list(PARTS), lambda name: measure(PARTS[name]), rounds, deadline, clock,
+                            None if after_round is None else lambda so_far: after_round(_summary(so_far)))
+    return _summary(results)
 
 
-def _summary(times: dict[str, list[float]]) -> dict[str, Any]:
-    """Rounds, every step time (ms), the medians, and each median against bare's (µs added, ratio)."""
-    median = {name: statistics.median(values) for name, values in times.items()}
-    return {"rounds": len(times["bare"]), "step_ms": dict(times), "median_ms": median,
-            "added_us_per_step": {name: round((ms - median["bare"]) * 1e3, 1) for name, ms in median.items()},
-            "ratio": {name: round(ms / median["bare"], 4) for name, ms in median.items()}}
+def _summary(results: dict[str, list[Any]]) -> dict[str, Any]:
+    """Rounds, every step time (ms), the medians, each median against bare's (µs added, ratio), and, where the
+    runs said, the medians of the threads' CPU a step (ms)."""
+    times = {name: [run["step_ms"] if isinstance(run, dict) else run for run in runs]
+             for name, runs in results.items()}
+    median = {name: statistics.median(values) for name, values in times.items() if values}
+    summary: dict[str, Any] = {
+        "rounds": len(times["bare"]), "step_ms": times, "median_ms": median,
+        "added_us_per_step": {name: round((ms - median["bare"]) * 1e3, 1) for name, ms in median.items()},
+        "ratio": {name: round(ms / median["bare"], 4) for name, ms in median.items()}}
+    cpu = {name: cpu_medians(runs) for name, runs in results.items()
+           if runs and all(isinstance(run, dict) for run in runs)}
+    if cpu:
+        summary["cpu_ms"] = cpu
+    return summary
+
+
+def cpu_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median over ``runs`` of the training thread's CPU, the other threads', and each named thread's (ms a
+    step)."""
+    names = sorted({name for run in runs for name in run.get("threads_cpu_ms", {})})
+    return {"main": round(statistics.median(run["main_cpu_ms"] for run in runs), 4),
+            "other": round(statistics.median(run["other_cpu_ms"] for run in runs), 4),
+            "threads": {name: round(statistics.median(run.get("threads_cpu_ms", {}).get(name, 0.0) for run in runs),
+                                    4) for name in names}}
+
+
+def where_time_goes(job: Any, device: str, out: str, steps: int = 400, top: int = 30) -> dict[str, Any]:
+    """The training thread's time by function (``cProfile``), bare and under perfhooks without windows: each
+    function's own time and calls a step (µs), the top ``top`` by own time. A deterministic profiler inflates
+    Python frames, so the figures place the cost (which calls, how many, which C calls grew), not size it."""
+    found: dict[str, Any] = {}
+    for name in ("bare", "no_window"):
+        profiler = cProfile.Profile()
+        profiler.enable()
+        try:
+            launch_bound_ms(job, PARTS[name], steps, device, out)
+        finally:
+            profiler.disable()
+        stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+        rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+        found[name] = [{"function": f"{Path(file).name}:{line}({function})", "calls": round(calls / steps, 2),
+                        "own_us": round(own / steps * 1e6, 2), "total_us": round(total / steps * 1e6, 2)}
+                       for (file, line, function), (_, calls, own, total, _) in rows]
+    return found
 
 
 def api_calls_per_step(job: Any, device: str, out: str, steps: int = 50) -> dict[str, dict[str, float]]:
@@ -303,7 +384,7 @@ def main() -> None:
         job = launch_bound_job(device, dry)
         steps = 60 if dry else 400
         launch_bound_ms(job, None, 20, device, out)  # warm-up: bare, no window
-        deadline = started + args.budget_s - 15  # the API calls' count, after
+        deadline = started + args.budget_s - 25  # where the time goes and the API calls' count, after
         result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds,
                                            started + 0.3 * args.budget_s,
                                            after_round=lambda so_far: keep("launch_bound", so_far))
@@ -314,10 +395,14 @@ def main() -> None:
                                             deadline, after_round=lambda so_far: keep("lightning_gpt", so_far))
         result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
         save()
+        result["where_time_goes"] = where_time_goes(job, device, out, 40 if dry else 400)
+        save()
         result["api_calls_per_step"] = api_calls_per_step(job, device, out, 10 if dry else 50)  # last: CUPTI
     save()
     for part in ("launch_bound", "lightning_gpt"):
         print(f"{part}: added µs a step {result[part]['added_us_per_step']}; ratio {result[part]['ratio']}")
+        for name, cpu in result[part].get("cpu_ms", {}).items():
+            print(f"  cpu ms a step, {name:18s} main {cpu['main']:.3f} other {cpu['other']:.3f} {cpu['threads']}")
     print(f"api calls a step: {result['api_calls_per_step']}")
     print(f"{'DRY RUN (' + result['why_dry'] + '): figures mean nothing; ' if dry else ''}"
           f"{args.out}/gpu_check.json, {result['seconds']} s")

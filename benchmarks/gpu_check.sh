@@ -3,10 +3,12 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT]        # OUT defaults to gpu_check_out; PYTHON picks the interpreter
 #
-# 1. the CUDA tests (pytest -m cuda), 2. `perfhooks doctor --format json`, 3. benchmarks/gpu_isolate.py: bare, a
-# plain profiler window, perfhooks without windows, its defaults and its defaults with CUPTI left attached, each run
-# in a fresh process, for a launch-bound loop and a host-bound Lightning GPT, 4. benchmarks/gpu_check.py: the same
-# two loops with each of perfhooks' parts switched off in turn (alternating in one process), and the device API
+# 1. the CUDA tests (pytest -m cuda), 2. `perfhooks doctor --format json`, 3. benchmarks/gpu_isolate.py (about
+# 55% of the time left): bare, perfhooks without windows (the loop), its defaults and its defaults with CUPTI left
+# attached, each run in a fresh process, for a launch-bound loop and a host-bound Lightning GPT,
+# 4. benchmarks/gpu_check.py: the same two loops bare, under perfhooks without windows and with each of its parts
+# switched off in turn from there (alternating in one process, with each thread's CPU), where the loop's training
+# thread spends its time (cProfile), and the device API
 # calls a step. Everything lands in OUT/ and is packed into OUT.tar.gz. Without a GPU it is a dry run: the CUDA
 # tests are skipped (said in OUT/pytest.txt), doctor reports the CPU, and the benchmarks run tiny on the CPU to
 # show the script works. Keep a real run's figures in benchmarks/results/ with the card's name.
@@ -30,13 +32,13 @@ timeout 60 "$PY" -m perfhooks doctor --format json > "$OUT/doctor.json" 2> "$OUT
 echo "doctor: exit $?"
 if [ -n "$GPU" ]; then DRY=(); else DRY=(--dry-run); fi
 LEFT=$(( 450 - SECONDS ))  # the 8 minutes less what the tests and doctor took, and 30 s to pack
-ISOLATE=$(( LEFT * 65 / 100 ))
+ISOLATE=$(( LEFT * 55 / 100 ))
 [ "$ISOLATE" -lt 60 ] && ISOLATE=60
 timeout $(( ISOLATE + 40 )) "$PY" benchmarks/gpu_isolate.py --out "$OUT" --budget-s "$ISOLATE" "${DRY[@]}" 2>&1 \
     | grep -v Warning | tail -12
 BUDGET=$(( 450 - SECONDS ))
 [ "$BUDGET" -lt 90 ] && BUDGET=90
 timeout $(( BUDGET + 20 )) "$PY" benchmarks/gpu_check.py --out "$OUT" --budget-s "$BUDGET" "${DRY[@]}" 2>&1 \
-    | grep -v Warning | tail -5
+    | grep -v Warning | tail -16
 tar czf "$OUT.tar.gz" "$OUT"
 echo "packed: $OUT.tar.gz"
