@@ -53,8 +53,11 @@ from machine import describe_machine  # noqa: E402
 #: perfhooks' parts, each switched off in turn from perfhooks without windows (the settings that do it). No
 #: variant opens a window, so the variants can share one process whatever a window leaves behind (CUPTI);
 #: ``gpu_isolate.py`` measures the defaults, window included, each run in a fresh process.
-#: ``HOST_CLOCK`` is the benchmark's own switch, not a setting: steps timed on the host, no device event at all.
+#: ``HOST_CLOCK`` and ``TORCH_TIMER`` are the benchmark's own switches, not settings: steps timed on the host (no
+#: device event at all); the timing reader reading intervals through torch's ``elapsed_time`` (which holds the GIL)
+#: rather than its own GIL-free timer.
 HOST_CLOCK = "host_clock"
+TORCH_TIMER = "torch_timer"
 PARTS: dict[str, dict[str, Any] | None] = {
     "bare": None,
     "no_window": {"schedule": None},
@@ -62,6 +65,7 @@ PARTS: dict[str, dict[str, Any] | None] = {
     "no_memory": {"schedule": None, "memory": False},
     "no_flop_count": {"schedule": None, "count_flops": False},
     "no_device_events": {"schedule": None, HOST_CLOCK: True},
+    "torch_timer": {"schedule": None, TORCH_TIMER: True},
 }
 
 #: The measured span starts at this step at the earliest, after the default window (steps 8-12).
@@ -87,13 +91,18 @@ class _HostClockOnly:
 def perfhooks_settings(settings: dict[str, Any] | None) -> Iterator[dict[str, Any] | None]:
     """``settings`` without the benchmark's own switches, with the engine patched as they ask while it is built
     (the engine makes its clock when it starts)."""
-    if not settings or not settings.get(HOST_CLOCK):
+    if not settings or not (settings.get(HOST_CLOCK) or settings.get(TORCH_TIMER)):
         yield settings
         return
     import perfhooks.runtime.engine as engine
+    from perfhooks.device.room import DeviceRoom
 
-    with mock.patch.object(engine, "DeviceClock", _HostClockOnly):
-        yield {key: value for key, value in settings.items() if key != HOST_CLOCK}
+    with contextlib.ExitStack() as patches:
+        if settings.get(HOST_CLOCK):
+            patches.enter_context(mock.patch.object(engine, "DeviceClock", _HostClockOnly))
+        if settings.get(TORCH_TIMER):
+            patches.enter_context(mock.patch.object(DeviceRoom, "thread_timer", lambda room: None))
+        yield {key: value for key, value in settings.items() if key not in (HOST_CLOCK, TORCH_TIMER)}
 
 
 # ----------------------------------------------------------------------------- 1. the launch-bound loop
@@ -360,10 +369,12 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="tiny, on the CPU, one round")
     parser.add_argument("--budget-s", type=float, default=280.0,
                         help="seconds for the whole script; rounds stop early to keep within it (default 280)")
+    parser.add_argument("--loops", nargs="+", default=["launch_bound", "lightning_gpt"],
+                        choices=["launch_bound", "lightning_gpt"], help="the loops to alternate (default both)")
     args = parser.parse_args()
     dry = args.dry_run or not torch.cuda.is_available()
     device = "cpu" if dry else "cuda"
-    rounds = 1 if dry else max(5, args.rounds)
+    rounds = 1 if dry else max(5, args.rounds)  # the deadline, not the count, ends most real runs
     result: dict[str, Any] = {"machine": describe_machine(), "device": device, "dry_run": dry,
                               "card": torch.cuda.get_device_name(0) if not dry else None, "torch": torch.__version__}
     if dry:
@@ -385,21 +396,24 @@ def main() -> None:
         steps = 60 if dry else 400
         launch_bound_ms(job, None, 20, device, out)  # warm-up: bare, no window
         deadline = started + args.budget_s - 25  # where the time goes and the API calls' count, after
-        result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds,
-                                           started + 0.3 * args.budget_s,
-                                           after_round=lambda so_far: keep("launch_bound", so_far))
-        result["launch_bound"]["target"] = "at most +50 us a step (defaults)"
-        save()
-        gpt_steps = FIRST_TIMED_STEP + (4 if dry else 40)
-        result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds,
-                                            deadline, after_round=lambda so_far: keep("lightning_gpt", so_far))
-        result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
-        save()
+        if "launch_bound" in args.loops:
+            share = 0.3 if "lightning_gpt" in args.loops else 1.0
+            result["launch_bound"] = alternate(lambda s: launch_bound_ms(job, s, steps, device, out), rounds,
+                                               min(deadline, started + share * args.budget_s),
+                                               after_round=lambda so_far: keep("launch_bound", so_far))
+            result["launch_bound"]["target"] = "at most +50 us a step (defaults)"
+            save()
+        if "lightning_gpt" in args.loops:
+            gpt_steps = FIRST_TIMED_STEP + (4 if dry else 40)
+            result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds,
+                                                deadline, after_round=lambda so_far: keep("lightning_gpt", so_far))
+            result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
+            save()
         result["where_time_goes"] = where_time_goes(job, device, out, 40 if dry else 400)
         save()
         result["api_calls_per_step"] = api_calls_per_step(job, device, out, 10 if dry else 50)  # last: CUPTI
     save()
-    for part in ("launch_bound", "lightning_gpt"):
+    for part in args.loops:
         print(f"{part}: added µs a step {result[part]['added_us_per_step']}; ratio {result[part]['ratio']}")
         for name, cpu in result[part].get("cpu_ms", {}).items():
             print(f"  cpu ms a step, {name:18s} main {cpu['main']:.3f} other {cpu['other']:.3f} {cpu['threads']}")

@@ -21,7 +21,7 @@ def test_the_gpu_check_dry_run_writes_every_part(tmp_path: Path) -> None:
     assert result["dry_run"] is True and result["why_dry"] in ("no CUDA device", "--dry-run")
     for part in ("launch_bound", "lightning_gpt"):
         assert set(result[part]["ratio"]) == {"bare", "no_window", "no_nvtx", "no_memory", "no_flop_count",
-                                              "no_device_events"}
+                                              "no_device_events", "torch_timer"}
         assert result[part]["rounds"] == 1
         assert set(result[part]["cpu_ms"]) == set(result[part]["ratio"])
         assert all(cpu["main"] > 0 and cpu["other"] >= 0 and isinstance(cpu["threads"], dict)
@@ -44,8 +44,8 @@ def _gpu_check() -> Any:
 
 
 def test_rounds_stop_before_the_one_that_would_overrun_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each run takes 1 s of a manual clock, 6 runs a round: with a deadline at 15 s, the second round (ending at
-    12 s) runs and the third (18 s) is not begun. The first round always runs."""
+    """Each run takes 1 s of a manual clock, 7 runs a round: with 20 s left after the first round, the second
+    (ending at 14 s) runs and the third (21 s) is not begun. The first round always runs."""
     gpu_check = _gpu_check()
     now = [0.0]
 
@@ -53,8 +53,8 @@ def test_rounds_stop_before_the_one_that_would_overrun_the_budget(monkeypatch: p
         now[0] += 1.0
         return 2.0 if settings is None else 2.5
 
-    result = gpu_check.alternate(measure, rounds=5, deadline=15.0, clock=lambda: now[0])
-    assert result["rounds"] == 2 and now[0] == 12.0
+    result = gpu_check.alternate(measure, rounds=5, deadline=20.0, clock=lambda: now[0])
+    assert result["rounds"] == 2 and now[0] == 14.0
     assert result["ratio"]["no_nvtx"] == 1.25 and result["added_us_per_step"]["no_window"] == 500.0
     assert gpu_check.alternate(measure, rounds=5, deadline=-1.0, clock=lambda: now[0])["rounds"] == 1
 

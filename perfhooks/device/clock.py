@@ -19,11 +19,14 @@ query, and one query of a step's newest mark answers for the whole step.
 The device calls of a step (counted on the simulated GPU by ``tests/device/test_device_calls.py``): one capture
 check when it opens (:meth:`DeviceClock.step_opening`), one event record per mark (a step's end is the next
 step's start: :meth:`DeviceClock.share`), about one query, and one ``elapsed_time`` per mark after the first, read
-against the step's first mark (:meth:`DeviceClock.reader`).
+against the step's first mark (:meth:`DeviceClock.reader`). On CUDA the timing reader's thread reads them through
+one ``cudaEventElapsedTime`` each, which releases the GIL (:meth:`DeviceClock.bind_reader`); torch's
+``elapsed_time`` holds it for three runtime calls.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +79,11 @@ class HostClock:
     def step_opening(self) -> None:
         """A step opens (the device clock checks for a graph capture here, once)."""
 
+    def bind_reader(self) -> bool:
+        """The calling thread reads the step timings from here on; whether it got a timer of its own (host marks
+        need none)."""
+        return False
+
     def quiet(self) -> bool:
         """Another thread may ask the device about marks now (no capture may be under way)."""
         return True
@@ -103,12 +111,38 @@ class DeviceClock(HostClock):
         self._clear = True
         self._record = room.current_recorder()
         self.mark = self._record_mark
+        #: ``(thread id, timer)``: the thread that reads the step timings and its GIL-free interval timer
+        #: (:meth:`bind_reader`); every other thread asks torch.
+        self._timer: tuple[int, Callable[[Any, Any], float | None]] | None = None
+        self._timer_checked = False
         room.when_lost(self._lost)
         room.follow_captures()
 
     def _lost(self) -> None:
         self._pool.clear()
         self._clear = False
+        self._timer = None
+
+    def bind_reader(self) -> bool:
+        """The calling thread reads the step timings from here on: on CUDA, its intervals go through a timer that
+        releases the GIL and makes one runtime call (``DeviceRoom.thread_timer``), checked once against torch's.
+        Whether there is one."""
+        timer = self.room.thread_timer()
+        self._timer = (threading.get_ident(), timer) if timer is not None else None
+        return timer is not None
+
+    def _timed(self, start: Any, end: Any) -> float | None:
+        """The bound reader's interval, or None (not that thread, no timer, or it could not say)."""
+        timer = self._timer
+        if timer is None or timer[0] != threading.get_ident():
+            return None
+        ms = timer[1](start, end)
+        if ms is not None and not self._timer_checked:  # its first answer, against torch's (same call beneath)
+            self._timer_checked = True
+            if abs(ms - self.room.elapsed_ms(start, end)) > 1e-3:
+                self._timer = None
+                return None
+        return ms
 
     def step_opening(self) -> None:
         self._clear = self.room.usable()  # the step's one capture check (not lost, the stream not capturing)
@@ -152,6 +186,10 @@ class DeviceClock(HostClock):
     def elapsed_ms(self, start: Mark, end: Mark) -> float:
         if start.event is not None and end.event is not None and self.room.lost is None:
             try:
+                if self._timer is not None:
+                    ms = self._timed(start.event, end.event)
+                    if ms is not None:
+                        return ms
                 return self.room.elapsed_ms(start.event, end.event)
             except DeviceLost:
                 pass

@@ -4,7 +4,9 @@
 - the allocator snapshot (``torch.cuda.memory._snapshot``) and its HTML plot (``torch.cuda._memory_viz``);
 - the OOM observer (``_cuda_attach_out_of_memory_observer``; torch cannot detach one);
 - the Nsight Systems capture range (``cudaProfilerStart``/``cudaProfilerStop``);
-- allocation tags (``_set_memory_metadata``): the phase each allocation was made in, shown by the snapshot.
+- allocation tags (``_set_memory_metadata``): the phase each allocation was made in, shown by the snapshot;
+- an interval timer for completed events that releases the GIL (``cudaEventElapsedTime`` through ctypes, from the
+  ``libcudart`` torch loaded).
 
 A missing API makes the feature say so once (the caller's ``Once``) and step aside; nothing here raises
 ``AttributeError`` into a run.
@@ -12,6 +14,9 @@ A missing API makes the feature say so once (the caller's ``Once``) and step asi
 
 from __future__ import annotations
 
+import ctypes
+import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -94,3 +99,63 @@ def tags_supported() -> bool:
 def tag_allocations(tag: str) -> None:
     """Attach ``tag`` to every allocation from now on (shown in the snapshot); ``""`` clears it."""
     _torch().cuda.memory._set_memory_metadata(tag)
+
+
+#: ``timer(start, end)``: ms between two completed events, or None when it could not say (the caller asks torch).
+EventTimer = Callable[[Any, Any], "float | None"]
+
+
+def _loaded_library(stem: str) -> str | None:
+    """The path of the first library mapped into this process whose file name starts with ``stem`` (Linux)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if os.path.basename(path).startswith(stem):
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def event_timer(index: int) -> EventTimer | None:
+    """An interval timer for the calling thread, bound to device ``index`` (its current device there is set once,
+    so that no other device's context is made): ``cudaEventElapsedTime`` on two events' handles, called through
+    ctypes from the ``libcudart`` torch already loaded.
+
+    torch's ``Event.elapsed_time`` holds the GIL and queries both events first (``c10::Event::elapsedTime``):
+    three runtime calls a mark, a few µs each, taken from a host-bound training thread by the thread that reads
+    step timings. A ctypes call releases the GIL and makes the one call. For completed events only (the reader
+    queries a step's newest mark first). None where this cannot work: not Linux, a HIP build, no ``libcudart``
+    mapped into the process, or the device cannot be set."""
+    torch = _torch()
+    if not sys.platform.startswith("linux") or getattr(torch.version, "hip", None):
+        return None
+    path = _loaded_library("libcudart.so")
+    if path is None:
+        return None
+    try:
+        library = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
+        elapsed, set_device, last_error = (library.cudaEventElapsedTime, library.cudaSetDevice,
+                                           library.cudaGetLastError)
+    except (OSError, AttributeError):
+        return None
+    elapsed.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
+    elapsed.restype = set_device.restype = last_error.restype = ctypes.c_int
+    set_device.argtypes = [ctypes.c_int]
+    if set_device(index) != 0:
+        last_error()  # leave no error behind on this thread
+        return None
+    result = ctypes.c_float()
+    into = ctypes.byref(result)
+
+    def timer(start: Any, end: Any) -> float | None:
+        first, second = getattr(start, "event_id", None), getattr(end, "event_id", None)
+        if not first or not second:
+            return None
+        if elapsed(into, first, second) != 0:
+            last_error()
+            return None
+        return float(result.value)
+
+    return timer

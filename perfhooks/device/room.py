@@ -256,6 +256,18 @@ class DeviceRoom:
         """Device time between two completed events (ms)."""
         return float(start.elapsed_time(end))
 
+    def thread_timer(self) -> Any:
+        """An interval timer for completed events for the calling thread, which releases the GIL
+        (:func:`~perfhooks.device.cuda_extras.event_timer`; CUDA only), or None."""
+        if not self.is_cuda or self.lost is not None:
+            return None
+        from perfhooks.device import cuda_extras
+
+        try:
+            return cuda_extras.event_timer(self.index)  # type: ignore[arg-type]
+        except Exception:  # an unexpected ctypes failure: torch's timer serves
+            return None
+
     @_device_call
     def wait(self, event: Any, deadline: float) -> bool:
         """Poll until ``event`` completes or ``time.monotonic()`` passes ``deadline``; whether it completed.

@@ -7,8 +7,11 @@ each call is time taken from the step, so they are made here, every :data:`READ_
 :meth:`PendingSteps.resolve <perfhooks.runtime.steps.PendingSteps.resolve>`; the training thread only collects
 the resolved timings at each step's end. Nothing is asked while a CUDA graph capture may be under way.
 
-It wakes :data:`READ_EVERY_S` apart and holds the GIL for the reads of the steps since the last wake (tens of
-µs for a few steps): a small share of a second, measured in ``benchmarks/gil_share.py``.
+It wakes :data:`READ_EVERY_S` apart and reads the steps since the last wake. On CUDA each interval is one
+``cudaEventElapsedTime`` that releases the GIL (:meth:`DeviceClock.bind_reader
+<perfhooks.device.clock.DeviceClock.bind_reader>`): on an H100, torch's ``elapsed_time`` (which holds the GIL for
+three runtime calls) had this thread run 0.12 ms for each 2 ms step of a launch-bound loop. Its share of each
+second is measured by ``benchmarks/sim_step_cost.py`` on the simulation and ``benchmarks/gpu_check.py`` on a GPU.
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ class TimingReader:
         self.pending.background = False
 
     def _run(self) -> None:
+        try:
+            self.pending.clock.bind_reader()  # CUDA: intervals read without holding the GIL
+        except Exception as error:
+            self.faults.report("timing_reader", error)
         while not self._stop.wait(self.every_s):
             try:
                 self.pending.resolve()
