@@ -4,9 +4,9 @@
 
 1. **A launch-bound loop** (4 x Linear(1024), batch 64, fused Adam: a ~1-2 ms step of small kernels), bare and under
    ``perfhooks.profile`` without windows, then with each of its parts switched off in turn from there (NVTX, the
-   memory monitor, the FLOP count, the device events, the reader's own timer: :data:`PARTS`), alternating round after round, with the
-   CPU time a step of the training thread, of the other threads and of each named one (perfhooks' are
-   ``perfhooks-*``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
+   memory monitor, the FLOP count, the device events, the reader's own timer: :data:`PARTS`), alternating round
+   after round, with the CPU time a step of the training thread, of the other threads and of each named one
+   (perfhooks' are ``perfhooks-*``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
    2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants and alternation.
    Target: an alternating ratio of at most 1.01.
