@@ -111,9 +111,9 @@ class DeviceClock(HostClock):
         self._clear = True
         self._record = room.current_recorder()
         self.mark = self._record_mark
-        #: ``(thread id, timer)``: the thread that reads the step timings and its GIL-free interval timer
-        #: (:meth:`bind_reader`); every other thread asks torch.
-        self._timer: tuple[int, Callable[[Any, Any], float | None]] | None = None
+        #: ``(thread id, timer)``: the thread that reads the step timings and its GIL-free interval timer, None
+        #: until its first interval (:meth:`bind_reader`); every other thread asks torch.
+        self._timer: tuple[int, Callable[[Any, Any], float | None] | None] | None = None
         self._timer_checked = False
         room.when_lost(self._lost)
         room.follow_captures()
@@ -126,17 +126,23 @@ class DeviceClock(HostClock):
     def bind_reader(self) -> bool:
         """The calling thread reads the step timings from here on: on CUDA, its intervals go through a timer that
         releases the GIL and makes one runtime call (``DeviceRoom.thread_timer``), checked once against torch's.
-        Whether there is one."""
-        timer = self.room.thread_timer()
-        self._timer = (threading.get_ident(), timer) if timer is not None else None
-        return timer is not None
+        The timer is made at the first interval, once torch has made the events (and so the device's context):
+        nothing here initializes CUDA before the user's program does. Whether the device may have one."""
+        self._timer = (threading.get_ident(), None) if self.room.is_cuda else None
+        return self._timer is not None
 
     def _timed(self, start: Any, end: Any) -> float | None:
         """The bound reader's interval, or None (not that thread, no timer, or it could not say)."""
-        timer = self._timer
-        if timer is None or timer[0] != threading.get_ident():
+        bound = self._timer
+        if bound is None or bound[0] != threading.get_ident():
             return None
-        ms = timer[1](start, end)
+        timer = bound[1]
+        if timer is None:  # the first interval: the events exist, so does the device's context
+            timer = self.room.thread_timer()
+            self._timer = (bound[0], timer) if timer is not None else None
+            if timer is None:
+                return None
+        ms = timer(start, end)
         if ms is not None and not self._timer_checked:  # its first answer, against torch's (same call beneath)
             self._timer_checked = True
             if abs(ms - self.room.elapsed_ms(start, end)) > 1e-3:

@@ -258,10 +258,14 @@ class DeviceRoom:
 
     def thread_timer(self) -> Any:
         """An interval timer for completed events for the calling thread, which releases the GIL
-        (:func:`~perfhooks.device.cuda_extras.event_timer`; CUDA only), or None."""
+        (:func:`~perfhooks.device.cuda_extras.event_timer`; CUDA only, once torch has initialized it: the timer
+        sets the thread's device, which would otherwise make a context), or None."""
         if not self.is_cuda or self.lost is not None:
             return None
         from perfhooks.device import cuda_extras
+
+        if not cuda_extras.is_initialized():
+            return None
 
         try:
             return cuda_extras.event_timer(self.index)  # type: ignore[arg-type]

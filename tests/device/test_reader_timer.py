@@ -65,3 +65,34 @@ def test_no_timer_where_no_cuda_runtime_is_loaded() -> None:
     assert cuda_extras.event_timer(0) is None
     libc = cuda_extras._loaded_library("libc.so") or cuda_extras._loaded_library("libc-")
     assert libc is not None and Path(libc).exists()
+
+
+def test_the_timer_is_made_at_the_first_interval_not_when_the_reader_starts(
+        tmp_path: Path, on_cuda: SimulatedGpu, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the timer sets the reader thread's device, which would initialize CUDA in a process whose program has
+    not yet (a fork after it would then break the user's workers): it waits for the first interval to read, whose
+    events torch made. Then it is made once."""
+    import time
+
+    import perfhooks
+
+    made: list[str] = []
+    calls: collections.Counter[str] = collections.Counter()
+    timer_for = _sim_timer(calls)
+
+    def thread_timer(room: DeviceRoom) -> Any:
+        made.append(threading.current_thread().name)
+        return timer_for(room)
+
+    monkeypatch.setattr(DeviceRoom, "thread_timer", thread_timer)
+    engine = perfhooks.Engine(perfhooks.PerfConfig(console=False, schedule=None, on_demand=False), tmp_path,
+                              "test", device="cuda:0")
+    time.sleep(0.05)  # the reader has started and read several times: nothing to read yet
+    assert made == []
+    for _ in range(5):
+        engine.phase_start("forward")
+        engine.phase_start("backward")
+        engine.step_end()
+    time.sleep(0.1)
+    engine.close()
+    assert made == ["perfhooks-timings"] and calls["perfhooks-timings"] > 0
