@@ -7,6 +7,7 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ from simulated_gpu import simulated_cuda
 from perfhooks.cli.doctor import doctor
 
 DEVICE_CHECKS = ("device timing", "event cost", "memory stats", "memory history", "memory snapshot", "oom observer")
+#: Skipped on the simulation too: it maps no CUDA runtime library (tested with a stand-in timer below).
+DEVICE_CHECKS_CUDA_RUNTIME = ("reader timer",)
 
 
 def _by_name(document: dict) -> dict[str, dict]:
@@ -30,7 +33,7 @@ def test_on_this_cpu_machine_it_passes_and_skips_the_device_with_the_reason(tmp_
     assert len(document["checks"]) >= 10
     assert all(set(check) == {"name", "status", "detail", "figure"} for check in document["checks"])
     checks = _by_name(document)
-    for name in DEVICE_CHECKS:
+    for name in DEVICE_CHECKS + DEVICE_CHECKS_CUDA_RUNTIME:
         assert checks[name]["status"] == "skip" and "torch.cuda.is_available() is False" in checks[name]["detail"]
     for framework in ("lightning", "transformers", "accelerate", "torch"):
         check = checks[f"version: {framework}"]
@@ -46,6 +49,25 @@ def test_on_the_simulated_gpu_every_device_check_runs_and_passes() -> None:
         assert checks[name]["status"] == "pass", checks[name]
     assert 0.9 <= checks["device timing"]["figure"]["ratio"] <= 1.1
     assert checks["cupti"]["status"] == "warn", "a CPU build of torch records no CUDA activity"
+    assert checks["reader timer"]["status"] == "skip" and "no CUDA runtime library" in checks["reader timer"]["detail"]
+
+
+@pytest.mark.parametrize(("skew_ms", "status"), [(0.0, "pass"), (5.0, "warn")])
+def test_the_reader_timer_check_compares_the_timer_with_torch(skew_ms: float, status: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in for the ctypes timer (the simulation's interval, read without a device call): agreeing with
+    torch it passes; 5 ms off it warns, naming both figures."""
+    from perfhooks.device.room import DeviceRoom
+
+    def thread_timer(room: DeviceRoom) -> Any:
+        return lambda start, end: (end._completes_at - start._completes_at) * 1e3 * start._gpu.event_time_scale \
+            + skew_ms
+
+    monkeypatch.setattr(DeviceRoom, "thread_timer", thread_timer)
+    with simulated_cuda():
+        check = _by_name(doctor("cuda:0"))["reader timer"]
+    assert check["status"] == status, check
+    assert abs(check["figure"]["timer_ms"] - check["figure"]["torch_ms"] - skew_ms) < 1e-3
 
 
 @pytest.mark.parametrize(("cuda_version", "environ", "status", "detached"), [

@@ -107,23 +107,49 @@ def _poll_ms(room: Any, event: Any, started_ns: int, deadline_s: float) -> float
 
 def timing_checks(device: str | None) -> list[Check]:
     room, why = _cuda(device)
-    names = ("device timing", "event cost")
+    names = ("device timing", "event cost", "reader timer")
     if room is None:
         return [Check(name, SKIP, why or "") for name in names]
     import torch
 
     sleep = getattr(torch.cuda, "_sleep", None)
     if sleep is None:
-        return [Check(names[0], SKIP, "this torch has no torch.cuda._sleep to time"), _event_cost(room)]
+        return [Check(names[0], SKIP, "this torch has no torch.cuda._sleep to time"), _event_cost(room),
+                _reader_timer(room, None)]
     try:
         ratio, event_ms, host_ms = _time_known_kernel(room, sleep)
     except TimeoutError as error:
-        return [Check(names[0], FAIL, str(error)), _event_cost(room)]
+        return [Check(names[0], FAIL, str(error)), _event_cost(room), _reader_timer(room, sleep)]
     figure = {"event_ms": round(event_ms, 3), "host_ms": round(host_ms, 3), "ratio": round(ratio, 4)}
     good = abs(event_ms - host_ms) <= TIMING_TOLERANCE * host_ms + POLL_SLACK_MS
     detail = (f"a {host_ms:.1f} ms kernel (host clock, polled) reads {event_ms:.1f} ms on the device's events; "
               f"allowed {TIMING_TOLERANCE:.0%} + {POLL_SLACK_MS:g} ms; no synchronize used")
-    return [Check(names[0], PASS if good else FAIL, detail, figure), _event_cost(room)]
+    return [Check(names[0], PASS if good else FAIL, detail, figure), _event_cost(room), _reader_timer(room, sleep)]
+
+
+def _reader_timer(room: Any, sleep: Any) -> Check:
+    """The timing reader's own interval timer (``DeviceRoom.thread_timer``): there, and agreeing with torch's
+    ``elapsed_time`` on a short kernel."""
+    timer = room.thread_timer()
+    if timer is None:
+        return Check("reader timer", SKIP, "no CUDA runtime library found mapped into this process: the timing "
+                     "reader reads intervals through torch's elapsed_time, which holds the GIL for three runtime "
+                     "calls a mark")
+    start, end = room.new_event(), room.new_event()
+    room.record(start)
+    if sleep is not None:
+        sleep(100_000)
+    room.record(end)
+    if not room.wait(end, time.monotonic() + 10.0):
+        return Check("reader timer", FAIL, "two events around a short kernel did not complete within 10 s")
+    ms, torch_ms = timer(start, end), room.elapsed_ms(start, end)
+    figure = {"timer_ms": ms, "torch_ms": round(torch_ms, 6)}
+    if ms is None or abs(ms - torch_ms) > 1e-3:
+        return Check("reader timer", WARN, f"cudaEventElapsedTime through ctypes read {ms} ms where torch read "
+                     f"{torch_ms:.6f} ms: perfhooks drops it at its first answer and reads through torch (the "
+                     "GIL held for three runtime calls a mark)", figure)
+    return Check("reader timer", PASS, "the timing reader reads each interval with one cudaEventElapsedTime "
+                 f"that releases the GIL ({ms:.4f} ms, as torch's elapsed_time reads it)", figure)
 
 
 def _time_known_kernel(room: Any, sleep: Any) -> tuple[float, float, float]:
