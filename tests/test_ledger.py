@@ -54,8 +54,12 @@ def test_a_slow_loaders_cost_is_its_gain_times_the_runs_hours(tmp_path: Path, mo
     gain = slow["estimated_gain"]
     assert gain > 0.5  # 12 ms of a ~12.2 ms step
     assert slow["cost"]["device_hours"] == pytest.approx(gain * run["training_s"] / 3600, abs=1e-6)
-    # the steps are the run's time in a plain loop: the wall time the issue names, within what the loop adds
-    assert slow["cost"]["device_hours"] == pytest.approx(gain * run["wall_s"] / 3600, rel=0.02)
+    # the steps are most of the run's time in a plain loop (the wall time the issue names): what lies outside them,
+    # the run's start and close, is measured in the same run (a 2% margin once failed with both cores busy)
+    outside_s = run["wall_s"] - run["training_s"]
+    assert 0.0 <= outside_s <= 0.2 * run["wall_s"], run
+    assert slow["cost"]["device_hours"] == pytest.approx(gain * run["wall_s"] / 3600,
+                                                         abs=gain * outside_s / 3600 + 1e-6)
     assert slow["cost"]["money"] == pytest.approx(slow["cost"]["device_hours"] * 2.5, abs=1e-4)
     # the table, the page and the diff say it
     phrase = cost_phrase(slow)
