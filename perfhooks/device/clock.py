@@ -207,18 +207,28 @@ class DeviceClock(HostClock):
         if origin.event is None:
             return self.elapsed_ms
         offsets: dict[int, float] = {id(origin): 0.0}
+        elapsed, room = self.elapsed_ms, self.room
+        bound = self._timer
+        if (bound is not None and bound[1] is not None and self._timer_checked
+                and bound[0] == threading.get_ident()):  # the reader's checked timer, called directly
+            timer = bound[1]
 
-        def offset(mark: Mark) -> float:
-            key = id(mark)
-            found = offsets.get(key)
-            if found is None:
-                found = offsets[key] = self.elapsed_ms(origin, mark)
-            return found
+            def read(first: Mark, mark: Mark) -> float:
+                ms = timer(first.event, mark.event)
+                return ms if ms is not None else elapsed(first, mark)
+        else:
+            read = elapsed
 
         def interval(start: Mark, end: Mark) -> float:
-            if start.event is None or end.event is None or self.room.lost is not None:
+            if start.event is None or end.event is None or room.lost is not None:
                 return (end.host_ns - start.host_ns) / 1e6
-            return offset(end) - offset(start)
+            at_start = offsets.get(id(start))
+            if at_start is None:
+                at_start = offsets[id(start)] = read(origin, start)
+            at_end = offsets.get(id(end))
+            if at_end is None:
+                at_end = offsets[id(end)] = read(origin, end)
+            return at_end - at_start
 
         return interval
 

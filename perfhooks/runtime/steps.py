@@ -128,31 +128,38 @@ class PendingSteps:
             self.discard(record)
 
     def _resolve_ready(self, sink: Callable[[StepTiming], None]) -> None:
-        """Give ``sink`` each step at the head of the queue whose marks have all completed, in order."""
+        """Give ``sink`` each step at the head of the queue whose marks have all completed, in order (each step's
+        marks gathered once, for the check and the release)."""
         queue = self._queue
-        if len(queue) > 1 and self.clock.device_timed:
-            self._ready(queue[-1])  # when the newest step is done, so is every older one on its streams
+        if not self.clock.device_timed:
+            while queue:
+                sink(self._resolve(queue.popleft()))
+            return
+        if len(queue) > 1:
+            self._ready(self._marks(queue[-1]))  # when the newest step is done, so is every older one on its streams
+        release = self.clock.release
         while queue:
             record = queue[0]
-            if not self._ready(record):
+            marks = self._marks(record)
+            if not self._ready(marks):
                 return
             queue.popleft()
             sink(self._resolve(record))
-            self.discard(record)
+            for mark in marks:
+                release(mark)
 
-    def _ready(self, record: StepRecord) -> bool:
-        """Every mark of the step has completed. The newest is asked first: once it has, every older mark on its
-        stream has too and costs no query; marks on another stream (a forward under ``torch.cuda.stream(s)``,
-        which may complete after the step's end) are asked for themselves."""
-        if not self.clock.device_timed:
-            return True
+    def _ready(self, marks: list[Any]) -> bool:
+        """Every mark of a step has completed. The newest is asked first (``marks`` is in the order they were
+        taken): once it has, every older mark on its stream has too and costs no query; marks on another stream (a
+        forward under ``torch.cuda.stream(s)``, which may complete after the step's end) are asked for themselves.
+        """
         ready = self.clock.ready
-        marks = sorted(self._marks(record), key=_newest_first)
-        return all(ready(mark) for mark in marks)
+        return all(ready(mark) for mark in reversed(marks))
 
     @staticmethod
     def _marks(record: StepRecord) -> list[Any]:
-        """The step's distinct marks (a phase's end is the next phase's start: one mark)."""
+        """The step's distinct marks, in the order they were taken but for an aside's (a phase's end is the next
+        phase's start: one mark)."""
         marks = {id(record.start): record.start}
         for _, start, end in record.intervals:
             marks.setdefault(id(start), start)
@@ -194,6 +201,3 @@ class PendingSteps:
         for mark in self._marks(record):
             self.clock.release(mark)
 
-
-def _newest_first(mark: Any) -> int:
-    return -mark.host_ns
