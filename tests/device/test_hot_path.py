@@ -30,7 +30,10 @@ MAX_PLAIN_LOOP_CALLS = 60
 #: them callback hooks, timed in the first 32 steps and then one step in 16; 183 when every step timed them).
 MAX_LIGHTNING_CALLS = 90
 WARM_STEPS, MEASURED_STEPS = 30, 40
-SETTINGS: dict[str, Any] = {"console": False, "schedule": None, "on_demand": False}
+#: The memory monitor samples on time (``memory_poll_s``), not per step: on a loaded machine whose steps take tens
+#: of ms, every step would sample and the count would follow the machine's speed (90.7 against 90 once, with both
+#: cores busy). A poll longer than the run leaves only its first sample, so the count is the steps' own.
+SETTINGS: dict[str, Any] = {"console": False, "schedule": None, "on_demand": False, "memory_poll_s": 3600.0}
 #: Where perfhooks' code is: the engine and its integrations (installed as ``perfhooks.integrations``).
 PACKAGES = (str(Path(perfhooks.__file__).parent), str(Path(perfhooks.integrations.__file__).parent))
 
