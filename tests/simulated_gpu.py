@@ -256,6 +256,11 @@ class SimEvent:
             raise torch.AcceleratorError(MSG_OTHER_DEVICE)
         return (end._completes_at - self._completes_at) * 1e3 * self._gpu.event_time_scale
 
+    def raw_elapsed_ms(self, end: SimEvent) -> float:
+        """What ``cudaEventElapsedTime`` gives for two completed events, read without a device call: the
+        stand-in for perfhooks' ctypes timer (``cuda_extras.event_timer``), which this simulation cannot reach."""
+        return (end._completes_at - self._completes_at) * 1e3 * self._gpu.event_time_scale  # type: ignore[operator]
+
     def synchronize(self) -> None:
         gpu = self._gpu
         gpu._check("Event.synchronize")

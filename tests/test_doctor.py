@@ -60,8 +60,7 @@ def test_the_reader_timer_check_compares_the_timer_with_torch(skew_ms: float, st
     from perfhooks.device.room import DeviceRoom
 
     def thread_timer(room: DeviceRoom) -> Any:
-        return lambda start, end: (end._completes_at - start._completes_at) * 1e3 * start._gpu.event_time_scale \
-            + skew_ms
+        return lambda start, end: start.raw_elapsed_ms(end) + skew_ms
 
     monkeypatch.setattr(DeviceRoom, "thread_timer", thread_timer)
     with simulated_cuda():

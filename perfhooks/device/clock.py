@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfhooks.device import capture_watch
+from perfhooks.device.cuda_extras import TIMER_TOLERANCE_MS
 from perfhooks.device.room import DeviceRoom
 from perfhooks.faults import DeviceLost
 from perfhooks.timebase import monotonic_ns
@@ -145,7 +146,7 @@ class DeviceClock(HostClock):
         ms = timer(start, end)
         if ms is not None and not self._timer_checked:  # its first answer, against torch's (same call beneath)
             self._timer_checked = True
-            if abs(ms - self.room.elapsed_ms(start, end)) > 1e-3:
+            if abs(ms - self.room.elapsed_ms(start, end)) > TIMER_TOLERANCE_MS:
                 self._timer = None
                 return None
         return ms

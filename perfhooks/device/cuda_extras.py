@@ -103,6 +103,9 @@ def tag_allocations(tag: str) -> None:
 
 #: ``timer(start, end)``: ms between two completed events, or None when it could not say (the caller asks torch).
 EventTimer = Callable[[Any, Any], "float | None"]
+#: The most an event timer's answer may differ from torch's ``elapsed_time`` for the same events (ms): the same
+#: runtime call beneath, so any difference means the timer reads something else.
+TIMER_TOLERANCE_MS = 1e-3
 
 
 def _loaded_library(stem: str) -> str | None:

@@ -25,7 +25,7 @@ def _sim_timer(calls: collections.Counter[str], skew_ms: float = 0.0) -> Any:
         def timer(start: Any, end: Any) -> float:
             calls[threading.current_thread().name] += 1
             skew = skew_ms if sum(calls.values()) == 1 else 0.0
-            return (end._completes_at - start._completes_at) * 1e3 * start._gpu.event_time_scale + skew
+            return start.raw_elapsed_ms(end) + skew
 
         return timer
 
