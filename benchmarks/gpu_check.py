@@ -4,11 +4,14 @@
 
 1. **A launch-bound loop** (4 x Linear(1024), batch 64, fused Adam: a ~1-2 ms step of small kernels), bare and under
    ``perfhooks.profile`` without windows, then with each of its parts switched off in turn from there (NVTX, the
-   memory monitor, the FLOP count, the device events, the reader's own timer: :data:`PARTS`), alternating round
-   after round, with the CPU time a step of the training thread, of the other threads and of each named one
-   (perfhooks' are ``perfhooks-*``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
+   memory monitor, the FLOP count, the device events, the reader's own timer: :data:`PARTS`), and two ways of
+   reading the timings that may cost a host-bound step less (a reader whose reads hold the GIL, and no reader
+   thread at all), alternating round after round, with the CPU time a step of the training thread, of the other
+   threads and of each named one (perfhooks' are ``perfhooks-*``), and each variant's difference from bare in the
+   same round (``paired_added_us``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
-   2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants and alternation.
+   2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants (but the two
+   ways of reading) and alternation.
    Target: an alternating ratio of at most 1.01.
 3. **Where the training thread's time goes**: ``cProfile`` over the launch-bound loop, bare and without windows
    (calls and own time a step by function: which calls grew, not how much a step costs unprofiled).
@@ -53,11 +56,18 @@ from machine import describe_machine  # noqa: E402
 #: perfhooks' parts, each switched off in turn from perfhooks without windows (the settings that do it). No
 #: variant opens a window, so the variants can share one process whatever a window leaves behind (CUPTI);
 #: ``gpu_isolate.py`` measures the defaults, window included, each run in a fresh process.
-#: ``HOST_CLOCK`` and ``TORCH_TIMER`` are the benchmark's own switches, not settings: steps timed on the host (no
-#: device event at all); the timing reader reading intervals through torch's ``elapsed_time`` (which holds the GIL)
-#: rather than its own GIL-free timer.
+#: The upper-case names are the benchmark's own switches, not settings (:func:`perfhooks_settings`):
+#: ``HOST_CLOCK``, steps timed on the host (no device event at all); ``TORCH_TIMER``, the timing reader reads
+#: intervals through torch's ``elapsed_time`` (which holds the GIL) rather than its own GIL-free timer;
+#: ``READER_HOLDS_GIL``, its own timer called without releasing the GIL (``ctypes.PyDLL``: each of the training
+#: thread's event records releases the GIL, and a reader that releases it too at every read may take it back in
+#: the middle of the training thread's step, read after read); ``READS_INLINE``, no reader thread: the training
+#: thread reads the finished steps at each step's end, through the same GIL-free timer (uncontended there).
 HOST_CLOCK = "host_clock"
 TORCH_TIMER = "torch_timer"
+READER_HOLDS_GIL = "reader_holds_gil"
+READS_INLINE = "reads_inline"
+SWITCHES = (HOST_CLOCK, TORCH_TIMER, READER_HOLDS_GIL, READS_INLINE)
 PARTS: dict[str, dict[str, Any] | None] = {
     "bare": None,
     "no_window": {"schedule": None},
@@ -66,7 +76,12 @@ PARTS: dict[str, dict[str, Any] | None] = {
     "no_flop_count": {"schedule": None, "count_flops": False},
     "no_device_events": {"schedule": None, HOST_CLOCK: True},
     "torch_timer": {"schedule": None, TORCH_TIMER: True},
+    "reader_holds_gil": {"schedule": None, READER_HOLDS_GIL: True},
+    "reads_inline": {"schedule": None, READS_INLINE: True},
 }
+#: The reader's two experiments run on the launch-bound loop only (where the reader's share of each second is
+#: largest): the GPT's rounds are long, and its ratio needs as many of them as the budget allows.
+LAUNCH_BOUND_ONLY = ("reader_holds_gil", "reads_inline")
 
 #: The measured span starts at this step at the earliest, after the default window (steps 8-12).
 FIRST_TIMED_STEP = 20
@@ -89,20 +104,34 @@ class _HostClockOnly:
 
 @contextlib.contextmanager
 def perfhooks_settings(settings: dict[str, Any] | None) -> Iterator[dict[str, Any] | None]:
-    """``settings`` without the benchmark's own switches, with the engine patched as they ask while it is built
-    (the engine makes its clock when it starts)."""
-    if not settings or not (settings.get(HOST_CLOCK) or settings.get(TORCH_TIMER)):
+    """``settings`` without the benchmark's own switches (:data:`SWITCHES`), with perfhooks patched as they ask
+    while the run lasts (the engine makes its clock and starts its reader when it starts; the reader makes its
+    timer at its first read)."""
+    if not settings or not any(settings.get(switch) for switch in SWITCHES):
         yield settings
         return
     import perfhooks.runtime.engine as engine
     from perfhooks.device.room import DeviceRoom
+    from perfhooks.runtime.timing_reader import TimingReader
 
     with contextlib.ExitStack() as patches:
         if settings.get(HOST_CLOCK):
             patches.enter_context(mock.patch.object(engine, "DeviceClock", _HostClockOnly))
         if settings.get(TORCH_TIMER):
             patches.enter_context(mock.patch.object(DeviceRoom, "thread_timer", lambda room: None))
-        yield {key: value for key, value in settings.items() if key not in (HOST_CLOCK, TORCH_TIMER)}
+        if settings.get(READER_HOLDS_GIL):
+            holding = DeviceRoom.thread_timer
+            patches.enter_context(mock.patch.object(DeviceRoom, "thread_timer",
+                                                    lambda room: holding(room, release_gil=False)))
+        if settings.get(READS_INLINE):
+            patches.enter_context(mock.patch.object(TimingReader, "start", _read_inline))
+        yield {key: value for key, value in settings.items() if key not in SWITCHES}
+
+
+def _read_inline(reader: Any) -> None:
+    """Stands in for ``TimingReader.start`` in ``READS_INLINE``: no thread; the training thread (the one that
+    starts the engine) binds the clock's timer and reads the finished steps at each step's end."""
+    reader.pending.clock.bind_reader()
 
 
 # ----------------------------------------------------------------------------- 1. the launch-bound loop
@@ -292,10 +321,10 @@ def rotate_rounds(names: list[str], measure: Callable[[str], Any], rounds: int, 
 
 
 def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic,
-              after_round: Any = None) -> dict[str, Any]:
-    """Each part's step (:func:`rotate_rounds` over :data:`PARTS`; ``measure(settings)`` gives the step in ms, or
-    :meth:`Span.per_step`); ratios to bare. ``after_round`` gets the summary so far."""
-    results = rotate_rounds(list(PARTS), lambda name: measure(PARTS[name]), rounds, deadline, clock,
+              after_round: Any = None, names: list[str] | None = None) -> dict[str, Any]:
+    """Each part's step (:func:`rotate_rounds` over ``names``, default all :data:`PARTS`; ``measure(settings)``
+    gives the step in ms, or :meth:`Span.per_step`); ratios to bare. ``after_round`` gets the summary so far."""
+    results = rotate_rounds(names or list(PARTS), lambda name: measure(PARTS[name]), rounds, deadline, clock,
                             None if after_round is None else lambda so_far: after_round(_summary(so_far)))
     return _summary(results)
 
@@ -309,12 +338,27 @@ def _summary(results: dict[str, list[Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "rounds": len(times["bare"]), "step_ms": times, "median_ms": median,
         "added_us_per_step": {name: round((ms - median["bare"]) * 1e3, 1) for name, ms in median.items()},
-        "ratio": {name: round(ms / median["bare"], 4) for name, ms in median.items()}}
+        "ratio": {name: round(ms / median["bare"], 4) for name, ms in median.items()},
+        "paired_added_us": paired_added_us(times)}
     cpu = {name: cpu_medians(runs) for name, runs in results.items()
            if runs and all(isinstance(run, dict) for run in runs)}
     if cpu:
         summary["cpu_ms"] = cpu
     return summary
+
+
+def paired_added_us(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Each variant against bare in the same round (a round runs every variant once, back to back): the median of
+    the differences (µs a step) and the rounds it was slower in. The machine's drift between rounds, which the
+    medians of each variant alone keep, cancels."""
+    bare = times["bare"]
+    paired: dict[str, dict[str, Any]] = {}
+    for name, values in times.items():
+        differences = [(value - base) * 1e3 for value, base in zip(values, bare, strict=True)]
+        if name != "bare" and differences:
+            paired[name] = {"median_us": round(statistics.median(differences), 1),
+                            "slower_rounds": f"{sum(d > 0 for d in differences)}/{len(differences)}"}
+    return paired
 
 
 def cpu_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -406,7 +450,8 @@ def main() -> None:
         if "lightning_gpt" in args.loops:
             gpt_steps = FIRST_TIMED_STEP + (4 if dry else 40)
             result["lightning_gpt"] = alternate(lambda s: lightning_gpt_ms(s, gpt_steps, device, dry, out), rounds,
-                                                deadline, after_round=lambda so_far: keep("lightning_gpt", so_far))
+                                                deadline, after_round=lambda so_far: keep("lightning_gpt", so_far),
+                                                names=[name for name in PARTS if name not in LAUNCH_BOUND_ONLY])
             result["lightning_gpt"]["target"] = "alternating ratio at most 1.01 (defaults)"
             save()
         result["where_time_goes"] = where_time_goes(job, device, out, 40 if dry else 400)

@@ -19,9 +19,9 @@ def test_the_gpu_check_dry_run_writes_every_part(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["dry_run"] is True and result["why_dry"] in ("no CUDA device", "--dry-run")
-    for part in ("launch_bound", "lightning_gpt"):
-        assert set(result[part]["ratio"]) == {"bare", "no_window", "no_nvtx", "no_memory", "no_flop_count",
-                                              "no_device_events", "torch_timer"}
+    parts = {"bare", "no_window", "no_nvtx", "no_memory", "no_flop_count", "no_device_events", "torch_timer"}
+    for part, variants in (("launch_bound", parts | {"reader_holds_gil", "reads_inline"}), ("lightning_gpt", parts)):
+        assert set(result[part]["ratio"]) == variants
         assert result[part]["rounds"] == 1
         assert set(result[part]["cpu_ms"]) == set(result[part]["ratio"])
         assert all(cpu["main"] > 0 and cpu["other"] >= 0 and isinstance(cpu["threads"], dict)
@@ -44,19 +44,31 @@ def _gpu_check() -> Any:
 
 
 def test_rounds_stop_before_the_one_that_would_overrun_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each run takes 1 s of a manual clock, 7 runs a round: with 20 s left after the first round, the second
-    (ending at 14 s) runs and the third (21 s) is not begun. The first round always runs."""
+    """Each run takes 1 s of a manual clock, 9 runs a round (every part): with 25 s of budget, the second round
+    (ending at 18 s) runs and the third (27 s) is not begun. The first round always runs."""
     gpu_check = _gpu_check()
+    assert len(gpu_check.PARTS) == 9
     now = [0.0]
 
     def measure(settings: Any) -> float:
         now[0] += 1.0
         return 2.0 if settings is None else 2.5
 
-    result = gpu_check.alternate(measure, rounds=5, deadline=20.0, clock=lambda: now[0])
-    assert result["rounds"] == 2 and now[0] == 14.0
+    result = gpu_check.alternate(measure, rounds=5, deadline=25.0, clock=lambda: now[0])
+    assert result["rounds"] == 2 and now[0] == 18.0
     assert result["ratio"]["no_nvtx"] == 1.25 and result["added_us_per_step"]["no_window"] == 500.0
+    assert result["paired_added_us"]["reads_inline"] == {"median_us": 500.0, "slower_rounds": "2/2"}
     assert gpu_check.alternate(measure, rounds=5, deadline=-1.0, clock=lambda: now[0])["rounds"] == 1
+    gpt = gpu_check.alternate(measure, rounds=1, deadline=0.0, names=["bare", "no_window"])
+    assert set(gpt["ratio"]) == {"bare", "no_window"}
+
+
+def test_paired_differences_cancel_the_drift_between_rounds() -> None:
+    """The machine slows down round after round: each variant's own median carries the drift, the same-round
+    differences do not (+100 µs in two rounds of three, -100 in the third)."""
+    gpu_check = _gpu_check()
+    paired = gpu_check.paired_added_us({"bare": [1.0, 3.0, 5.0], "no_window": [1.1, 3.1, 4.9]})
+    assert paired == {"no_window": {"median_us": 100.0, "slower_rounds": "2/3"}}
 
 
 @pytest.mark.slow

@@ -121,7 +121,7 @@ def _loaded_library(stem: str) -> str | None:
     return None
 
 
-def event_timer(index: int) -> EventTimer | None:
+def event_timer(index: int, release_gil: bool = True) -> EventTimer | None:
     """An interval timer for the calling thread, bound to device ``index`` (its current device there is set once,
     so that no other device's context is made): ``cudaEventElapsedTime`` on two events' handles, called through
     ctypes from the ``libcudart`` torch already loaded.
@@ -130,7 +130,12 @@ def event_timer(index: int) -> EventTimer | None:
     three runtime calls a mark, a few µs each, taken from a host-bound training thread by the thread that reads
     step timings. A ctypes call releases the GIL and makes the one call. For completed events only (the reader
     queries a step's newest mark first). None where this cannot work: not Linux, a HIP build, no ``libcudart``
-    mapped into the process, or the device cannot be set."""
+    mapped into the process, or the device cannot be set.
+
+    ``release_gil=False``: the call holds the GIL (``ctypes.PyDLL``), so that a training thread that releases it
+    in its own device calls (``Event.record`` does) does not hand it to the reader in the middle of a batch of
+    reads. ``benchmarks/gpu_check.py`` measures both (``reader_holds_gil``); the default stays until a GPU says.
+    """
     torch = _torch()
     if not sys.platform.startswith("linux") or getattr(torch.version, "hip", None):
         return None
@@ -138,7 +143,8 @@ def event_timer(index: int) -> EventTimer | None:
     if path is None:
         return None
     try:
-        library = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
+        loader = ctypes.CDLL if release_gil else ctypes.PyDLL
+        library = loader(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
         elapsed, set_device, last_error = (library.cudaEventElapsedTime, library.cudaSetDevice,
                                            library.cudaGetLastError)
     except (OSError, AttributeError):

@@ -256,9 +256,9 @@ class DeviceRoom:
         """Device time between two completed events (ms)."""
         return float(start.elapsed_time(end))
 
-    def thread_timer(self) -> Any:
-        """An interval timer for completed events for the calling thread, which releases the GIL
-        (:func:`~perfhooks.device.cuda_extras.event_timer`; CUDA only, once torch has initialized it: the timer
+    def thread_timer(self, release_gil: bool = True) -> Any:
+        """An interval timer for completed events for the calling thread, which releases the GIL unless told not
+        to (:func:`~perfhooks.device.cuda_extras.event_timer`; CUDA only, once torch has initialized it: the timer
         sets the thread's device, which would otherwise make a context), or None."""
         if not self.is_cuda or self.lost is not None:
             return None
@@ -268,7 +268,7 @@ class DeviceRoom:
             return None
 
         try:
-            return cuda_extras.event_timer(self.index)  # type: ignore[arg-type]
+            return cuda_extras.event_timer(self.index, release_gil)  # type: ignore[arg-type]
         except Exception:  # an unexpected ctypes failure: torch's timer serves
             return None
 

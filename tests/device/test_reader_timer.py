@@ -96,3 +96,21 @@ def test_the_timer_is_made_at_the_first_interval_not_when_the_reader_starts(
     time.sleep(0.1)
     engine.close()
     assert made == ["perfhooks-timings"] and calls["perfhooks-timings"] > 0
+
+
+@pytest.mark.cuda
+def test_both_ctypes_timers_read_what_torch_reads_on_a_real_gpu() -> None:
+    """On a real GPU the timer that releases the GIL (the default) and the one that holds it (``gpu_check.py``'s
+    ``reader_holds_gil``) each read two events around a short kernel as torch's ``elapsed_time`` does."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    expected = start.elapsed_time(end)
+    for release_gil in (True, False):
+        timer = DeviceRoom("cuda:0").thread_timer(release_gil=release_gil)
+        assert timer is not None, f"release_gil={release_gil}"
+        assert abs(timer(start, end) - expected) <= cuda_extras.TIMER_TOLERANCE_MS
