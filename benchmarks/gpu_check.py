@@ -1,17 +1,18 @@
 """The overhead figures of a lent GPU, in one run (``benchmarks/gpu_check.sh`` calls it).
 
-    python benchmarks/gpu_check.py --out DIR [--rounds 5] [--dry-run]
+    python benchmarks/gpu_check.py --out DIR [--rounds 5] [--dry-run | --simulated]
 
 1. **A launch-bound loop** (4 x Linear(1024), batch 64, fused Adam: a ~1-2 ms step of small kernels), bare and under
    ``perfhooks.profile`` without windows, then with each of its parts switched off in turn from there (NVTX, the
    memory monitor, the FLOP count, the device events, the reader's own timer: :data:`PARTS`), and two ways of
    reading the timings that may cost a host-bound step less (a reader whose reads hold the GIL, and no reader
-   thread at all), alternating round after round, with the CPU time a step of the training thread, of the other
-   threads and of each named one (perfhooks' are ``perfhooks-*``), and each variant's difference from bare in the
-   same round (``paired_added_us``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
+   thread at all), and the events recorded but never read, alternating round after round. Each run gives its CPU
+   time a step of the training thread, of the other threads and of each named one (perfhooks' are
+   ``perfhooks-*``), and the garbage collector's time a step; each variant, its difference from bare in the same
+   round (``paired_added_us``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
-   2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants (but the two
-   ways of reading) and alternation.
+   2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants (but the
+   reading's three) and alternation.
    Target: an alternating ratio of at most 1.01.
 3. **Where the training thread's time goes**: ``cProfile`` over the launch-bound loop, bare and without windows
    (calls and own time a step by function: which calls grew, not how much a step costs unprofiled).
@@ -24,8 +25,9 @@ window (what a window leaves behind is ``gpu_isolate.py``'s, a fresh process per
 and the API-call count runs last.
 
 ``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the script
-works; its figures mean nothing. Rounds stop early, never below one, when ``--budget-s`` would be overrun, and
-what was measured is written. Writes ``DIR/gpu_check.json``, after each part.
+works; its figures mean nothing. ``--simulated`` runs the launch-bound loop's variants on the simulated GPU,
+with every device call charged (no GPU needed; :func:`simulated`). Rounds stop early, never below one, when
+``--budget-s`` would be overrun, and what was measured is written. Writes ``DIR/gpu_check.json``, after each part.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import argparse
 import collections
 import contextlib
 import cProfile
+import gc
 import json
 import pstats
 import statistics
@@ -62,12 +65,15 @@ from machine import describe_machine  # noqa: E402
 #: ``READER_HOLDS_GIL``, its own timer called without releasing the GIL (``ctypes.PyDLL``: each of the training
 #: thread's event records releases the GIL, and a reader that releases it too at every read may take it back in
 #: the middle of the training thread's step, read after read); ``READS_INLINE``, no reader thread: the training
-#: thread reads the finished steps at each step's end, through the same GIL-free timer (uncontended there).
+#: thread reads the finished steps at each step's end, through the same GIL-free timer (uncontended there);
+#: ``READS_NONE``, the events recorded and never read (no reader, each step's marks returned at its end, no
+#: timings): what the records cost alone, the reading being the difference from ``no_window``.
 HOST_CLOCK = "host_clock"
 TORCH_TIMER = "torch_timer"
 READER_HOLDS_GIL = "reader_holds_gil"
 READS_INLINE = "reads_inline"
-SWITCHES = (HOST_CLOCK, TORCH_TIMER, READER_HOLDS_GIL, READS_INLINE)
+READS_NONE = "reads_none"
+SWITCHES = (HOST_CLOCK, TORCH_TIMER, READER_HOLDS_GIL, READS_INLINE, READS_NONE)
 PARTS: dict[str, dict[str, Any] | None] = {
     "bare": None,
     "no_window": {"schedule": None},
@@ -78,10 +84,11 @@ PARTS: dict[str, dict[str, Any] | None] = {
     "torch_timer": {"schedule": None, TORCH_TIMER: True},
     "reader_holds_gil": {"schedule": None, READER_HOLDS_GIL: True},
     "reads_inline": {"schedule": None, READS_INLINE: True},
+    "records_only": {"schedule": None, READS_NONE: True},
 }
-#: The reader's two experiments run on the launch-bound loop only (where the reader's share of each second is
+#: The reader's three experiments run on the launch-bound loop only (where the reader's share of each second is
 #: largest): the GPT's rounds are long, and its ratio needs as many of them as the budget allows.
-LAUNCH_BOUND_ONLY = ("reader_holds_gil", "reads_inline")
+LAUNCH_BOUND_ONLY = ("reader_holds_gil", "reads_inline", "records_only")
 
 #: The measured span starts at this step at the earliest, after the default window (steps 8-12).
 FIRST_TIMED_STEP = 20
@@ -112,6 +119,7 @@ def perfhooks_settings(settings: dict[str, Any] | None) -> Iterator[dict[str, An
         return
     import perfhooks.runtime.engine as engine
     from perfhooks.device.room import DeviceRoom
+    from perfhooks.runtime.steps import PendingSteps
     from perfhooks.runtime.timing_reader import TimingReader
 
     with contextlib.ExitStack() as patches:
@@ -125,6 +133,9 @@ def perfhooks_settings(settings: dict[str, Any] | None) -> Iterator[dict[str, An
                                                     lambda room: holding(room, release_gil=False)))
         if settings.get(READS_INLINE):
             patches.enter_context(mock.patch.object(TimingReader, "start", _read_inline))
+        if settings.get(READS_NONE):
+            patches.enter_context(mock.patch.object(TimingReader, "start", lambda reader: None))
+            patches.enter_context(mock.patch.object(PendingSteps, "add", _discard_step))
         yield {key: value for key, value in settings.items() if key not in SWITCHES}
 
 
@@ -132,6 +143,11 @@ def _read_inline(reader: Any) -> None:
     """Stands in for ``TimingReader.start`` in ``READS_INLINE``: no thread; the training thread (the one that
     starts the engine) binds the clock's timer and reads the finished steps at each step's end."""
     reader.pending.clock.bind_reader()
+
+
+def _discard_step(pending: Any, record: Any, stats: Any) -> None:
+    """Stands in for ``PendingSteps.add`` in ``READS_NONE``: the step's events go back to the pool unread."""
+    pending.discard(record)
 
 
 # ----------------------------------------------------------------------------- 1. the launch-bound loop
@@ -181,29 +197,57 @@ def _python_threads_cpu() -> dict[str, float]:
     return times
 
 
-class Span:
-    """The timed span's clocks: wall, the training thread's CPU, the whole process's CPU and each other Python
-    thread's CPU (s)."""
+class GarbageCollections:
+    """The garbage collector's passes and their time (s), counted through ``gc.callbacks`` (installed once, for the
+    whole benchmark): the bare loop allocates almost nothing that outlives a step, so each pass in a span is one a
+    profiler's allocations asked for."""
 
     def __init__(self) -> None:
-        self.marks: list[tuple[int, float, float, float, dict[str, float]]] = []
+        self.passes = [0, 0, 0]
+        self.seconds = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.passes[info["generation"]] += 1
+
+    def now(self) -> tuple[float, tuple[int, ...]]:
+        return self.seconds, tuple(self.passes)
+
+
+COLLECTIONS = GarbageCollections()
+
+
+class Span:
+    """The timed span's clocks: wall, the training thread's CPU, the whole process's CPU, each other Python
+    thread's CPU (s), and the garbage collector's passes."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[int, float, float, float, dict[str, float], tuple[float, tuple[int, ...]]]] = []
 
     def mark(self, device: str, step: int) -> None:
         """At step ``step`` (after a synchronize): the span is timed from its first mark to its last."""
         _sync(device)
         self.marks.append((step, time.perf_counter(), time.thread_time(), time.process_time(),
-                           _python_threads_cpu()))
+                           _python_threads_cpu(), COLLECTIONS.now()))
 
     def per_step(self) -> dict[str, Any]:
         """Per timed step (ms): the wall clock, the training thread's CPU, the CPU of every other thread, and of
         each named Python thread among them (threads of C++ alone, autograd's device threads among them, are in
-        ``other_cpu_ms`` only)."""
-        (step0, wall0, main0, all0, threads0), (step1, wall1, main1, all1, threads1) = self.marks[0], self.marks[-1]
+        ``other_cpu_ms`` only); the garbage collector's time (ms a step) and passes by generation (in the span)."""
+        (step0, wall0, main0, all0, threads0, gc0), (step1, wall1, main1, all1, threads1, gc1) = (self.marks[0],
+                                                                                                  self.marks[-1])
         steps = step1 - step0
         threads = {name: round((cpu - threads0.get(name, 0.0)) / steps * 1e3, 4) for name, cpu in threads1.items()}
         return {"step_ms": (wall1 - wall0) / steps * 1e3, "main_cpu_ms": (main1 - main0) / steps * 1e3,
                 "other_cpu_ms": ((all1 - all0) - (main1 - main0)) / steps * 1e3,
-                "threads_cpu_ms": {name: ms for name, ms in sorted(threads.items()) if ms > 0}}
+                "threads_cpu_ms": {name: ms for name, ms in sorted(threads.items()) if ms > 0},
+                "gc_ms": round((gc1[0] - gc0[0]) / steps * 1e3, 4),
+                "gc_passes": [after - before for before, after in zip(gc0[1], gc1[1], strict=True)]}
 
 
 def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str,
@@ -367,6 +411,7 @@ def cpu_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
     names = sorted({name for run in runs for name in run.get("threads_cpu_ms", {})})
     return {"main": round(statistics.median(run["main_cpu_ms"] for run in runs), 4),
             "other": round(statistics.median(run["other_cpu_ms"] for run in runs), 4),
+            "gc": round(statistics.median(run.get("gc_ms", 0.0) for run in runs), 4),
             "threads": {name: round(statistics.median(run.get("threads_cpu_ms", {}).get(name, 0.0) for run in runs),
                                     4) for name in names}}
 
@@ -406,6 +451,40 @@ def api_calls_per_step(job: Any, device: str, out: str, steps: int = 50) -> dict
     return calls
 
 
+def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> dict[str, Any]:
+    """The launch-bound loop's variants (:data:`PARTS`) on the simulated GPU: the model on this CPU (the dry run's
+    size, a host-bound step of a few hundred µs), perfhooks bound to ``cuda:0`` of the simulation, which charges
+    each device call its host cost on an H100. The same figures as on a GPU, so that a part's cost can be placed
+    here first and checked on the next lent GPU. Writes ``DIR/gpu_check_simulated.json``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from sim_step_cost import bind_to_the_simulation
+    from simulated_gpu import simulated_cuda
+
+    bind_to_the_simulation()
+    started = time.monotonic()
+    saved = Path(out_dir) / "gpu_check_simulated.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"machine": describe_machine(), "device": "simulated cuda:0 (model on the CPU)",
+                              "torch": torch.__version__, "steps_per_run": steps}
+
+    def keep(so_far: dict[str, Any]) -> None:
+        result["launch_bound"] = so_far
+        result["seconds"] = round(time.monotonic() - started, 1)
+        saved.write_text(json.dumps(result, indent=1))
+
+    with simulated_cuda(memory_bytes=1 << 30), tempfile.TemporaryDirectory() as out:
+        job = launch_bound_job("cpu", dry=True)
+        launch_bound_ms(job, None, 20, "cpu", out)  # warm-up
+        keep(alternate(lambda s: launch_bound_ms(job, s, steps, "cpu", out), max(1, rounds), started + budget_s,
+                       after_round=keep))
+    for name, paired in result["launch_bound"]["paired_added_us"].items():
+        cpu = result["launch_bound"]["cpu_ms"][name]
+        print(f"{name:18s} +{paired['median_us']:7.1f} µs a step (slower in {paired['slower_rounds']} rounds); "
+              f"training thread cpu {cpu['main']:.4f} ms, gc {cpu['gc']:.4f} ms, threads {cpu['threads']}")
+    print(f"bare: {result['launch_bound']['median_ms']['bare'] * 1e3:.1f} µs a step; {saved}, {result['seconds']} s")
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="folder for gpu_check.json")
@@ -415,7 +494,14 @@ def main() -> None:
                         help="seconds for the whole script; rounds stop early to keep within it (default 280)")
     parser.add_argument("--loops", nargs="+", default=["launch_bound", "lightning_gpt"],
                         choices=["launch_bound", "lightning_gpt"], help="the loops to alternate (default both)")
+    parser.add_argument("--simulated", action="store_true",
+                        help="no GPU needed: the launch-bound loop's variants on this CPU, perfhooks bound to the "
+                             "simulated GPU (tests/simulated_gpu.py, each device call charged)")
+    parser.add_argument("--steps", type=int, default=1500, help="steps a run with --simulated (default 1500)")
     args = parser.parse_args()
+    if args.simulated:
+        simulated(args.out, args.rounds, args.budget_s, args.steps)
+        return
     dry = args.dry_run or not torch.cuda.is_available()
     device = "cpu" if dry else "cuda"
     rounds = 1 if dry else max(5, args.rounds)  # the deadline, not the count, ends most real runs

@@ -20,16 +20,34 @@ def test_the_gpu_check_dry_run_writes_every_part(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["dry_run"] is True and result["why_dry"] in ("no CUDA device", "--dry-run")
     parts = {"bare", "no_window", "no_nvtx", "no_memory", "no_flop_count", "no_device_events", "torch_timer"}
-    for part, variants in (("launch_bound", parts | {"reader_holds_gil", "reads_inline"}), ("lightning_gpt", parts)):
+    reading = {"reader_holds_gil", "reads_inline", "records_only"}
+    for part, variants in (("launch_bound", parts | reading), ("lightning_gpt", parts)):
         assert set(result[part]["ratio"]) == variants
         assert result[part]["rounds"] == 1
         assert set(result[part]["cpu_ms"]) == set(result[part]["ratio"])
-        assert all(cpu["main"] > 0 and cpu["other"] >= 0 and isinstance(cpu["threads"], dict)
+        assert all(cpu["main"] > 0 and cpu["other"] >= 0 and cpu["gc"] >= 0 and isinstance(cpu["threads"], dict)
                    for cpu in result[part]["cpu_ms"].values())
     for name in ("bare", "no_window"):
         functions = [row["function"] for row in result["where_time_goes"][name]]
         assert len(functions) == 30 and all(row["calls"] > 0 for row in result["where_time_goes"][name])
     assert "DRY RUN" in done.stdout
+
+
+def test_the_simulated_run_measures_every_variant_with_the_device_calls_charged(tmp_path: Path) -> None:
+    """``--simulated``: the launch-bound loop's variants with perfhooks on the simulated GPU, each with its paired
+    difference from bare and its threads' CPU and garbage collection; the timing reader's thread runs where the
+    steps are read on it, and not where nothing reads them or the training thread does."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path),
+                           "--simulated", "--rounds", "1", "--steps", "400"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "gpu_check_simulated.json").read_text())["launch_bound"]
+    assert result["rounds"] == 1 and set(result["paired_added_us"]) == set(_gpu_check().PARTS) - {"bare"}
+    threads = {name: cpu["threads"] for name, cpu in result["cpu_ms"].items()}
+    assert "perfhooks-timings" in threads["no_window"] and "perfhooks-timings" in threads["reader_holds_gil"]
+    for name in ("bare", "reads_inline", "records_only", "no_device_events"):
+        assert "perfhooks-timings" not in threads[name], name
+    assert all(cpu["gc"] >= 0 for cpu in result["cpu_ms"].values())
 
 
 def _gpu_check() -> Any:
@@ -44,18 +62,18 @@ def _gpu_check() -> Any:
 
 
 def test_rounds_stop_before_the_one_that_would_overrun_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each run takes 1 s of a manual clock, 9 runs a round (every part): with 25 s of budget, the second round
-    (ending at 18 s) runs and the third (27 s) is not begun. The first round always runs."""
+    """Each run takes 1 s of a manual clock, 10 runs a round (every part): with 28 s of budget, the second round
+    (ending at 20 s) runs and the third (30 s) is not begun. The first round always runs."""
     gpu_check = _gpu_check()
-    assert len(gpu_check.PARTS) == 9
+    assert len(gpu_check.PARTS) == 10
     now = [0.0]
 
     def measure(settings: Any) -> float:
         now[0] += 1.0
         return 2.0 if settings is None else 2.5
 
-    result = gpu_check.alternate(measure, rounds=5, deadline=25.0, clock=lambda: now[0])
-    assert result["rounds"] == 2 and now[0] == 18.0
+    result = gpu_check.alternate(measure, rounds=5, deadline=28.0, clock=lambda: now[0])
+    assert result["rounds"] == 2 and now[0] == 20.0
     assert result["ratio"]["no_nvtx"] == 1.25 and result["added_us_per_step"]["no_window"] == 500.0
     assert result["paired_added_us"]["reads_inline"] == {"median_us": 500.0, "slower_rounds": "2/2"}
     assert gpu_check.alternate(measure, rounds=5, deadline=-1.0, clock=lambda: now[0])["rounds"] == 1
