@@ -23,6 +23,7 @@ GPU=$("$PY" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.
 echo "card: ${GPU:-none (dry run)}" | tee "$OUT/card.txt"
 if [ -n "$GPU" ]; then
     timeout 200 "$PY" -m pytest -m cuda -q -p no:randomly -n 0 tests/test_cuda.py tests/test_cuda_examples.py \
+        tests/device/test_reader_timer.py \
         tests/test_memory.py > "$OUT/pytest.txt" 2>&1
     echo "cuda tests: exit $? ($(tail -1 "$OUT/pytest.txt"))"
 else
