@@ -198,9 +198,17 @@ def _python_threads_cpu() -> dict[str, float]:
 
 
 class GarbageCollections:
-    """The garbage collector's passes and their time (s), counted through ``gc.callbacks`` (installed once, for the
-    whole benchmark): the bare loop allocates almost nothing that outlives a step, so each pass in a span is one a
-    profiler's allocations asked for."""
+    """The garbage collector's passes and their time (s), counted through ``gc.callbacks`` (installed at the first
+    span, for the rest of the benchmark; importing this module installs nothing): the bare loop allocates almost
+    nothing that outlives a step, so each pass in a span is one a profiler's allocations asked for."""
+
+    _installed: GarbageCollections | None = None
+
+    @classmethod
+    def installed(cls) -> GarbageCollections:
+        if cls._installed is None:
+            cls._installed = cls()
+        return cls._installed
 
     def __init__(self) -> None:
         self.passes = [0, 0, 0]
@@ -219,9 +227,6 @@ class GarbageCollections:
         return self.seconds, tuple(self.passes)
 
 
-COLLECTIONS = GarbageCollections()
-
-
 class Span:
     """The timed span's clocks: wall, the training thread's CPU, the whole process's CPU, each other Python
     thread's CPU (s), and the garbage collector's passes."""
@@ -233,7 +238,7 @@ class Span:
         """At step ``step`` (after a synchronize): the span is timed from its first mark to its last."""
         _sync(device)
         self.marks.append((step, time.perf_counter(), time.thread_time(), time.process_time(),
-                           _python_threads_cpu(), COLLECTIONS.now()))
+                           _python_threads_cpu(), GarbageCollections.installed().now()))
 
     def per_step(self) -> dict[str, Any]:
         """Per timed step (ms): the wall clock, the training thread's CPU, the CPU of every other thread, and of
