@@ -9,7 +9,8 @@
    thread at all), and the events recorded but never read, alternating round after round. Each run gives its CPU
    time a step of the training thread, of the other threads and of each named one (perfhooks' are
    ``perfhooks-*``), and the garbage collector's time a step; each variant, its difference from bare in the same
-   round (``paired_added_us``). Target, for the defaults (``gpu_isolate.py``): at most +50 µs a step.
+   round, of the step (``paired_added_us``) and of the training thread's CPU (``paired_cpu_added_us``). Target,
+   for the defaults (``gpu_isolate.py``): at most +50 µs a step.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
    2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants (but the
    reading's three) and alternation.
@@ -243,14 +244,16 @@ class Span:
     def per_step(self) -> dict[str, Any]:
         """Per timed step (ms): the wall clock, the training thread's CPU, the CPU of every other thread, and of
         each named Python thread among them (threads of C++ alone, autograd's device threads among them, are in
-        ``other_cpu_ms`` only); the garbage collector's time (ms a step) and passes by generation (in the span)."""
+        ``other_cpu_ms`` only; a thread alive through the span is named even if it did not run, as the timing reader
+        may not in a span shorter than its period); the garbage collector's time (ms a step) and passes by
+        generation (in the span)."""
         (step0, wall0, main0, all0, threads0, gc0), (step1, wall1, main1, all1, threads1, gc1) = (self.marks[0],
                                                                                                   self.marks[-1])
         steps = step1 - step0
         threads = {name: round((cpu - threads0.get(name, 0.0)) / steps * 1e3, 4) for name, cpu in threads1.items()}
         return {"step_ms": (wall1 - wall0) / steps * 1e3, "main_cpu_ms": (main1 - main0) / steps * 1e3,
                 "other_cpu_ms": ((all1 - all0) - (main1 - main0)) / steps * 1e3,
-                "threads_cpu_ms": {name: ms for name, ms in sorted(threads.items()) if ms > 0},
+                "threads_cpu_ms": {name: ms for name, ms in sorted(threads.items()) if ms > 0 or name in threads0},
                 "gc_ms": round((gc1[0] - gc0[0]) / steps * 1e3, 4),
                 "gc_passes": [after - before for before, after in zip(gc0[1], gc1[1], strict=True)]}
 
@@ -393,13 +396,18 @@ def _summary(results: dict[str, list[Any]]) -> dict[str, Any]:
            if runs and all(isinstance(run, dict) for run in runs)}
     if cpu:
         summary["cpu_ms"] = cpu
+    if "bare" in cpu and len(cpu) == len(results):  # the training thread's CPU a step, paired the same way
+        summary["paired_cpu_added_us"] = paired_added_us(
+            {name: [run["main_cpu_ms"] for run in runs] for name, runs in results.items()})
     return summary
 
 
 def paired_added_us(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
     """Each variant against bare in the same round (a round runs every variant once, back to back): the median of
     the differences (µs a step) and the rounds it was slower in. The machine's drift between rounds, which the
-    medians of each variant alone keep, cancels."""
+    medians of each variant alone keep, cancels. ``times``: ms a step per round, of the wall clock or of the
+    training thread's CPU (in a host-bound loop the CPU perfhooks adds there is its cost, without the wall clock's
+    noise from the device and the other threads)."""
     bare = times["bare"]
     paired: dict[str, dict[str, Any]] = {}
     for name, values in times.items():
@@ -483,9 +491,10 @@ def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> 
         keep(alternate(lambda s: launch_bound_ms(job, s, steps, "cpu", out), max(1, rounds), started + budget_s,
                        after_round=keep))
     for name, paired in result["launch_bound"]["paired_added_us"].items():
-        cpu = result["launch_bound"]["cpu_ms"][name]
+        cpu, paired_cpu = result["launch_bound"]["cpu_ms"][name], result["launch_bound"]["paired_cpu_added_us"][name]
         print(f"{name:18s} +{paired['median_us']:7.1f} µs a step (slower in {paired['slower_rounds']} rounds); "
-              f"training thread cpu {cpu['main']:.4f} ms, gc {cpu['gc']:.4f} ms, threads {cpu['threads']}")
+              f"training thread cpu {cpu['main']:.4f} ms (+{paired_cpu['median_us']:.1f} µs paired, more in "
+              f"{paired_cpu['slower_rounds']}), gc {cpu['gc']:.4f} ms, threads {cpu['threads']}")
     print(f"bare: {result['launch_bound']['median_ms']['bare'] * 1e3:.1f} µs a step; {saved}, {result['seconds']} s")
     return result
 

@@ -38,11 +38,12 @@ def test_the_simulated_run_measures_every_variant_with_the_device_calls_charged(
     difference from bare and its threads' CPU and garbage collection; the timing reader's thread runs where the
     steps are read on it, and not where nothing reads them or the training thread does."""
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path),
-                           "--simulated", "--rounds", "1", "--steps", "400"], capture_output=True, text=True,
+                           "--simulated", "--rounds", "1", "--steps", "100"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "gpu_check_simulated.json").read_text())["launch_bound"]
-    assert result["rounds"] == 1 and set(result["paired_added_us"]) == set(_gpu_check().PARTS) - {"bare"}
+    variants = set(_gpu_check().PARTS) - {"bare"}
+    assert result["rounds"] == 1 and set(result["paired_added_us"]) == set(result["paired_cpu_added_us"]) == variants
     threads = {name: cpu["threads"] for name, cpu in result["cpu_ms"].items()}
     assert "perfhooks-timings" in threads["no_window"] and "perfhooks-timings" in threads["reader_holds_gil"]
     for name in ("bare", "reads_inline", "records_only", "no_device_events"):
@@ -87,6 +88,23 @@ def test_paired_differences_cancel_the_drift_between_rounds() -> None:
     gpu_check = _gpu_check()
     paired = gpu_check.paired_added_us({"bare": [1.0, 3.0, 5.0], "no_window": [1.1, 3.1, 4.9]})
     assert paired == {"no_window": {"median_us": 100.0, "slower_rounds": "2/3"}}
+
+
+def test_the_training_threads_cpu_is_paired_like_the_step() -> None:
+    """Runs that report their threads' CPU: the training thread's CPU a step of each variant less bare's in the same
+    round, beside the wall clock's pairing (here the step drifts by 1 ms a round and the CPU does not)."""
+    gpu_check = _gpu_check()
+    rounds = iter(range(100))
+
+    def measure(settings: Any) -> dict[str, Any]:
+        drift = next(rounds) // len(gpu_check.PARTS)
+        added = 0.0 if settings is None else 0.05
+        return {"step_ms": 1.0 + drift + 2 * added, "main_cpu_ms": 0.8 + added, "other_cpu_ms": 0.1}
+
+    result = gpu_check.alternate(measure, rounds=3, deadline=float("inf"))
+    assert result["paired_added_us"]["no_window"] == {"median_us": 100.0, "slower_rounds": "3/3"}
+    assert result["paired_cpu_added_us"]["no_window"] == {"median_us": 50.0, "slower_rounds": "3/3"}
+    assert result["cpu_ms"]["bare"]["main"] == 0.8
 
 
 @pytest.mark.slow
