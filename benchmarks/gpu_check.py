@@ -252,7 +252,7 @@ class Span:
         steps = step1 - step0
         threads = {name: round((cpu - threads0.get(name, 0.0)) / steps * 1e3, 4) for name, cpu in threads1.items()}
         return {"step_ms": (wall1 - wall0) / steps * 1e3, "main_cpu_ms": (main1 - main0) / steps * 1e3,
-                "other_cpu_ms": ((all1 - all0) - (main1 - main0)) / steps * 1e3,
+                "other_cpu_ms": max(0.0, (all1 - all0) - (main1 - main0)) / steps * 1e3,  # clocks' grain
                 "threads_cpu_ms": {name: ms for name, ms in sorted(threads.items()) if ms > 0 or name in threads0},
                 "gc_ms": round((gc1[0] - gc0[0]) / steps * 1e3, 4),
                 "gc_passes": [after - before for before, after in zip(gc0[1], gc1[1], strict=True)]}

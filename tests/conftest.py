@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+#: One OpenMP thread per torch process, in each pytest worker and every script a test starts (they inherit it),
+#: unless the environment sets its own. Two workers on a 2-core machine, each torch process with two OpenMP
+#: threads that spin-wait for each other, slowed every op about 20-fold while both ran torch at once: a compiled
+#: loop's steady steps took 85 ms against its recompiles' 60, and its shape churn read as step time variance. The
+#: suite took 457 s with it against 513 s without (idle, 2026-11-28). Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
