@@ -1,6 +1,7 @@
 """perfhooks' host time per step on the simulated GPU, with every device call charged its real cost.
 
     python benchmarks/sim_step_cost.py [--steps 400] [--rounds 7] [--free] [--loops engine plain_loop]
+    python benchmarks/sim_step_cost.py --bookkeeping [--rounds 5]
 
 A CPU benchmark of a GPU run's cost: the simulated GPU (``tests/simulated_gpu.py``) spins the calling thread for
 each device call as long as the call costs on an H100 (an event record 2.5 µs, a query 1 µs, a Python ``Stream``
@@ -17,6 +18,10 @@ calls are Python (about 1 µs each, warm) on top of the cost they charge; the pa
 bed's own Python (its calls a step × their overhead, calibrated in a warm loop, so a floor) is said and taken out
 of the net figure the target is checked against.
 Target (issue 49): at most 25 µs a step for the plain loop on the 2-core machine, idle.
+
+``--bookkeeping``: the plain loop in place only, whole and with each piece of a step's bookkeeping knocked out in
+turn (the statistics, the published state, the step's open): what each costs, and what is left for the six
+boundaries themselves.
 """
 
 from __future__ import annotations
@@ -314,6 +319,77 @@ def in_place(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
           f"{verdict}")
 
 
+def _bookkeeping_cuts() -> dict[str, list[tuple[type, str, Any]]]:
+    """Each piece of a step's bookkeeping, knocked out: ``(class, method, stand-in)``. Only for a measurement: the
+    run's figures are wrong while one is out (the statistics miss steps, other threads see an old state)."""
+    from perfhooks.runtime.engine import Engine
+    from perfhooks.runtime.parts import RunParts
+    from perfhooks.runtime.steps import PendingSteps
+
+    publish = Engine.publish
+
+    def stale(self: Any, full: bool = False) -> Any:  # the close's full publication still runs
+        return publish(self, full) if full or not hasattr(self, "state") else self.state
+
+    return {
+        "the statistics (resolved timings folded in)": [(PendingSteps, "add", lambda self, record, stats:
+                                                          self._queue.append(record))],
+        "a step's end for the other threads": [(RunParts, "step_closed", lambda self: None)],
+        "the published state alone": [(Engine, "publish", stale)],
+        "the step's open (windows, memory, FLOP arming)": [(RunParts, "step_opening", lambda self, step: False)],
+    }
+
+
+def bookkeeping(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
+    """perfhooks' own Python a plain-loop step in place (as :func:`in_place`, the device calls free and their Python
+    taken out), whole and with each piece of the step's bookkeeping knocked out in turn, alternating: what each
+    piece costs, and what the six boundaries (torch's hook, perfhooks' hook, the phase change, the mark) cost
+    without it."""
+    from simulated_gpu import SimEvent
+
+    import perfhooks.runtime.plain_loop as plain
+
+    meter = InPlace()
+    entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS]
+    calls = [(SimEvent, "record"), (torch._C, "_cuda_getCurrentStream"), (torch.cuda, "is_current_stream_capturing"),
+             (torch._C, "_cuda_memoryStats"), (torch.cuda, "mem_get_info")]
+    saved = [(target, name, target.__dict__[name] if isinstance(target, type) else getattr(target, name))
+             for target, name in entries + calls]
+    cuts = {"none": [], **_bookkeeping_cuts()}
+    figures: dict[str, list[float]] = {name: [] for name in cuts}
+    costs = gpu.call_cost_us
+    try:
+        for target, name in entries:
+            setattr(target, name, meter.entry(getattr(target, name)))
+        for target, name in calls:
+            setattr(target, name, meter.simulated(getattr(target, name)))
+        gpu.call_cost_us = dict.fromkeys(costs, 0.0)
+        with tempfile.TemporaryDirectory() as out:
+            for round_ in range(rounds):
+                for cut in list(cuts) if round_ % 2 == 0 else list(cuts)[::-1]:
+                    kept = [(owner, name, owner.__dict__[name]) for owner, name, _ in cuts[cut]]
+                    for owner, name, stand_in in cuts[cut]:
+                        setattr(owner, name, stand_in)
+                    try:
+                        plain_loop(gpu, steps, "perfhooks", out, at_steady=meter.reset)
+                    finally:
+                        for owner, name, original in kept:
+                            setattr(owner, name, original)
+                    figures[cut].append((meter.inside_ns - meter.simulation_ns) / steps / 1e3)
+    finally:
+        gpu.call_cost_us = costs
+        for target, name, original in saved:
+            setattr(target, name, original)
+    whole = statistics.median(figures["none"])
+    print(f"plain_loop, in place, calls free: perfhooks' own Python {whole:.1f} µs a step "
+          f"(rounds {min(figures['none']):.1f} to {max(figures['none']):.1f}); knocked out in turn:")
+    for cut, values in figures.items():
+        if cut != "none":  # against the whole run of the same round (the machine drifts between rounds)
+            paired = [value - base for value, base in zip(values, figures["none"], strict=True)]
+            print(f"{'':>12}{cut}: {statistics.median(paired):+.1f} µs, paired (rounds {min(paired):+.1f} to "
+                  f"{max(paired):+.1f})")
+
+
 def bind_to_the_simulation() -> None:
     """Every engine perfhooks starts is bound to ``cuda:0`` (the model's tensors are on the CPU)."""
     from perfhooks.runtime.engine import Engine
@@ -444,6 +520,9 @@ def main() -> None:
     parser.add_argument("--free", action="store_true", help="device calls cost no host time")
     parser.add_argument("--loops", nargs="+", choices=("engine", "plain_loop"), default=["engine", "plain_loop"],
                         help="the loops to time (default both); an A/B of two commits alternates runs of one")
+    parser.add_argument("--bookkeeping", action="store_true",
+                        help="only the plain loop in place, with each piece of a step's bookkeeping knocked out in "
+                             "turn (600 steps a run unless --steps)")
     args = parser.parse_args()
     print(describe_machine())
     bind_to_the_simulation()
@@ -451,6 +530,9 @@ def main() -> None:
         if args.free:
             gpu.call_cost_us = dict.fromkeys(gpu.call_cost_us, 0.0)
         print(f"per-call host cost (µs): {gpu.call_cost_us}")
+        if args.bookkeeping:
+            bookkeeping(gpu, args.steps if args.steps != 400 else 600, args.rounds)
+            return
         overhead = simulation_overhead_us(gpu)
         print(f"the simulation's own Python per call (µs, warm; charged on top of the costs above): {overhead}")
         if "engine" in args.loops:
