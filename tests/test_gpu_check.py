@@ -1,5 +1,5 @@
 """``benchmarks/gpu_check.py`` and ``gpu_isolate.py`` work without a GPU: a dry run on the CPU writes its one JSON
-file and says so."""
+file and says so; ``sim_step_cost.py --bookkeeping`` still finds what it knocks out."""
 
 import json
 import subprocess
@@ -122,3 +122,16 @@ def test_the_isolated_dry_run_runs_each_variant_in_a_process_of_its_own(tmp_path
         assert run["step_ms"] > 0 and run["main_cpu_ms"] > 0 and run["other_cpu_ms"] >= 0
     assert result["launch_bound"]["added_us_per_step"]["bare"] == 0.0
     assert "DRY RUN" in done.stdout
+
+
+@pytest.mark.slow
+def test_sim_step_costs_bookkeeping_run_knocks_out_each_piece() -> None:
+    """``sim_step_cost.py --bookkeeping`` still reaches the pieces it knocks out (perfhooks' own methods, by name):
+    a run of one round names the whole and each piece with a figure."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sim_step_cost.py"), "--bookkeeping",
+                           "--rounds", "1", "--steps", "50"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "perfhooks' own Python" in done.stdout
+    for piece in ("the statistics", "a step's end for the other threads", "the published state alone",
+                  "the step's open"):
+        assert piece in done.stdout and "µs, paired" in done.stdout.split(piece)[1].split("\n")[0], piece
