@@ -464,6 +464,23 @@ def api_calls_per_step(job: Any, device: str, out: str, steps: int = 50) -> dict
     return calls
 
 
+class ResultFile:
+    """A run's results, written whole to ``path`` after each part and each round: a run stopped by a timeout keeps
+    what it measured, with the seconds it had run."""
+
+    def __init__(self, path: Path, result: dict[str, Any]) -> None:
+        self.path, self.result, self.started = path, result, time.monotonic()
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(self) -> None:
+        self.result["seconds"] = round(time.monotonic() - self.started, 1)
+        self.path.write_text(json.dumps(self.result, indent=1))
+
+    def keep(self, part: str, so_far: dict[str, Any]) -> None:
+        self.result[part] = so_far
+        self.save()
+
+
 def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> dict[str, Any]:
     """The launch-bound loop's variants (:data:`PARTS`) on the simulated GPU: the model on this CPU (the dry run's
     size, a host-bound step of a few hundred µs), perfhooks bound to ``cuda:0`` of the simulation, which charges
@@ -474,28 +491,23 @@ def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> 
     from simulated_gpu import simulated_cuda
 
     bind_to_the_simulation()
-    started = time.monotonic()
-    saved = Path(out_dir) / "gpu_check_simulated.json"
-    saved.parent.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine": describe_machine(), "device": "simulated cuda:0 (model on the CPU)",
-                              "torch": torch.__version__, "steps_per_run": steps}
-
-    def keep(so_far: dict[str, Any]) -> None:
-        result["launch_bound"] = so_far
-        result["seconds"] = round(time.monotonic() - started, 1)
-        saved.write_text(json.dumps(result, indent=1))
-
+    file = ResultFile(Path(out_dir) / "gpu_check_simulated.json",
+                      {"machine": describe_machine(), "device": "simulated cuda:0 (model on the CPU)",
+                       "torch": torch.__version__, "steps_per_run": steps})
+    result = file.result
     with simulated_cuda(memory_bytes=1 << 30), tempfile.TemporaryDirectory() as out:
         job = launch_bound_job("cpu", dry=True)
         launch_bound_ms(job, None, 20, "cpu", out)  # warm-up
-        keep(alternate(lambda s: launch_bound_ms(job, s, steps, "cpu", out), max(1, rounds), started + budget_s,
-                       after_round=keep))
+        file.keep("launch_bound", alternate(lambda s: launch_bound_ms(job, s, steps, "cpu", out), max(1, rounds),
+                                            file.started + budget_s,
+                                            after_round=lambda so_far: file.keep("launch_bound", so_far)))
     for name, paired in result["launch_bound"]["paired_added_us"].items():
         cpu, paired_cpu = result["launch_bound"]["cpu_ms"][name], result["launch_bound"]["paired_cpu_added_us"][name]
         print(f"{name:18s} +{paired['median_us']:7.1f} µs a step (slower in {paired['slower_rounds']} rounds); "
               f"training thread cpu {cpu['main']:.4f} ms (+{paired_cpu['median_us']:.1f} µs paired, more in "
               f"{paired_cpu['slower_rounds']}), gc {cpu['gc']:.4f} ms, threads {cpu['threads']}")
-    print(f"bare: {result['launch_bound']['median_ms']['bare'] * 1e3:.1f} µs a step; {saved}, {result['seconds']} s")
+    print(f"bare: {result['launch_bound']['median_ms']['bare'] * 1e3:.1f} µs a step; {file.path}, "
+          f"{result['seconds']} s")
     return result
 
 
@@ -523,17 +535,8 @@ def main() -> None:
                               "card": torch.cuda.get_device_name(0) if not dry else None, "torch": torch.__version__}
     if dry:
         result["why_dry"] = "no CUDA device" if not torch.cuda.is_available() else "--dry-run"
-    started = time.monotonic()
-    saved = Path(args.out) / "gpu_check.json"
-    saved.parent.mkdir(parents=True, exist_ok=True)
-
-    def save() -> None:  # after each part: a run stopped by a timeout keeps what it measured
-        result["seconds"] = round(time.monotonic() - started, 1)
-        saved.write_text(json.dumps(result, indent=1))
-
-    def keep(part: str, so_far: dict[str, Any]) -> None:
-        result[part] = so_far
-        save()
+    file = ResultFile(Path(args.out) / "gpu_check.json", result)
+    started, save, keep = file.started, file.save, file.keep
 
     with tempfile.TemporaryDirectory() as out:
         job = launch_bound_job(device, dry)

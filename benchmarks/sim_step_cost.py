@@ -34,8 +34,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -270,6 +272,26 @@ def charged_us(calls: collections.Counter, costs: dict[str, float]) -> float:
     return sum(count * costs.get(kind, 0.0) for (thread, kind), count in calls.items() if thread == "MainThread")
 
 
+@contextlib.contextmanager
+def metered(more_entries: Sequence[tuple[type, str]] = ()) -> Iterator[InPlace]:
+    """An :class:`InPlace` meter around perfhooks' entry points (:data:`ENTRY_POINTS`, and ``more_entries``) and
+    the simulation's calls made inside them, for the length of the block; everything put back after."""
+    from simulated_gpu import SimEvent
+
+    import perfhooks.runtime.plain_loop as plain
+
+    meter = InPlace()
+    entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS] + list(more_entries)
+    calls = [(SimEvent, "record"), (torch._C, "_cuda_getCurrentStream"), (torch.cuda, "is_current_stream_capturing"),
+             (torch._C, "_cuda_memoryStats"), (torch.cuda, "mem_get_info")]
+    with contextlib.ExitStack() as patches:
+        for target, name in entries:
+            patches.enter_context(mock.patch.object(target, name, meter.entry(getattr(target, name))))
+        for target, name in calls:
+            patches.enter_context(mock.patch.object(target, name, meter.simulated(getattr(target, name))))
+        yield meter
+
+
 def in_place(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
     """perfhooks' host time a step measured in place, free of the wall clock's drift between runs: the time inside
     its entry points (``ENTRY_POINTS``: what the loop and torch's hooks call), less the time inside the
@@ -277,34 +299,16 @@ def in_place(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
     counted against the bare loop's). The timers' own cost is in it (13 or so a step, each a frame): the same
     meters around the floor's entry points read it, with the floor's few lines, and the figure beyond the floor's is
     said too. Torch's own cost of calling a hook is not in either (the wall-clock figures hold it)."""
-    from simulated_gpu import SimEvent
-
-    import perfhooks.runtime.plain_loop as plain
-
-    meter = InPlace()
-    entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS]
-    entries += [(Floor, "mark"), (Floor, "__enter__"), (Floor, "__exit__")]
-    calls = [(SimEvent, "record"), (torch._C, "_cuda_getCurrentStream"), (torch.cuda, "is_current_stream_capturing"),
-             (torch._C, "_cuda_memoryStats"), (torch.cuda, "mem_get_info")]
-    saved = [(target, name, target.__dict__[name] if isinstance(target, type) else getattr(target, name))
-             for target, name in entries + calls]
     figures: dict[str, list[tuple[float, float]]] = {"perfhooks": [], "floor": []}
-    try:
-        for target, name in entries:
-            setattr(target, name, meter.entry(getattr(target, name)))
-        for target, name in calls:
-            setattr(target, name, meter.simulated(getattr(target, name)))
-        with tempfile.TemporaryDirectory() as out:
-            _, bare_calls = plain_loop(gpu, steps, "bare", out)
-            for round_ in range(rounds):
-                for mode in ("perfhooks", "floor") if round_ % 2 == 0 else ("floor", "perfhooks"):
-                    _, counted = plain_loop(gpu, steps, mode, out, at_steady=meter.reset)
-                    own = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
-                    added = (charged_us(counted, gpu.call_cost_us) - charged_us(bare_calls, gpu.call_cost_us)) / steps
-                    figures[mode].append((own, added))
-    finally:
-        for target, name, original in saved:
-            setattr(target, name, original)
+    with metered([(Floor, "mark"), (Floor, "__enter__"), (Floor, "__exit__")]) as meter, \
+            tempfile.TemporaryDirectory() as out:
+        _, bare_calls = plain_loop(gpu, steps, "bare", out)
+        for round_ in range(rounds):
+            for mode in ("perfhooks", "floor") if round_ % 2 == 0 else ("floor", "perfhooks"):
+                _, counted = plain_loop(gpu, steps, mode, out, at_steady=meter.reset)
+                own = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
+                added = (charged_us(counted, gpu.call_cost_us) - charged_us(bare_calls, gpu.call_cost_us)) / steps
+                figures[mode].append((own, added))
 
     def median(mode: str, which: int) -> float:
         return statistics.median(figure[which] for figure in figures[mode])
@@ -345,41 +349,17 @@ def bookkeeping(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
     taken out), whole and with each piece of the step's bookkeeping knocked out in turn, alternating: what each
     piece costs, and what the six boundaries (torch's hook, perfhooks' hook, the phase change, the mark) cost
     without it."""
-    from simulated_gpu import SimEvent
-
-    import perfhooks.runtime.plain_loop as plain
-
-    meter = InPlace()
-    entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS]
-    calls = [(SimEvent, "record"), (torch._C, "_cuda_getCurrentStream"), (torch.cuda, "is_current_stream_capturing"),
-             (torch._C, "_cuda_memoryStats"), (torch.cuda, "mem_get_info")]
-    saved = [(target, name, target.__dict__[name] if isinstance(target, type) else getattr(target, name))
-             for target, name in entries + calls]
     cuts = {"none": [], **_bookkeeping_cuts()}
     figures: dict[str, list[float]] = {name: [] for name in cuts}
-    costs = gpu.call_cost_us
-    try:
-        for target, name in entries:
-            setattr(target, name, meter.entry(getattr(target, name)))
-        for target, name in calls:
-            setattr(target, name, meter.simulated(getattr(target, name)))
-        gpu.call_cost_us = dict.fromkeys(costs, 0.0)
-        with tempfile.TemporaryDirectory() as out:
-            for round_ in range(rounds):
-                for cut in list(cuts) if round_ % 2 == 0 else list(cuts)[::-1]:
-                    kept = [(owner, name, owner.__dict__[name]) for owner, name, _ in cuts[cut]]
+    with metered() as meter, mock.patch.object(gpu, "call_cost_us", dict.fromkeys(gpu.call_cost_us, 0.0)), \
+            tempfile.TemporaryDirectory() as out:
+        for round_ in range(rounds):
+            for cut in list(cuts) if round_ % 2 == 0 else list(cuts)[::-1]:
+                with contextlib.ExitStack() as patches:
                     for owner, name, stand_in in cuts[cut]:
-                        setattr(owner, name, stand_in)
-                    try:
-                        plain_loop(gpu, steps, "perfhooks", out, at_steady=meter.reset)
-                    finally:
-                        for owner, name, original in kept:
-                            setattr(owner, name, original)
-                    figures[cut].append((meter.inside_ns - meter.simulation_ns) / steps / 1e3)
-    finally:
-        gpu.call_cost_us = costs
-        for target, name, original in saved:
-            setattr(target, name, original)
+                        patches.enter_context(mock.patch.object(owner, name, stand_in))
+                    plain_loop(gpu, steps, "perfhooks", out, at_steady=meter.reset)
+                figures[cut].append((meter.inside_ns - meter.simulation_ns) / steps / 1e3)
     whole = statistics.median(figures["none"])
     print(f"plain_loop, in place, calls free: perfhooks' own Python {whole:.1f} µs a step "
           f"(rounds {min(figures['none']):.1f} to {max(figures['none']):.1f}); knocked out in turn:")
@@ -515,7 +495,7 @@ def run_engine_loop(gpu: SimulatedGpu, rounds: int, steps: int, overhead: dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=None, help="steps a run (default 400; 600 with --bookkeeping)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--free", action="store_true", help="device calls cost no host time")
     parser.add_argument("--loops", nargs="+", choices=("engine", "plain_loop"), default=["engine", "plain_loop"],
@@ -524,22 +504,23 @@ def main() -> None:
                         help="only the plain loop in place, with each piece of a step's bookkeeping knocked out in "
                              "turn (600 steps a run unless --steps)")
     args = parser.parse_args()
+    steps = args.steps or (600 if args.bookkeeping else 400)
     print(describe_machine())
     bind_to_the_simulation()
     with simulated_cuda(memory_bytes=1 << 30) as gpu:
         if args.free:
             gpu.call_cost_us = dict.fromkeys(gpu.call_cost_us, 0.0)
         print(f"per-call host cost (µs): {gpu.call_cost_us}")
-        if args.bookkeeping:
-            bookkeeping(gpu, args.steps if args.steps != 400 else 600, args.rounds)
+        if args.bookkeeping:  # the plain loop in place only
+            bookkeeping(gpu, steps, args.rounds)
             return
         overhead = simulation_overhead_us(gpu)
         print(f"the simulation's own Python per call (µs, warm; charged on top of the costs above): {overhead}")
         if "engine" in args.loops:
-            run_engine_loop(gpu, args.rounds, args.steps, overhead)
+            run_engine_loop(gpu, args.rounds, steps, overhead)
         if "plain_loop" in args.loops:
-            run_plain_loop(gpu, args.rounds, args.steps)
-            in_place(gpu, args.steps, args.rounds)
+            run_plain_loop(gpu, args.rounds, steps)
+            in_place(gpu, steps, args.rounds)
         print(f"background threads' share of each second (CPU time, an upper bound on their GIL time), "
               f"host-bound 1 ms steps: {background_share(gpu)}")
 
