@@ -6,11 +6,13 @@
    ``perfhooks.profile`` without windows, then with each of its parts switched off in turn from there (NVTX, the
    memory monitor, the FLOP count, the device events, the reader's own timer: :data:`PARTS`), and two ways of
    reading the timings that may cost a host-bound step less (a reader whose reads hold the GIL, and no reader
-   thread at all), and the events recorded but never read, alternating round after round. Each run gives its CPU
+   thread at all), the events recorded but never read, and the floor (no perfhooks: the least any design does at
+   the loop's six boundaries, ``FLOOR``), alternating round after round. Each run gives its CPU
    time a step of the training thread, of the other threads and of each named one (perfhooks' are
    ``perfhooks-*``), and the garbage collector's time a step; each variant, its difference from bare in the same
    round, of the step (``paired_added_us``) and of the training thread's CPU (``paired_cpu_added_us``). Target,
-   for the defaults (``gpu_isolate.py``): at most +50 µs a step.
+   for the defaults (``gpu_isolate.py``): at most +50 µs a step. Then **in place** (:func:`in_place`): perfhooks'
+   own time a step inside its entry points, its device calls at their real cost included, beside the floor's.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
    2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants (but the
    reading's three) and alternation.
@@ -68,13 +70,17 @@ from machine import describe_machine  # noqa: E402
 #: the middle of the training thread's step, read after read); ``READS_INLINE``, no reader thread: the training
 #: thread reads the finished steps at each step's end, through the same GIL-free timer (uncontended there);
 #: ``READS_NONE``, the events recorded and never read (no reader, each step's marks returned at its end, no
-#: timings): what the records cost alone, the reading being the difference from ``no_window``.
+#: timings): what the records cost alone, the reading being the difference from ``no_window``. ``FLOOR``, no
+#: perfhooks: ``sim_step_cost.Floor``, the least any design does at the loop's six boundaries through the same
+#: torch hooks (take the time, record a pooled event where CUDA is, append; one capture check a step): what
+#: perfhooks' target can be measured against on the same card.
 HOST_CLOCK = "host_clock"
 TORCH_TIMER = "torch_timer"
 READER_HOLDS_GIL = "reader_holds_gil"
 READS_INLINE = "reads_inline"
 READS_NONE = "reads_none"
 SWITCHES = (HOST_CLOCK, TORCH_TIMER, READER_HOLDS_GIL, READS_INLINE, READS_NONE)
+FLOOR = "floor"
 PARTS: dict[str, dict[str, Any] | None] = {
     "bare": None,
     "no_window": {"schedule": None},
@@ -86,10 +92,11 @@ PARTS: dict[str, dict[str, Any] | None] = {
     "reader_holds_gil": {"schedule": None, READER_HOLDS_GIL: True},
     "reads_inline": {"schedule": None, READS_INLINE: True},
     "records_only": {"schedule": None, READS_NONE: True},
+    "floor": {FLOOR: True},
 }
 #: The reader's three experiments run on the launch-bound loop only (where the reader's share of each second is
 #: largest): the GPT's rounds are long, and its ratio needs as many of them as the budget allows.
-LAUNCH_BOUND_ONLY = ("reader_holds_gil", "reads_inline", "records_only")
+LAUNCH_BOUND_ONLY = ("reader_holds_gil", "reads_inline", "records_only", "floor")
 
 #: The measured span starts at this step at the earliest, after the default window (steps 8-12).
 FIRST_TIMED_STEP = 20
@@ -262,26 +269,32 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
                     raw_window: bool = False, span: Span | None = None) -> dict[str, Any]:
     """The loop's timed span, per step (:meth:`Span.per_step`: the mean step and the threads' CPU, ms);
     ``raw_window``: a bare profiler window (no perfhooks)."""
+    if settings is not None and settings.get(FLOOR):
+        return _launch_bound(job, None, steps, device, out, raw_window, span or Span(), floor=True)
     with perfhooks_settings(settings) as settings:
         return _launch_bound(job, settings, steps, device, out, raw_window, span or Span())
 
 
 def _launch_bound(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str, raw_window: bool,
-                  span: Span) -> dict[str, Any]:
+                  span: Span, floor: bool = False) -> dict[str, Any]:
+    from sim_step_cost import Floor
+
     import perfhooks
 
     model, optimizer, batches = job
     first = max(steps // 5, FIRST_TIMED_STEP) if steps > 2 * FIRST_TIMED_STEP else steps // 5  # short: API calls
     perf = perfhooks.profile(model, optimizer, output_dir=out, console=False, **settings) \
         if settings is not None else None
+    fetch: Any = perf.data_wait if perf is not None else contextlib.nullcontext
+    marks = Floor(model, optimizer, device=torch.cuda.is_available()) if floor else None  # the simulation's too
+    if marks is not None:
+        def fetch() -> Any:
+            return marks
     window = RawWindow(device) if raw_window else None
     for i in range(steps):
         if window is not None:
             window.at_step(i)
-        if perf is not None:
-            with perf.data_wait():
-                x = batches[i % len(batches)]
-        else:
+        with fetch():
             x = batches[i % len(batches)]
         model(x).square().mean().backward()
         optimizer.step()
@@ -290,7 +303,47 @@ def _launch_bound(job: Any, settings: dict[str, Any] | None, steps: int, device:
             span.mark(device, i)
     if perf is not None:
         perf.close()
+    if marks is not None:
+        marks.remove()
     return span.per_step()
+
+
+class MeteredSpan(Span):
+    """A :class:`Span` that also reads an in-place meter (``sim_step_cost.InPlace``) at its marks."""
+
+    def __init__(self, meter: Any) -> None:
+        super().__init__()
+        self.meter = meter
+        self.inside_ns: list[int] = []
+
+    def mark(self, device: str, step: int) -> None:
+        super().mark(device, step)
+        self.inside_ns.append(self.meter.inside_ns)
+
+    def inside_us(self) -> float:
+        """µs a timed step inside the metered entry points."""
+        return (self.inside_ns[-1] - self.inside_ns[0]) / (self.marks[-1][0] - self.marks[0][0]) / 1e3
+
+
+def in_place(job: Any, device: str, out: str, steps: int, rounds: int, deadline: float) -> dict[str, Any]:
+    """perfhooks' own time a steady step of the launch-bound loop on the training thread, in place (µs): the time
+    inside its entry points (``sim_step_cost.ENTRY_POINTS``), its device calls at their real cost included, and the
+    same meters around the floor's (``FLOOR``), alternating. Torch's own cost of calling a hook and what perfhooks
+    does to the caches are not in it (the wall clock has them); its noise is a few µs where the wall clock's is
+    hundreds on a GPU's host. Rounds stop at ``deadline`` (``time.monotonic()``), never below one."""
+    from sim_step_cost import Floor, metered
+
+    figures: dict[str, list[float]] = {"no_window": [], "floor": []}
+    with metered([(Floor, "mark"), (Floor, "__enter__"), (Floor, "__exit__")], simulation=False) as meter:
+        for round_ in range(rounds):
+            if round_ and time.monotonic() > deadline:
+                break
+            for name in ("no_window", "floor") if round_ % 2 == 0 else ("floor", "no_window"):
+                span = MeteredSpan(meter)
+                launch_bound_ms(job, PARTS[name], steps, device, out, span=span)
+                figures[name].append(round(span.inside_us(), 2))
+    return {"rounds": len(figures["floor"]), "us_per_step": figures,
+            "median_us": {name: round(statistics.median(values), 2) for name, values in figures.items()}}
 
 
 # ----------------------------------------------------------------------------- 2. the Lightning GPT
@@ -501,11 +554,15 @@ def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> 
         file.keep("launch_bound", alternate(lambda s: launch_bound_ms(job, s, steps, "cpu", out), max(1, rounds),
                                             file.started + budget_s,
                                             after_round=lambda so_far: file.keep("launch_bound", so_far)))
+        result["in_place"] = in_place(job, "cpu", out, steps, max(1, rounds), file.started + budget_s)
+        file.save()
     for name, paired in result["launch_bound"]["paired_added_us"].items():
         cpu, paired_cpu = result["launch_bound"]["cpu_ms"][name], result["launch_bound"]["paired_cpu_added_us"][name]
         print(f"{name:18s} +{paired['median_us']:7.1f} µs a step (slower in {paired['slower_rounds']} rounds); "
               f"training thread cpu {cpu['main']:.4f} ms (+{paired_cpu['median_us']:.1f} µs paired, more in "
               f"{paired_cpu['slower_rounds']}), gc {cpu['gc']:.4f} ms, threads {cpu['threads']}")
+    print(f"in place, µs a step, the device calls' charges and the simulation's Python included: "
+          f"{result['in_place']['median_us']}")
     print(f"bare: {result['launch_bound']['median_ms']['bare'] * 1e3:.1f} µs a step; {file.path}, "
           f"{result['seconds']} s")
     return result
@@ -549,6 +606,8 @@ def main() -> None:
                                                min(deadline, started + share * args.budget_s),
                                                after_round=lambda so_far: keep("launch_bound", so_far))
             result["launch_bound"]["target"] = "at most +50 us a step (defaults)"
+            result["in_place"] = in_place(job, device, out, steps, rounds, min(deadline, started + (
+                0.55 if "lightning_gpt" in args.loops else 1.0) * args.budget_s))
             save()
         if "lightning_gpt" in args.loops:
             gpt_steps = FIRST_TIMED_STEP + (4 if dry else 40)
@@ -565,6 +624,9 @@ def main() -> None:
         print(f"{part}: added µs a step {result[part]['added_us_per_step']}; ratio {result[part]['ratio']}")
         for name, cpu in result[part].get("cpu_ms", {}).items():
             print(f"  cpu ms a step, {name:18s} main {cpu['main']:.3f} other {cpu['other']:.3f} {cpu['threads']}")
+    if "in_place" in result:
+        print(f"in place, µs a launch-bound step ({result['in_place']['rounds']} rounds): "
+              f"{result['in_place']['median_us']}")
     print(f"api calls a step: {result['api_calls_per_step']}")
     print(f"{'DRY RUN (' + result['why_dry'] + '): figures mean nothing; ' if dry else ''}"
           f"{args.out}/gpu_check.json, {result['seconds']} s")

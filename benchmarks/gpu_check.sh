@@ -8,11 +8,13 @@
 # perfhooks without windows (the loop), its defaults and its defaults with CUPTI left attached, each run in a fresh
 # process, for a launch-bound loop and a host-bound Lightning GPT, 4. benchmarks/gpu_check.py: the same two loops
 # bare, under perfhooks without windows and with each of its parts switched off in turn from there, and on the
-# launch-bound loop three ways of reading the timings (alternating in one process, with each thread's CPU and the
-# garbage collector's time), where the loop's training thread spends its time (cProfile), and the device API
-# calls a step. Everything lands in OUT/ and is packed into OUT.tar.gz. Without a GPU it is a dry run: the CUDA
-# tests are skipped (said in OUT/pytest.txt), doctor reports the CPU, and the benchmarks run tiny on the CPU to
-# show the script works. Keep a real run's figures in benchmarks/results/ with the card's name.
+# launch-bound loop three ways of reading the timings and the floor (no perfhooks: the least any design does at
+# the six boundaries), alternating in one process, with each thread's CPU and the garbage collector's time; then
+# perfhooks' own time a step in place beside the floor's, where the loop's training thread spends its time
+# (cProfile), and the device API calls a step. Everything lands in OUT/ and is packed into OUT.tar.gz. Without a
+# GPU it is a dry run: the CUDA tests are skipped (said in OUT/pytest.txt), doctor reports the CPU, and the
+# benchmarks run tiny on the CPU to show the script works. Keep a real run's figures in benchmarks/results/ with
+# the card's name.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu_check_out}
@@ -41,6 +43,6 @@ timeout $(( ISOLATE + 40 )) "$PY" benchmarks/gpu_isolate.py --out "$OUT" --budge
 BUDGET=$(( 450 - SECONDS ))
 [ "$BUDGET" -lt 90 ] && BUDGET=90
 timeout $(( BUDGET + 20 )) "$PY" benchmarks/gpu_check.py --out "$OUT" --budget-s "$BUDGET" "${DRY[@]}" 2>&1 \
-    | grep -v Warning | tail -16
+    | grep -v Warning | tail -24
 tar czf "$OUT.tar.gz" "$OUT"
 echo "packed: $OUT.tar.gz"

@@ -92,10 +92,15 @@ class Floor:
         self.pool: list[Any] = []
         self.streams: dict[Any, Any] = {}
         self.device = device
-        model.register_forward_pre_hook(lambda _module, _args: self.mark())
-        model.register_forward_hook(lambda _module, _args, _output: self.mark())
-        optimizer.register_step_pre_hook(lambda *_: self.mark())
-        optimizer.register_step_post_hook(lambda *_: self.mark())
+        self.handles = [model.register_forward_pre_hook(lambda _module, _args: self.mark()),
+                        model.register_forward_hook(lambda _module, _args, _output: self.mark()),
+                        optimizer.register_step_pre_hook(lambda *_: self.mark()),
+                        optimizer.register_step_post_hook(lambda *_: self.mark())]
+
+    def remove(self) -> None:
+        """Take its hooks off the model and the optimizer (a model shared between runs)."""
+        for handle in self.handles:
+            handle.remove()
 
     def mark(self) -> None:
         if self.device:
@@ -129,7 +134,8 @@ PLAIN_MODES = ("bare", "floor_host", "floor_free", "floor", "perfhooks")
 
 
 #: Steps each plain-loop run takes before it is timed: at ~0.5 ms a step, past the first second of a run, in which
-#: perfhooks creates the device events its pool later recycles (the timing reader returns them every 0.2 s).
+#: perfhooks creates the device events its pool later recycles (the timing reader returns them
+#: every ``READ_EVERY_S``).
 WARMUP_STEPS = 1500
 
 
@@ -273,9 +279,10 @@ def charged_us(calls: collections.Counter, costs: dict[str, float]) -> float:
 
 
 @contextlib.contextmanager
-def metered(more_entries: Sequence[tuple[type, str]] = ()) -> Iterator[InPlace]:
-    """An :class:`InPlace` meter around perfhooks' entry points (:data:`ENTRY_POINTS`, and ``more_entries``) and
-    the simulation's calls made inside them, for the length of the block; everything put back after."""
+def metered(more_entries: Sequence[tuple[type, str]] = (), simulation: bool = True) -> Iterator[InPlace]:
+    """An :class:`InPlace` meter around perfhooks' entry points (:data:`ENTRY_POINTS`, and ``more_entries``) and,
+    with ``simulation``, the simulation's calls made inside them, for the length of the block; everything put back
+    after. Without it (a real GPU) the device calls are timed as part of the entry points, at their real cost."""
     from simulated_gpu import SimEvent
 
     import perfhooks.runtime.plain_loop as plain
@@ -283,7 +290,7 @@ def metered(more_entries: Sequence[tuple[type, str]] = ()) -> Iterator[InPlace]:
     meter = InPlace()
     entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS] + list(more_entries)
     calls = [(SimEvent, "record"), (torch._C, "_cuda_getCurrentStream"), (torch.cuda, "is_current_stream_capturing"),
-             (torch._C, "_cuda_memoryStats"), (torch.cuda, "mem_get_info")]
+             (torch._C, "_cuda_memoryStats"), (torch.cuda, "mem_get_info")] if simulation else []
     with contextlib.ExitStack() as patches:
         for target, name in entries:
             patches.enter_context(mock.patch.object(target, name, meter.entry(getattr(target, name))))

@@ -20,7 +20,7 @@ def test_the_gpu_check_dry_run_writes_every_part(tmp_path: Path) -> None:
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert result["dry_run"] is True and result["why_dry"] in ("no CUDA device", "--dry-run")
     parts = {"bare", "no_window", "no_nvtx", "no_memory", "no_flop_count", "no_device_events", "torch_timer"}
-    reading = {"reader_holds_gil", "reads_inline", "records_only"}
+    reading = {"reader_holds_gil", "reads_inline", "records_only", "floor"}
     for part, variants in (("launch_bound", parts | reading), ("lightning_gpt", parts)):
         assert set(result[part]["ratio"]) == variants
         assert result[part]["rounds"] == 1
@@ -30,6 +30,9 @@ def test_the_gpu_check_dry_run_writes_every_part(tmp_path: Path) -> None:
     for name in ("bare", "no_window"):
         functions = [row["function"] for row in result["where_time_goes"][name]]
         assert len(functions) == 30 and all(row["calls"] > 0 for row in result["where_time_goes"][name])
+    in_place = result["in_place"]  # the time inside perfhooks' entry points and the floor's, a step
+    assert in_place["rounds"] == 1 and set(in_place["median_us"]) == {"no_window", "floor"}
+    assert all(len(values) == 1 and values[0] > 0 for values in in_place["us_per_step"].values())
     assert "DRY RUN" in done.stdout
 
 
@@ -41,14 +44,16 @@ def test_the_simulated_run_measures_every_variant_with_the_device_calls_charged(
                            "--simulated", "--rounds", "1", "--steps", "100"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads((tmp_path / "gpu_check_simulated.json").read_text())["launch_bound"]
+    written = json.loads((tmp_path / "gpu_check_simulated.json").read_text())
+    result = written["launch_bound"]
     variants = set(_gpu_check().PARTS) - {"bare"}
     assert result["rounds"] == 1 and set(result["paired_added_us"]) == set(result["paired_cpu_added_us"]) == variants
     threads = {name: cpu["threads"] for name, cpu in result["cpu_ms"].items()}
     assert "perfhooks-timings" in threads["no_window"] and "perfhooks-timings" in threads["reader_holds_gil"]
-    for name in ("bare", "reads_inline", "records_only", "no_device_events"):
+    for name in ("bare", "reads_inline", "records_only", "no_device_events", "floor"):
         assert "perfhooks-timings" not in threads[name], name
     assert all(cpu["gc"] >= 0 for cpu in result["cpu_ms"].values())
+    assert written["in_place"]["rounds"] == 1 and set(written["in_place"]["median_us"]) == {"no_window", "floor"}
 
 
 def _gpu_check() -> Any:
@@ -63,10 +68,10 @@ def _gpu_check() -> Any:
 
 
 def test_rounds_stop_before_the_one_that_would_overrun_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each run takes 1 s of a manual clock, 10 runs a round (every part): with 28 s of budget, the second round
-    (ending at 20 s) runs and the third (30 s) is not begun. The first round always runs."""
+    """Each run takes 1 s of a manual clock, 11 runs a round (every part): with 28 s of budget, the second round
+    (ending at 22 s) runs and the third (33 s) is not begun. The first round always runs."""
     gpu_check = _gpu_check()
-    assert len(gpu_check.PARTS) == 10
+    assert len(gpu_check.PARTS) == 11
     now = [0.0]
 
     def measure(settings: Any) -> float:
@@ -74,7 +79,7 @@ def test_rounds_stop_before_the_one_that_would_overrun_the_budget(monkeypatch: p
         return 2.0 if settings is None else 2.5
 
     result = gpu_check.alternate(measure, rounds=5, deadline=28.0, clock=lambda: now[0])
-    assert result["rounds"] == 2 and now[0] == 20.0
+    assert result["rounds"] == 2 and now[0] == 22.0
     assert result["ratio"]["no_nvtx"] == 1.25 and result["added_us_per_step"]["no_window"] == 500.0
     assert result["paired_added_us"]["reads_inline"] == {"median_us": 500.0, "slower_rounds": "2/2"}
     assert gpu_check.alternate(measure, rounds=5, deadline=-1.0, clock=lambda: now[0])["rounds"] == 1
