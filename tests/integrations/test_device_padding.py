@@ -139,12 +139,15 @@ def test_hf_trainer_padding_seen_when_its_batches_arrive_moved(tmp_path: Path) -
         def _prepare_input(self, data: Any) -> Any:  # already "on the device"
             return data if isinstance(data, torch.Tensor) and data.is_meta else super()._prepare_input(data)
 
-    # the defaults on (progress bar, checkpoints), with evaluation and logging every 10 steps; rows in order, so that
-    # each batch holds one row of each length (the default random order makes each batch's share differ, and which
-    # steps count as steady depends on when perfhooks' own work overlapped them)
+        def _get_train_sampler(self, *args: Any, **kwargs: Any) -> Any:
+            """Rows in order (``train_sampling_strategy="sequential"`` from transformers 5 on), so that each batch
+            holds one row of each length: in the default random order each batch's share differs, and which steps
+            count as steady depends on when perfhooks' own work overlapped them."""
+            return torch.utils.data.SequentialSampler(self.train_dataset)
+
+    # the defaults on (progress bar, checkpoints), with evaluation and logging every 10 steps
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=24, per_device_train_batch_size=4, use_cpu=True,
-                             save_steps=10, eval_strategy="steps", eval_steps=10, logging_steps=10,
-                             train_sampling_strategy="sequential")
+                             save_steps=10, eval_strategy="steps", eval_steps=10, logging_steps=10)
     Moving(model=TinyLM(), args=args, train_dataset=Rows(96), eval_dataset=Rows(8),
            callbacks=[PerfTrainerCallback(console=False)]).train()
     assert (tmp_path / "checkpoint-20").exists()
