@@ -328,20 +328,17 @@ class MeteredSpan(Span):
 def metered_rounds(entries: list[tuple[type, str]], runs: dict[str, Callable[[Span], Any]], rounds: int,
                    deadline: float) -> dict[str, Any]:
     """Each run's time a timed step inside ``entries`` (µs, ``sim_step_cost.metered`` without the simulation: the
-    device calls at their real cost), ``runs[name](span)`` round after round, each round starting one name later.
-    Rounds stop at ``deadline`` (``time.monotonic()``), never below one."""
+    device calls at their real cost), ``runs[name](span)`` in :func:`rotate_rounds` (``deadline`` on
+    ``time.monotonic()``)."""
     from sim_step_cost import metered
 
-    figures: dict[str, list[float]] = {name: [] for name in runs}
     with metered(entries, simulation=False) as meter:
-        for round_ in range(rounds):
-            if round_ and time.monotonic() > deadline:
-                break
-            names = list(runs)[round_ % len(runs):] + list(runs)[:round_ % len(runs)]
-            for name in names:
-                span = MeteredSpan(meter)
-                runs[name](span)
-                figures[name].append(round(span.inside_us(), 2))
+        def inside_us(name: str) -> float:
+            span = MeteredSpan(meter)
+            runs[name](span)
+            return round(span.inside_us(), 2)
+
+        figures = rotate_rounds(list(runs), inside_us, rounds, deadline)
     return {"rounds": len(figures[next(iter(runs))]), "us_per_step": figures,
             "median_us": {name: round(statistics.median(values), 2) for name, values in figures.items()}}
 
