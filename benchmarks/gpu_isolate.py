@@ -10,10 +10,18 @@ is what a user's run of that kind pays:
 
 - ``bare``; ``bare_window`` (with ``--window-alone`` only): the same loop with a plain ``torch.profiler`` window
   over steps 10-12, no perfhooks (what any profiler window leaves behind);
-- ``no_window``: perfhooks without windows (its own per-step cost; the launch-bound loop only, ``gpu_check.py``
-  has it for both);
-- ``defaults``: perfhooks as it comes (its window lets CUPTI go); ``defaults_attached``: the same with
-  ``detach_cupti=False`` (CUPTI left attached after the window, as before 2026-11-27).
+- ``no_window``: perfhooks without windows (its own per-step cost);
+- ``floor`` (the launch-bound loop): no perfhooks, the least any design does at the six step boundaries
+  (``sim_step_cost.Floor``: take the time, record a pooled event, append; one capture check a step), so that
+  ``no_window`` less ``floor`` is what perfhooks costs beyond it, and ``floor`` says whether +50 µs is reachable
+  on that card at all;
+- ``defaults``: perfhooks as it comes (its window lets CUPTI go); ``defaults_attached`` (with ``--attached``
+  only): the same with ``detach_cupti=False`` (CUPTI left attached after the window, as before 2026-11-27; an H100
+  and an H200 showed it, +480 µs a launch-bound step on the H200).
+
+On the H200 (2026-11-28) one round in fresh processes read perfhooks without windows at +24 µs a launch-bound
+step, where 18 alternating rounds in one process read +252: the fresh-process rounds come first now, and the
+budget gives them the most.
 
 Each child reports, per timed step (after the default window: steps 80-399 of 400, or 20-59 of 60 for the GPT),
 the wall clock, the training thread's CPU time, the CPU time of every other thread and of each named Python
@@ -49,14 +57,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 #: Each variant: perfhooks' settings (None: not used) and whether a plain profiler window runs (no perfhooks).
 Variant = tuple[dict[str, Any] | None, bool]
 VARIANTS: dict[str, dict[str, Variant]] = {
-    "launch_bound": {"bare": (None, False), "no_window": ({"schedule": None}, False), "defaults": ({}, False),
-                     "defaults_attached": ({"detach_cupti": False}, False)},
-    #: perfhooks without windows is ``gpu_check.py``'s, alternating in one process (a child here takes ~24 s).
-    "lightning_gpt": {"bare": (None, False), "defaults": ({}, False),
-                      "defaults_attached": ({"detach_cupti": False}, False)},
+    "launch_bound": {"bare": (None, False), "no_window": ({"schedule": None}, False),
+                     "floor": ({"floor": True}, False), "defaults": ({}, False)},  # gpu_check.FLOOR
+    #: a child here takes about 24 s on an H100 machine
+    "lightning_gpt": {"bare": (None, False), "no_window": ({"schedule": None}, False), "defaults": ({}, False)},
 }
 #: Not run by default (known since 2026-11-27: any window leaves CUPTI attached): ``--window-alone``.
 BARE_WINDOW: Variant = (None, True)
+#: Not run by default (known since 2026-11-27, and ``detach_cupti`` is on by default): ``--attached``.
+ATTACHED: Variant = ({"detach_cupti": False}, False)
 
 
 #: Runs of the launch-bound loop in each child (a child starts in about 12 s on an H100 machine; a run takes 1 s).
@@ -68,7 +77,8 @@ def child(loop: str, name: str, dry: bool) -> dict[str, Any]:
     import gpu_check
     import torch
 
-    settings, raw_window = BARE_WINDOW if name == "bare_window" else VARIANTS[loop][name]
+    extra = {"bare_window": BARE_WINDOW, "defaults_attached": ATTACHED}
+    settings, raw_window = extra[name] if name in extra else VARIANTS[loop][name]
     device = "cpu" if dry or not torch.cuda.is_available() else "cuda"
     spans: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as out:
@@ -120,12 +130,13 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return {"rounds": len(runs.get("bare", [])), "runs": runs, "median": median, "added_us_per_step": added}
 
 
-def alternate(loop: str, rounds: int, deadline: float, dry: bool, save: Any, window_alone: bool = False
-              ) -> dict[str, Any]:
+def alternate(loop: str, rounds: int, deadline: float, dry: bool, save: Any, window_alone: bool = False,
+              attached: bool = False) -> dict[str, Any]:
     """Every variant of ``loop``, each in a child process, round after round (``gpu_check.rotate_rounds``)."""
     import gpu_check
 
-    names = list(VARIANTS[loop]) + (["bare_window"] if window_alone else [])
+    names = list(VARIANTS[loop]) + (["bare_window"] if window_alone else []) + (
+        ["defaults_attached"] if attached else [])
     runs = gpu_check.rotate_rounds(names, lambda name: run_child(loop, name, dry), rounds, deadline,
                                    after_round=lambda so_far: save(loop, summary(so_far)))
     return summary(runs)
@@ -140,6 +151,8 @@ def main() -> None:
     parser.add_argument("--loops", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--window-alone", action="store_true",
                         help="also a plain torch.profiler window without perfhooks (bare_window)")
+    parser.add_argument("--attached", action="store_true",
+                        help="also perfhooks' defaults with CUPTI left attached after the window (defaults_attached)")
     parser.add_argument("--child", nargs=2, metavar=("LOOP", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -162,10 +175,11 @@ def main() -> None:
         result["seconds"] = round(time.monotonic() - started, 1)
         saved.write_text(json.dumps(result, indent=1))
 
-    shares = {"launch_bound": 0.4, "lightning_gpt": 1.0}
+    shares = {"launch_bound": 0.5, "lightning_gpt": 1.0}  # two rounds of four on an H200 machine, then the GPT
     for loop in args.loops:
         deadline = started + shares[loop] * args.budget_s if len(args.loops) > 1 else started + args.budget_s
-        save(loop, alternate(loop, 1 if dry else args.rounds, deadline, dry, save, args.window_alone))
+        save(loop, alternate(loop, 1 if dry else args.rounds, deadline, dry, save, args.window_alone,
+                             args.attached))
         print(f"{loop}: µs added a step {result[loop]['added_us_per_step']}")
         for name, median in result[loop]["median"].items():
             print(f"  {name:22s} {median}")

@@ -33,8 +33,9 @@ def test_the_gpu_check_dry_run_writes_every_part(tmp_path: Path) -> None:
     in_place = result["in_place"]  # the time inside perfhooks' entry points and the floor's, a step
     assert in_place["rounds"] == 1 and set(in_place["median_us"]) == {"no_window", "floor"}
     assert all(len(values) == 1 and values[0] > 0 for values in in_place["us_per_step"].values())
-    gpt = result["lightning_gpt"]["in_place"]  # inside PerfCallback's step hooks and the tracker's fetch
-    assert gpt["rounds"] == 1 and gpt["median_us"]["no_window"] > 0 and 0 < gpt["share_of_bare_step"] < 1
+    assert all(0 < share < 1 for share in in_place["share_of_step"].values())
+    gpt = result["in_place_gpt"]  # inside PerfCallback's step hooks and the tracker's fetch
+    assert gpt["rounds"] == 1 and gpt["median_us"]["no_window"] > 0 and 0 < gpt["share_of_step"]["no_window"] < 1
     assert "DRY RUN" in done.stdout
 
 
@@ -117,13 +118,13 @@ def test_the_training_threads_cpu_is_paired_like_the_step() -> None:
 @pytest.mark.slow
 def test_the_isolated_dry_run_runs_each_variant_in_a_process_of_its_own(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_isolate.py"), "--out", str(tmp_path),
-                           "--dry-run", "--loops", "launch_bound", "--window-alone"], capture_output=True, text=True,
-                          timeout=300)
+                           "--dry-run", "--loops", "launch_bound", "--window-alone", "--attached"],
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "gpu_isolate.json").read_text())
     assert result["dry_run"] is True and result["launch_bound"]["rounds"] == 1
     runs = result["launch_bound"]["runs"]
-    assert set(runs) == {"bare", "bare_window", "no_window", "defaults", "defaults_attached"}
+    assert set(runs) == {"bare", "bare_window", "no_window", "floor", "defaults", "defaults_attached"}
     for name, (run,) in runs.items():
         assert "error" not in run, f"{name}: {run}"
         assert run["step_ms"] > 0 and run["main_cpu_ms"] > 0 and run["other_cpu_ms"] >= 0
