@@ -11,8 +11,8 @@ device call is made: the context may be broken, and a call would raise again aft
 the calling thread's stream captures a CUDA graph, marks are host-only too (a query during a capture would
 invalidate the user's graph), and pending marks are not polled until the capture ends.
 
-A step's marks may sit on several streams (a forward under ``torch.cuda.stream(s)``): :meth:`DeviceClock.ready`
-is asked of each before a step is read. Events on one stream complete in the order they were recorded, so the
+A step's marks may sit on several streams (a forward under ``torch.cuda.stream(s)``): :meth:`DeviceClock.all_ready`
+checks each before a step is read. Events on one stream complete in the order they were recorded, so the
 clock keeps, per stream, the newest mark known complete: every older mark on that stream is complete without a
 query, and one query of a step's newest mark answers for the whole step.
 
@@ -41,8 +41,10 @@ from perfhooks.timebase import monotonic_ns
 POOL_LIMIT = 4096
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Mark:
+    """A boundary on the device's timeline; compared and hashed by identity (a step's marks key its reads)."""
+
     host_ns: int
     event: Any = None  # a device event, None after the device stopped being used
     #: The stream the event was recorded on (its id, device, type), None for a host-only mark.
@@ -59,9 +61,6 @@ class HostClock:
     def __init__(self) -> None:
         self.mark: Callable[[], Any] = monotonic_ns
 
-    def ready(self, mark: Any) -> bool:
-        return True
-
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Interval on this clock's timeline (ms)."""
         return (end - start) / 1e6
@@ -70,8 +69,12 @@ class HostClock:
         """Interval on the host clock (ms), whatever the timeline."""
         return (end - start) / 1e6
 
-    def release(self, mark: Any) -> None:
-        pass
+    def all_ready(self, marks: list[Any]) -> bool:
+        """Whether every one of ``marks`` (a step's, in the order taken) has completed."""
+        return True
+
+    def release_all(self, marks: list[Any]) -> None:
+        """:meth:`release` each of ``marks`` (each a distinct mark)."""
 
     def share(self, mark: Any) -> Any:
         """``mark``, held by one more step record (a step's end as the next step's start)."""
@@ -190,6 +193,18 @@ class DeviceClock(HostClock):
             self._done[mark.stream] = max(mark.host_ns, self._done.get(mark.stream, -1))
         return done
 
+    def all_ready(self, marks: list[Mark]) -> bool:
+        """Whether every one of a step's ``marks`` (in the order taken) has completed: the newest is asked first, and
+        once it has, every older mark on its stream is known complete without a call (the reader's check of each
+        step, one frame for the step)."""
+        if self.room.lost is not None:
+            return True
+        done, ready = self._done, self.ready
+        for mark in reversed(marks):
+            if mark.event is not None and mark.host_ns > done.get(mark.stream, -1) and not ready(mark):
+                return False
+        return True
+
     def elapsed_ms(self, start: Mark, end: Mark) -> float:
         if start.event is not None and end.event is not None and self.room.lost is None:
             try:
@@ -207,7 +222,7 @@ class DeviceClock(HostClock):
         float32 milliseconds stay exact to the µs within a step). Pairs with a host-only mark are host times."""
         if origin.event is None:
             return self.elapsed_ms
-        offsets: dict[int, float] = {id(origin): 0.0}
+        offsets: dict[Mark, float] = {origin: 0.0}
         elapsed, room = self.elapsed_ms, self.room
         bound = self._timer
         if (bound is not None and bound[1] is not None and self._timer_checked
@@ -223,12 +238,12 @@ class DeviceClock(HostClock):
         def interval(start: Mark, end: Mark) -> float:
             if start.event is None or end.event is None or room.lost is not None:
                 return (end.host_ns - start.host_ns) / 1e6
-            at_start = offsets.get(id(start))
+            at_start = offsets.get(start)
             if at_start is None:
-                at_start = offsets[id(start)] = read(origin, start)
-            at_end = offsets.get(id(end))
+                at_start = offsets[start] = read(origin, start)
+            at_end = offsets.get(end)
             if at_end is None:
-                at_end = offsets[id(end)] = read(origin, end)
+                at_end = offsets[end] = read(origin, end)
             return at_end - at_start
 
         return interval
@@ -240,14 +255,18 @@ class DeviceClock(HostClock):
         mark.holders += 1
         return mark
 
-    def release(self, mark: Mark) -> None:
-        left = mark.holders - 1  # the releasing thread's own count decides: the event is pooled at most once
-        mark.holders = left
-        if left > 0:
-            return
-        if mark.event is not None and self.room.lost is None and len(self._pool) < POOL_LIMIT:
-            self._pool.append(mark.event)
-        mark.event = None
+    def release_all(self, marks: list[Mark]) -> None:
+        """Each of ``marks`` is held by one step record fewer; the event of one no record holds goes back to the
+        pool (a step's marks in one frame: the reader returns every step's)."""
+        pool, keep = self._pool, self.room.lost is None
+        for mark in marks:
+            left = mark.holders - 1  # the releasing thread's own count decides: the event is pooled at most once
+            mark.holders = left
+            if left > 0:
+                continue
+            if mark.event is not None and keep and len(pool) < POOL_LIMIT:
+                pool.append(mark.event)
+            mark.event = None
 
     def wait(self, mark: Mark, deadline: float) -> bool:
         """Poll until ``mark`` completes on the device or ``deadline`` passes; whether it completed (a lost

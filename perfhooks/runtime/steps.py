@@ -135,38 +135,32 @@ class PendingSteps:
             while queue:
                 sink(self._resolve(queue.popleft()))
             return
+        # Every mark of a step must have completed. The newest is asked first: once it has, every older mark on its
+        # stream has too and costs no query; marks on another stream (a forward under ``torch.cuda.stream(s)``,
+        # which may complete after the step's end) are asked for themselves.
+        all_ready, release_all = self.clock.all_ready, self.clock.release_all
         if len(queue) > 1:
-            self._ready(self._marks(queue[-1]))  # when the newest step is done, so is every older one on its streams
-        release = self.clock.release
+            all_ready(self._marks(queue[-1]))  # when the newest step is done, so is every older one on its streams
         while queue:
             record = queue[0]
             marks = self._marks(record)
-            if not self._ready(marks):
+            if not all_ready(marks):
                 return
             queue.popleft()
             sink(self._resolve(record))
-            for mark in marks:
-                release(mark)
-
-    def _ready(self, marks: list[Any]) -> bool:
-        """Every mark of a step has completed. The newest is asked first (``marks`` is in the order they were
-        taken): once it has, every older mark on its stream has too and costs no query; marks on another stream (a
-        forward under ``torch.cuda.stream(s)``, which may complete after the step's end) are asked for themselves.
-        """
-        ready = self.clock.ready
-        return all(ready(mark) for mark in reversed(marks))
+            release_all(marks)
 
     @staticmethod
     def _marks(record: StepRecord) -> list[Any]:
         """The step's distinct marks, in the order they were taken but for an aside's (a phase's end is the next
-        phase's start: one mark)."""
-        marks = {id(record.start): record.start}
+        phase's start: one mark). Device marks are told apart by identity; host marks are numbers, which need no
+        telling apart (nothing is released or asked of them)."""
+        marks = {record.start: None}
         for _, start, end in record.intervals:
-            marks.setdefault(id(start), start)
-            marks.setdefault(id(end), end)
+            marks[start] = marks[end] = None
         if record.end is not None:
-            marks.setdefault(id(record.end), record.end)
-        return list(marks.values())
+            marks[record.end] = None
+        return list(marks)
 
     def _resolve(self, record: StepRecord) -> StepTiming:
         """Milliseconds from marks. Every phase is read on the device's timeline, ``data_wait`` included: there it
@@ -198,6 +192,5 @@ class PendingSteps:
         """Return a step's device events to the pool (host marks hold nothing); each distinct mark once."""
         if not self.clock.device_timed:
             return
-        for mark in self._marks(record):
-            self.clock.release(mark)
+        self.clock.release_all(self._marks(record))
 
