@@ -575,10 +575,11 @@ def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> 
     each device call its host cost on an H100. The same figures as on a GPU, so that a part's cost can be placed
     here first and checked on the next lent GPU. Writes ``DIR/gpu_check_simulated.json``."""
     sys.path.insert(0, str(REPO / "tests"))
-    from sim_step_cost import bind_to_the_simulation
+    from sim_step_cost import bind_to_the_simulation, one_torch_thread
     from simulated_gpu import simulated_cuda
 
     bind_to_the_simulation()
+    one_torch_thread()
     file = ResultFile(Path(out_dir) / "gpu_check_simulated.json",
                       {"machine": describe_machine(), "device": "simulated cuda:0 (model on the CPU)",
                        "torch": torch.__version__, "steps_per_run": steps})

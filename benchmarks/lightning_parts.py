@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from machine import describe_machine  # noqa: E402
-from sim_step_cost import bind_to_the_simulation  # noqa: E402
+from sim_step_cost import bind_to_the_simulation, one_torch_thread  # noqa: E402
 from simulated_gpu import SimulatedGpu, simulated_cuda  # noqa: E402
 
 #: Each variant: the PerfCallback settings (None: the bare fit), and whether callback hooks are timed.
@@ -99,6 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     print(describe_machine())
     bind_to_the_simulation()
+    one_torch_thread()
     import logging
     import warnings
 
