@@ -108,7 +108,9 @@ class DeviceClock(HostClock):
 
     def __init__(self, room: DeviceRoom) -> None:
         self.room = room
-        self._pool: list[Any] = []
+        #: Marks whose events no step holds any more, for reuse (a mark is made once per pooled event: a young
+        #: object that lives until the reader reads it is one more for the garbage collector's next pass).
+        self._pool: list[Mark] = []
         #: Per stream, the host time (ns) of the newest mark known complete: older marks there are complete too.
         self._done: dict[Any, int] = {}
         #: No capture was under way when the open step opened: its marks may be recorded on the device.
@@ -165,12 +167,14 @@ class DeviceClock(HostClock):
     def _record_mark(self) -> Mark:
         if self._clear and (not capture_watch.open_contexts or self.room.usable()):
             pool = self._pool
-            event = pool.pop() if pool else self.room.new_event()
+            mark = pool.pop() if pool else Mark(0, self.room.new_event())
             try:
-                stream = self._record(event)
-                return Mark(monotonic_ns(), event, stream)
+                mark.stream = self._record(mark.event)
             except DeviceLost:
                 self._clear = False  # no device call until the next step's check (which says no: the room is lost)
+            else:
+                mark.host_ns, mark.holders = monotonic_ns(), 1
+                return mark
         return Mark(monotonic_ns())
 
     def ready(self, mark: Mark) -> bool:
@@ -256,17 +260,18 @@ class DeviceClock(HostClock):
         return mark
 
     def release_all(self, marks: list[Mark]) -> None:
-        """Each of ``marks`` is held by one step record fewer; the event of one no record holds goes back to the
-        pool (a step's marks in one frame: the reader returns every step's)."""
+        """Each of ``marks`` is held by one step record fewer; one no record holds goes back to the pool with its
+        event (a step's marks in one frame: the reader returns every step's)."""
         pool, keep = self._pool, self.room.lost is None
         for mark in marks:
-            left = mark.holders - 1  # the releasing thread's own count decides: the event is pooled at most once
+            left = mark.holders - 1  # the releasing thread's own count decides: a mark is pooled at most once
             mark.holders = left
             if left > 0:
                 continue
             if mark.event is not None and keep and len(pool) < POOL_LIMIT:
-                pool.append(mark.event)
-            mark.event = None
+                pool.append(mark)
+            else:
+                mark.event = None
 
     def wait(self, mark: Mark, deadline: float) -> bool:
         """Poll until ``mark`` completes on the device or ``deadline`` passes; whether it completed (a lost

@@ -108,7 +108,10 @@ class DeviceRoom:
         #: ``torch._C._cuda_memoryStats(index)``: the allocator's counters, nested, before torch flattens them.
         self._nested_stats: Callable[[int], dict[str, Any]] | None = (
             getattr(C, "_cuda_memoryStats", None) if self.is_cuda else None)
-        self._streams: dict[tuple[int, int, int], Any] = {}
+        #: Each stream's key and its ``Stream``, by key: a mark keeps the key kept here, so that the fresh tuple
+        #: each lookup returns dies at once (a mark lives until the timing reader reads it, and a young object
+        #: that outlives a garbage collector's pass is one the next pass must look at).
+        self._streams: dict[tuple[int, int, int], tuple[tuple[int, int, int], Any]] = {}
         self._following = False
 
     # ------------------------------------------------------------------ errors and graph captures
@@ -199,6 +202,14 @@ class DeviceRoom:
         """Record ``event`` on this device's current stream: it completes when the stream gets there."""
         event.record(self.stream())
 
+    def _stream_of(self, key: tuple[int, int, int]) -> tuple[tuple[int, int, int], Any]:
+        """The kept key and ``Stream`` of the stream ``key`` names (made at its first mark)."""
+        known = self._streams.get(key)
+        if known is None:
+            stream = self._torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+            known = self._streams[key] = (key, stream)
+        return known
+
     def record_current(self, event: Any) -> Any:
         """Record ``event`` on this device's current stream; the stream's key (marks on one stream complete in
         order). The stream is found by its id and its ``Stream`` object kept, so a record is one device call.
@@ -207,11 +218,7 @@ class DeviceRoom:
             raise DeviceLost(self.lost)
         try:
             if self._stream_id is not None:
-                key = self._stream_id(self.index)  # type: ignore[arg-type]
-                stream = self._streams.get(key)
-                if stream is None:
-                    stream = self._streams[key] = self._torch.cuda.Stream(stream_id=key[0], device_index=key[1],
-                                                                          device_type=key[2])
+                key, stream = self._stream_of(self._stream_id(self.index))  # type: ignore[arg-type]
                 event.record(stream)
                 return key
             stream = self.stream()
@@ -230,14 +237,12 @@ class DeviceRoom:
         lookup = self._stream_id
         if lookup is None:
             return self.record_current
-        index, streams, make, failed = self.index, self._streams, self._torch.cuda.Stream, self.failed
+        index, streams, known, failed = self.index, self._streams, self._stream_of, self.failed
 
         def record(event: Any) -> tuple[int, int, int]:
             try:
                 key = lookup(index)
-                stream = streams.get(key)
-                if stream is None:
-                    stream = streams[key] = make(stream_id=key[0], device_index=key[1], device_type=key[2])
+                key, stream = streams.get(key) or known(key)
                 event.record(stream)
                 return key
             except Exception as error:
