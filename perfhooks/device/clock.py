@@ -74,7 +74,7 @@ class HostClock:
         return True
 
     def release_all(self, marks: list[Any]) -> None:
-        """:meth:`release` each of ``marks`` (each a distinct mark)."""
+        """A step's distinct ``marks`` are read: what they hold goes back (host marks hold nothing)."""
 
     def share(self, mark: Any) -> Any:
         """``mark``, held by one more step record (a step's end as the next step's start)."""
