@@ -11,12 +11,13 @@
    time a step of the training thread, of the other threads and of each named one (perfhooks' are
    ``perfhooks-*``), and the garbage collector's time a step; each variant, its difference from bare in the same
    round, of the step (``paired_added_us``) and of the training thread's CPU (``paired_cpu_added_us``). Target,
-   for the defaults (``gpu_isolate.py``): at most +50 µs a step. Then **in place** (:func:`in_place`): perfhooks'
-   own time a step inside its entry points, its device calls at their real cost included, beside the floor's.
+   for the defaults (``gpu_isolate.py``): at most +50 µs a step. Before the alternation, **in place**
+   (:func:`in_place`): perfhooks' own time a step inside its entry points, its device calls at their real cost
+   included, beside the floor's, with its share of the run's own step.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
    2026-11-27 measurements; ``bf16-mixed``), bare and with ``PerfCallback()``, the same variants (but the
-   reading's three) and alternation; then perfhooks' own time a step in place (:func:`in_place_gpt`) and its share
-   of bare's step. Target: an alternating ratio of at most 1.01.
+   reading's three) and alternation, after perfhooks' own time a step in place (:func:`in_place_gpt`) and its share
+   of the run's own step. Target: an alternating ratio of at most 1.01.
 3. **Where the training thread's time goes**: ``cProfile`` over the launch-bound loop, bare and without windows
    (calls and own time a step by function: which calls grew, not how much a step costs unprofiled).
 4. **Device API calls a step**: torch's profiler over 50 steps of the launch-bound loop, bare and with perfhooks

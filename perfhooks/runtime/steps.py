@@ -189,7 +189,8 @@ class PendingSteps:
                           record.shape, record.new_shape)
 
     def discard(self, record: StepRecord) -> None:
-        """Return a step's device events to the pool (host marks hold nothing); each distinct mark once."""
+        """Return a step's marks, with their device events, to the pool (host marks hold nothing); each distinct mark
+        once."""
         if not self.clock.device_timed:
             return
         self.clock.release_all(self._marks(record))

@@ -182,7 +182,8 @@ def test_a_run_that_is_never_quiet_holds_at_most_the_limit_of_pending_steps(tmp_
 def test_a_read_steps_marks_come_back_with_their_events_and_share_their_streams_key(on_cuda: SimulatedGpu) -> None:
     """A mark lives until the timing reader reads its step (0.2 s of steps): each one a new object, with a new key
     tuple for its stream, made the garbage collector pass about every 50 steps of a launch-bound loop, and a full
-    pass now and then (``gpu_check.py --simulated``: 70 first-generation passes and one full one in 4000 steps).
+    pass now and then (``gpu_check.py``'s launch-bound loop on the simulation: about 70 first-generation passes in
+    4000 steps, and now and then a full one).
     Released marks are reused with their events, and every mark on a stream keeps the room's one key for it."""
     from perfhooks.device.clock import DeviceClock
     from perfhooks.device.room import DeviceRoom
