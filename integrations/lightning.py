@@ -319,12 +319,13 @@ class PerfCallback(Callback):
         self._callback_timing.on()
 
     def _step_opened(self) -> None:
-        """A training fetch opened a step: its callback hooks are timed or not (the first steps, then one in
-        several)."""
+        """A training fetch opened a step: its callback hooks are timed or not (the first steps, then one detailed
+        step in several; on a light step the profiler's own methods run, unwrapped)."""
         timing = self._callback_timing
         if timing is not None:
             step = self.engine.step
-            on = step < NAMED_STEPS_ALL or step % NAMED_EVERY == 0
+            light = getattr(getattr(self.engine, "tracker", None), "light", False)  # a light step names nothing
+            on = not light and (step < NAMED_STEPS_ALL or step % NAMED_EVERY == 0)
             if on != timing.timed:
                 timing.on() if on else timing.off()
                 self.engine.time_named(on)

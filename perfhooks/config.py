@@ -62,6 +62,35 @@ def _price(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+#: The share of a step perfhooks may take by default (``overhead_budget``).
+DEFAULT_OVERHEAD_BUDGET = 0.01
+
+
+def overhead_budget(value: Any, source: str = "overhead_budget") -> float | None:
+    """The budget: a share in (0, 1], or ``None`` (every step detailed); given as a number, ``None`` or
+    ``"none"``, else the ``PERFHOOKS_OVERHEAD_BUDGET`` variable, else :data:`DEFAULT_OVERHEAD_BUDGET`. An error
+    names ``source``."""
+    if value is DEFAULT:
+        variable = ENV_PREFIX + "OVERHEAD_BUDGET"
+        if not os.environ.get(variable):
+            return DEFAULT_OVERHEAD_BUDGET
+        value, source = os.environ[variable], variable
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("none", "off", "all"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{source} must be a share of the step in (0, 1] (e.g. 0.01) or none, "
+                             f"got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{source} must be a share of the step in (0, 1] (e.g. 0.01) or None, got {value!r}")
+    return float(value)
+
+
 def _console_default() -> float:
     """300 s of live lines where standard error is a file or a pipe (a SLURM log); none on a terminal."""
     import sys
@@ -165,6 +194,11 @@ class PerfConfig:
             ``PERFHOOKS_STALL_AFTER_S`` variable.
         console_every_s: seconds between two live lines on standard error (rank 0); default 300 when standard error
             is not a terminal (a SLURM log), off on a terminal, or the ``PERFHOOKS_CONSOLE_EVERY_S`` variable; 0: off.
+        overhead_budget: the share of each step perfhooks may take on the training thread (default 0.01, or the
+            ``PERFHOOKS_OVERHEAD_BUDGET`` variable): it times every step, and the phases of as many steps, picked
+            at random, as the budget affords (never fewer than 1 in 64; a run's first 50 steps, its capture
+            windows and its steps under an NVTX tool always). ``None`` (or ``"none"``): every step's phases.
+            The report's ``overhead`` section says what it cost.
         device_hour_cost: the price of one device-hour (a GPU-hour; a process-hour on CPU), in the currency you
             budget in; each diagnosis' ``cost`` then gives its waste in money beside its device-hours. Default
             none, or the ``PERFHOOKS_DEVICE_HOUR_COST`` variable.
@@ -208,6 +242,7 @@ class PerfConfig:
     stall_after_s: float | None = None
     console_every_s: float | None = None
     device_hour_cost: float | None = None
+    overhead_budget: float | None = DEFAULT
 
     def __post_init__(self) -> None:
         if self.schedule is DEFAULT:
@@ -271,6 +306,7 @@ class PerfConfig:
         self.stall_after_s = stall or None  # None: the larger of 120 s and 20 x the p95 step
         self.console_every_s = _seconds("console_every_s", self.console_every_s, _console_default())
         self.device_hour_cost = _price(self.device_hour_cost)
+        self.overhead_budget = overhead_budget(self.overhead_budget)
 
     @classmethod
     def from_kwargs(cls, owner: str, kwargs: dict[str, Any]) -> PerfConfig:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.capture.schedule import Schedule
-from perfhooks.config import PerfConfig, signal_names
+from perfhooks.config import DEFAULT_OVERHEAD_BUDGET, PerfConfig, overhead_budget, signal_names
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.runtime import exit_guard
 
@@ -98,7 +98,8 @@ def add_setting_options(parser: argparse.ArgumentParser) -> None:
     described = setting_help()
     for item in _option_fields():
         flag = "--" + item.name.replace("_", "-")
-        text = f"{described.get(item.name, '')} (default {item.default}; {ENV_PREFIX}{item.name.upper()})"
+        default = DEFAULT_OVERHEAD_BUDGET if item.name == "overhead_budget" else item.default
+        text = f"{described.get(item.name, '')} (default {default}; {ENV_PREFIX}{item.name.upper()})"
         if item.type in ("bool", bool):
             text = text.replace("(default True;", f"(default True, off with --no-{flag[2:]};")
             parser.add_argument(flag, dest=item.name, action="store_true", default=None, help=text)
@@ -162,6 +163,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | os._Enviro
                 raise ValueError(f"{source} must be a JSON object of perfhooks.Thresholds fields: {error}") from None
         elif name == "signals":
             settings[name] = signal_names(value, source)
+        elif name == "overhead_budget":
+            settings[name] = overhead_budget(value, source)
         elif isinstance(value, bool) or name == "output_dir":
             settings[name] = value
         elif types_[name] in ("bool", "bool | None", bool):

@@ -57,6 +57,7 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "micro_batches": stats.micro_batches,
         "step_ms": {"mean": step["mean"], "p50": step["p50"], "p95": step["p95"], "max": step["max"]},
         "phases": phases,
+        "phase_steps": stats.sampled_steps,
         "coverage": round(stats.coverage, 6),
         "data_fetch_ms": {key: stats.fetch.summary("_ms")[f"{key}_ms"] for key in ("mean", "p50", "p95", "max")},
         "global_step": global_step if global_step is not None else stats.steps,
@@ -67,7 +68,7 @@ def build_report(*, framework: str, status: str, rank: int, world_size: int, dev
         "windows": windows,
         "diagnoses": [price(diagnosis, spent) for diagnosis in diagnoses or []],
         "faults": list(faults or []),
-        "series": _series(list(stats.recent)[-SERIES_STEPS:]),
+        "series": _series([timing for timing in stats.recent if timing.detailed][-SERIES_STEPS:]),
     }
     if throughput is not None:
         report["throughput"] = throughput
@@ -140,6 +141,8 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
     metrics: dict[str, float] = {}
     if timings:
         total_ms = sum(t.step_ms for t in timings)
+        detailed = [t for t in timings if t.detailed]
+        detailed_ms = sum(t.step_ms for t in detailed)
         metrics["perf/step_ms"] = round(total_ms / len(timings), 4)
         metrics["perf/step_max_ms"] = round(max(t.step_ms for t in timings), 4)
         if total_ms > 0:
@@ -150,13 +153,14 @@ def interval_metrics(timings: list[Any], memory: dict[str, Any] | None = None) -
             if tokens:
                 metrics["perf/tokens_per_s"] = round(1000.0 * tokens / total_ms, 4)
         covered = 0.0
-        for name in (*PHASES, OTHER):
-            phase_ms = sum(t.phase_ms.get(name, 0.0) for t in timings)
+        for name in (*PHASES, OTHER) if detailed else ():
+            phase_ms = sum(t.phase_ms.get(name, 0.0) for t in detailed)
             if name != OTHER:
                 covered += phase_ms
-            metrics[f"perf/phase/{name}_ms"] = round(phase_ms / len(timings), 4)
-            metrics[f"perf/phase/{name}_share"] = round(phase_ms / total_ms, 6) if total_ms > 0 else 0.0
-        metrics["perf/coverage"] = round(min(covered / total_ms, 1.0), 6) if total_ms > 0 else 0.0
+            metrics[f"perf/phase/{name}_ms"] = round(phase_ms / len(detailed), 4)
+            metrics[f"perf/phase/{name}_share"] = round(phase_ms / detailed_ms, 6) if detailed_ms > 0 else 0.0
+        if detailed:
+            metrics["perf/coverage"] = round(min(covered / detailed_ms, 1.0), 6) if detailed_ms > 0 else 0.0
     for key, value in (memory or {}).items():
         if key.endswith("_bytes") and isinstance(value, (int, float)):
             metrics[f"perf/mem/{key}"] = value

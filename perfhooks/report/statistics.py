@@ -186,6 +186,8 @@ class StepTiming:
     #: The step's batch shapes (a hash; 0: no batch seen), and whether one was new to the run (shape churn).
     shape: int = 0
     new_shape: bool = False
+    #: Its phases were timed (a light step has only its step time and fetch: see :meth:`PhaseStatistics.add_light`).
+    detailed: bool = True
 
 
 _STEP_MS, _PHASE_MS, _FETCH_MS = attrgetter("step_ms"), attrgetter("phase_ms"), attrgetter("fetch_ms")
@@ -202,6 +204,9 @@ class StatsSnapshot(NamedTuple):
     folded: PhaseStatistics
     unfolded: list[StepTiming]
     added: int
+    #: Light steps added since the fold (the list, which a fold replaces, and how many).
+    light: list[tuple[float, float, int, bool, bool]] = []
+    light_added: int = 0
 
     @property
     def tail(self) -> tuple[StepTiming, ...]:
@@ -211,19 +216,24 @@ class StatsSnapshot(NamedTuple):
     @property
     def steps(self) -> int:
         """Steps resolved so far (no copy)."""
-        return self.folded._step.count + self.added
+        return self.folded._step.count + self.added + self.light_added
 
     def thaw(self) -> PhaseStatistics:
         """A new, independent :class:`PhaseStatistics` equal to the one this snapshot was taken of."""
         stats = self.folded.copy()
         for timing in self.tail:
             stats.add(timing)
+        for light in self.light[:self.light_added]:
+            stats.add_light(*light)
         stats._fold()
         return stats
 
 
 class PhaseStatistics:
     """Streaming per-phase and per-step statistics over every resolved step, in bounded memory.
+
+    Step times, fetches, micro-batches and the steady steps count every step; phases, samples and tokens count the
+    detailed steps (:mod:`~perfhooks.runtime.sampling`), and each phase's share is of the detailed steps' time.
 
     Steps are folded into the histograms in batches of ``fold_every`` (one tight loop per
     series instead of six method calls per step); every read folds what is waiting first.
@@ -251,6 +261,13 @@ class PhaseStatistics:
         self.padded_tokens = 0
         self.steady_samples = self.steady_tokens = 0
         self._unfolded: list[StepTiming] = []
+        #: Light steps waiting for the fold: ``(step_ms, fetch_ms, micro_batches, own, compiled)``.
+        self._unfolded_light: list[tuple[float, float, int, bool, bool]] = []
+        #: Detailed steps, their time (ms) in all, and the same over the steady ones.
+        self.detailed_steps = 0
+        self._detailed_ms = 0.0
+        self._steady_detailed = 0
+        self._steady_detailed_ms = 0.0
         self._fold_every = fold_every
         #: The most recent resolved steps, for time series and live diagnoses.
         self.recent: deque[StepTiming] = deque(maxlen=history)
@@ -264,8 +281,8 @@ class PhaseStatistics:
         folded = self._folded_copy
         if folded is None:
             folded = self._folded_copy = self._copy_folded()
-        unfolded = self._unfolded
-        return StatsSnapshot(folded, unfolded, len(unfolded))
+        unfolded, light = self._unfolded, self._unfolded_light
+        return StatsSnapshot(folded, unfolded, len(unfolded), light, len(light))
 
     def copy(self) -> PhaseStatistics:
         """An independent copy, folded."""
@@ -284,22 +301,38 @@ class PhaseStatistics:
             del recent[-len(self._unfolded):]
         copy.recent = deque(recent, maxlen=self.recent.maxlen)
         copy._unfolded = []
+        copy._unfolded_light = []
         copy._folded_copy = None
         return copy
 
     def add(self, timing: StepTiming) -> None:
+        """A detailed step (its phases timed)."""
         self._unfolded.append(timing)
         self.recent.append(timing)
         if len(self._unfolded) >= self._fold_every:
             self._fold()
 
+    def add_light(self, step_ms: float, fetch_ms: float, micro_batches: int, own: bool, compiled: bool) -> None:
+        """A light step: its time and its fetches' host time (ms) only; it is in no phase figure and not in
+        :attr:`recent`."""
+        light = self._unfolded_light
+        light.append((step_ms, fetch_ms, micro_batches, own, compiled))
+        if len(light) >= 256:
+            self._fold()
+
     def _fold(self) -> None:
         """Fold the steps waiting into the summaries, in one batch (the per-step work in C-level maps: this runs
         on the training thread, once every ``fold_every`` steps)."""
+        light, self._unfolded_light = self._unfolded_light, []
         batch, self._unfolded = self._unfolded, []
+        if light:
+            self._folded_copy = None
+            self._fold_light(light)
         if not batch:
             return
         self._folded_copy = None
+        self.detailed_steps += len(batch)
+        self._detailed_ms += sum(map(_STEP_MS, batch))
         step_ms = list(map(_STEP_MS, batch))
         phases = list(map(_PHASE_MS, batch))
         self._step.add_many(step_ms)
@@ -319,10 +352,27 @@ class PhaseStatistics:
             steady = [timing for timing in batch if not timing.own and not timing.compiled]
             step_ms, phases = list(map(_STEP_MS, steady)), list(map(_PHASE_MS, steady))
         self._steady_step.add_many(step_ms)
+        self._steady_detailed += len(step_ms)
+        self._steady_detailed_ms += sum(step_ms)
         self.steady_samples += sum(map(_SAMPLES, steady))
         self.steady_tokens += sum(map(_TOKENS, steady))
         for name in self._steady_phase_total:
             self._steady_phase_total[name] += sum(map(methodcaller("get", name, 0.0), phases))
+
+    def _fold_light(self, light: list[tuple[float, float, int, bool, bool]]) -> None:
+        """Fold light steps: step time, fetch, micro-batches, the steady steps; no phase."""
+        step_ms = [entry[0] for entry in light]
+        self._step.add_many(step_ms)
+        self._fetch.add_many([entry[1] for entry in light])
+        self.training_ms += sum(step_ms)
+        self._micro_batches += sum(entry[2] for entry in light)
+        own = sum(1 for entry in light if entry[3])
+        compiled = sum(1 for entry in light if entry[4] and not entry[3])
+        self.own_steps += own
+        self.compiled_steps += compiled
+        if own or compiled:
+            step_ms = [entry[0] for entry in light if not entry[3] and not entry[4]]
+        self._steady_step.add_many(step_ms)
 
     @property
     def step(self) -> StreamingStats:
@@ -355,40 +405,53 @@ class PhaseStatistics:
         self._fold()
         return self._steady_step
 
-    def throughput(self) -> tuple[float, float, int]:
-        """``(samples per s, tokens per s, steps)`` over the steady steps (all steps when none is steady)."""
+    @property
+    def sampled_steps(self) -> int:
+        """Steps whose phases were timed (the detailed ones)."""
         self._fold()
-        if self._steady_step.count and self._steady_step.total > 0:
-            seconds = self._steady_step.total / 1e3
-            return self.steady_samples / seconds, self.steady_tokens / seconds, self._steady_step.count
+        return self.detailed_steps
+
+    def throughput(self) -> tuple[float, float, int]:
+        """``(samples per s, tokens per s, steps)`` over the steady steps (all steps when none is steady): the
+        samples and tokens per step of the detailed steps, at the rate of every step."""
+        self._fold()
+        if self._steady_step.count and self._steady_step.total > 0 and self._steady_detailed:
+            per_s = self._steady_step.count / (self._steady_step.total / 1e3) / self._steady_detailed
+            return self.steady_samples * per_s, self.steady_tokens * per_s, self._steady_step.count
         seconds = self._step.total / 1e3
-        if seconds <= 0:
+        if seconds <= 0 or not self.detailed_steps:
             return 0.0, 0.0, 0
-        return self.samples / seconds, self.tokens / seconds, self._step.count
+        per_s = self._step.count / seconds / self.detailed_steps
+        return self.samples * per_s, self.tokens * per_s, self._step.count
 
     def steady_share(self, name: str) -> float:
-        """Fraction 0..1 of steady step time spent in phase ``name`` (all steps if none is steady)."""
-        total = self.steady_step.total
+        """Fraction 0..1 of steady detailed step time spent in phase ``name`` (all steps if none is steady)."""
+        self._fold()
+        total = self._steady_detailed_ms
         if total <= 0:
             return self.share(name)
         return self._steady_phase_total[name] / total
 
     def steady_mean(self, name: str) -> float:
-        """Mean time (ms) per steady step in phase ``name`` (over all steps if none is steady)."""
-        count = self.steady_step.count
+        """Mean time (ms) per steady detailed step in phase ``name`` (over all detailed steps if none is steady)."""
+        self._fold()
+        count = self._steady_detailed
         if not count:
             return self.phases[name].mean
         return self._steady_phase_total[name] / count
 
     def share(self, name: str) -> float:
-        """Fraction 0..1 of all step time spent in phase ``name``."""
-        step_total = self.step.total
-        return self.phases[name].total / step_total if step_total > 0 else 0.0
+        """Fraction 0..1 of the detailed steps' time spent in phase ``name``."""
+        self._fold()
+        total = self._detailed_ms
+        return self._phases[name].total / total if total > 0 else 0.0
 
     @property
     def coverage(self) -> float:
-        """Measured phases (``other`` excluded) over step time, 0..1 (may exceed 1 by clock skew on CUDA)."""
-        step_total = self.step.total
-        if step_total <= 0:
+        """Measured phases (``other`` excluded) over the detailed steps' time, 0..1 (may exceed 1 by clock skew on
+        CUDA)."""
+        self._fold()
+        total = self._detailed_ms
+        if total <= 0:
             return 0.0
-        return sum(self.phases[name].total for name in PHASES) / step_total
+        return sum(self._phases[name].total for name in PHASES) / total

@@ -69,8 +69,11 @@ class CompileTracking:
             if tracker.closed or threading.get_ident() != self.thread or tracker.account.innermost != COMPILING:
                 return
             tracker.end_aside(COMPILING)
-            if tracker.record is not None:
-                tracker.record.compiled = True
+            if tracker.step_open:
+                if tracker.record is not None:
+                    tracker.record.compiled = True
+                else:
+                    tracker.light_compiled = True
                 if not self.steps or self.steps[-1] != tracker.step:
                     self.steps.append(tracker.step)
             resume, self._resume = self._resume, None

@@ -47,6 +47,7 @@ from perfhooks.runtime.parts import RunParts
 from perfhooks.runtime.reporting import build_run_report
 from perfhooks.runtime.run_account import RunAccount
 from perfhooks.runtime.run_state import RunFacts, RunState
+from perfhooks.runtime.sampling import StepSampler
 from perfhooks.runtime.saving import ReportSaving
 from perfhooks.runtime.timing_reader import TimingReader
 from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
@@ -111,8 +112,9 @@ class Engine:
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
         account = RunAccount(monotonic_ns if self.clock.device_timed else self.clock.mark)
+        sampler = StepSampler(config.overhead_budget)
         self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults, None,  # type: ignore[arg-type]
-                                   None, start_step, global_step)
+                                   None, start_step, global_step, sampler)
         # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
         tracker = self.tracker
         self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (  # type: ignore[method-assign]
@@ -193,7 +195,7 @@ class Engine:
     # ----------------------------------------------------------------- events (training thread)
     @guarded("step_start")
     def step_start(self) -> None:
-        if self.tracker.record is None and not self._closed:
+        if not self.tracker.step_open and not self._closed:
             self.tracker.open_step()
 
     def fetch(self) -> None:

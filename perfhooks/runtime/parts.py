@@ -53,6 +53,8 @@ class RunParts:
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
         self.tag_allocations = memory is not None and memory.cuda and cuda_extras.tags_supported()
         self._writer_seen = self._captures_seen = 0
+        #: The step that just opened must be detailed (set at each step's opening).
+        self.needs_detail = False
         tracker.listener = self
         self.watch_phases()
 
@@ -97,6 +99,10 @@ class RunParts:
             self.watch_phases()  # the allocation history stopped: no more tags
         writer = self.writer
         self._writer_seen = writer.started
+        # a window's steps, a FLOP count's and those near a memory capture (the allocation history records) are
+        # detailed whatever the budget
+        self.needs_detail = (action is not Action.NONE or capture.windows.is_open or self.flops.watching
+                             or (memory is not None and memory.history))
         # perfhooks' allocation history records a Python stack at every allocation: its steps are perfhooks'
         return (capture.windows.is_open or writer.running
                 or (memory is not None and memory.history_owner == "perfhooks"))
@@ -186,11 +192,13 @@ class RunParts:
             compiled_in_run=self.compile.compiled_in_run(),
             memory=self._guarded("memory_report", memory.section) if memory is not None else None,
             memory_figures=self._guarded("memory_report", memory.figures) if memory is not None else None,
-            flops=self.flops.flops(steps, stats.samples, stats.padded_tokens or stats.tokens), matmul_dtype=dtype,
+            flops=self.flops.flops(stats.sampled_steps if steps else 0, stats.samples,
+                                   stats.padded_tokens or stats.tokens), matmul_dtype=dtype,
             device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
             faults=tuple(self.faults.as_list()), error=dict(error) if error else None,
             unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()),
-            trace=trace, missed_windows=tuple(dict(m) for m in self.capture.missed))
+            trace=trace, missed_windows=tuple(dict(m) for m in self.capture.missed),
+            overhead=self._guarded("overhead_report", tracker.sampler.section))
 
     def _guarded(self, kind: str, fn: Callable[[], Any]) -> Any:
         try:

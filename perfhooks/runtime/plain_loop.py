@@ -30,7 +30,7 @@ from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, EVALUA
 from perfhooks.runtime.engine import Engine, NullEngine
 from perfhooks.runtime.precision import autocast_dtype, autocast_probe
 from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
-from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps, watch_training_forward
+from perfhooks.runtime.torch_hooks import HookHandles, NoGate, watch_optimizer_steps, watch_training_forward
 
 
 def profile(model: torch.nn.Module | None = None, optimizer: Any = None, *,
@@ -120,10 +120,13 @@ class ProfiledLoop(LoopSession):
         if not self.engine.active:
             self._closed = True
             return
+        #: ``gate.light``: the open step is light, and the hooks return at their first check.
+        self._gate: Any = getattr(self.engine, "tracker", NoGate)
         try:
             for model in models:
                 watch_training_forward(model, self._forward_start, self._forward_end, self._hooks, with_inputs=True,
-                                       on_evaluation_forward=self._evaluation_forward)
+                                       on_evaluation_forward=self._evaluation_forward, gate=self._gate,
+                                       on_light_start=self._light_forward_start)
                 self.engine.watch_model(model)
             watch_optimizer_steps(optimizers, self._optimizer_end, self._hooks, on_before_step=self._optimizer_start,
                                   with_args=True)
@@ -140,6 +143,8 @@ class ProfiledLoop(LoopSession):
             self._stepped = False
             engine.step_end()
         engine.phase_start(FORWARD)
+        if self._gate.light:  # the step that opened is light: no batch count, no dtype
+            return
         autocast_on = self._autocast_on
         if autocast_on is not None and autocast_on():  # the dtype the step's matmuls run in, once seen
             dtype = autocast_dtype(self._device_type)
@@ -151,6 +156,11 @@ class ProfiledLoop(LoopSession):
             self._unseen_batch = False
             engine.batch(inputs[0])
 
+    def _light_forward_start(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        """A forward's start in a light step: only a loop that does not fetch ends its stepped step here."""
+        if self._stepped and module.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            self._forward_start(args)
+
     def _forward_end(self) -> None:
         self.engine.phase_start(BACKWARD)
 
@@ -160,11 +170,14 @@ class ProfiledLoop(LoopSession):
         self.engine.named(EVALUATION_FORWARDS, ms)
 
     def _optimizer_start(self, *_hook_args: Any) -> None:
-        self.engine.phase_start(OPTIMIZER)
+        if not self._gate.light:
+            self.engine.phase_start(OPTIMIZER)
 
     def _optimizer_end(self, *_hook_args: Any) -> None:
-        self.engine.phase_end(OPTIMIZER)
-        self.engine.stepped()
+        engine = self.engine
+        if not self._gate.light:
+            engine.phase_end(OPTIMIZER)
+        engine.stepped()
         self._stepped = True
 
     # --------------------------------------------------------------- what the loop says

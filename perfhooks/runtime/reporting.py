@@ -78,7 +78,19 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
         report["stalls"] = stalls
     if parts.missed_windows:
         report["missed_windows"] = [dict(missed) for missed in parts.missed_windows]
+    if parts.overhead is not None:
+        report["overhead"] = overhead_section(parts.overhead, stats.sampled_steps)
     return report
+
+
+def overhead_section(overhead: dict[str, Any], sampled_steps: int) -> dict[str, Any]:
+    """The report's ``overhead``: the sampler's figures, ``detailed_steps`` as the statistics counted them (the
+    steps resolved so far)."""
+    section = dict(overhead)
+    section["in_place_us"] = dict(section["in_place_us"])
+    section["changes"] = [dict(change) for change in section["changes"]]
+    section["sampled_steps"] = sampled_steps
+    return section
 
 
 def _copy(section: dict[str, Any] | None) -> dict[str, Any] | None:

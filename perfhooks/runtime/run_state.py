@@ -70,6 +70,8 @@ class ReportParts(NamedTuple):
     trace: TraceVerdicts = TraceVerdicts()
     #: On-demand windows every rank agreed on that the run ended before recording.
     missed_windows: tuple[dict[str, int], ...] = ()
+    #: The report's ``overhead`` section: the budget, the detailed and light steps, perfhooks' own cost.
+    overhead: dict[str, Any] | None = None
 
 
 class RunState(NamedTuple):

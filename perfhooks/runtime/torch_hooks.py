@@ -61,9 +61,16 @@ def _no_args(callback: Callable[[], None]) -> Callable[..., None]:
     return lambda *_: callback()
 
 
+class NoGate:
+    """A gate that never closes: every step is detailed."""
+
+    light = False
+
+
 def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None],
                            on_end: Callable[[], None] | None, handles: HookHandles, with_inputs: bool = False,
-                           on_evaluation_forward: Callable[[float], None] | None = None) -> None:
+                           on_evaluation_forward: Callable[[float], None] | None = None, gate: Any = NoGate,
+                           on_light_start: Callable[[torch.nn.Module, Any], None] | None = None) -> None:
     """Call ``on_start``/``on_end`` around the model's training forward passes (``on_start(args)``, the forward's
     positional arguments, with ``with_inputs``).
 
@@ -75,6 +82,9 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     eagerly). A hook that ends up inside a compiled region does nothing there: its first statement is
     ``torch.compiler.is_compiling()``, which dynamo folds to True, so it adds no graph break and no error under
     ``fullgraph=True`` (and then it does not fire: the caller must get its event elsewhere).
+
+    ``gate``: while ``gate.light`` (a light step, :mod:`~perfhooks.runtime.sampling`), the hooks do nothing after
+    that first check but call ``on_light_start(module, args)`` at a forward's start.
     """
     import threading
 
@@ -92,6 +102,10 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     def pre(module: torch.nn.Module, args: Any) -> None:
         if compiling():
             return
+        if gate.light:
+            if on_light_start is not None:
+                on_light_start(module, args)
+            return
         if module.training and grad_enabled() and get_ident() == training_thread and graph_task() == -1:
             if with_inputs:
                 on_start(args)
@@ -103,7 +117,7 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     handles.add(model.register_forward_pre_hook(pre))
     if on_end is not None or on_evaluation_forward is not None:
         def post(module: torch.nn.Module, _args: Any, _output: Any) -> None:
-            if compiling():
+            if compiling() or gate.light:
                 return
             if module.training and grad_enabled() and get_ident() == training_thread and graph_task() == -1:
                 if on_end is not None:

@@ -8,7 +8,12 @@ this file holds only the state machine of a step:
 - a step opens at its first phase (or ``step_start``), and ends at the next fetch after its optimizer stepped,
   at ``step_end``, or at an epoch's end (``idle``);
 - phases are exclusive: starting one ends the one open;
-- an aside (evaluation, a checkpoint, compiling) is timed apart and taken out of the step it interrupts.
+- an aside (evaluation, a checkpoint, compiling) is timed apart and taken out of the step it interrupts;
+- a step is *detailed* (its phases get device marks, its batch is counted, the listener hears its phases) or
+  *light* (its start and end, and its data wait, on the host clock; nothing else), as the
+  :class:`~perfhooks.runtime.sampling.StepSampler` decides at its start. A light step's whole path is
+  :meth:`StepTracker.fetch` (its end and the next step's start), the first lines of :meth:`StepTracker.phase_start`
+  (its data wait's end) and :meth:`StepTracker.stepped`; every other event returns at its first check.
 
 Threading: the training thread only. Other threads read the engine's published state.
 """
@@ -36,6 +41,7 @@ from perfhooks.runtime.batches import (
     host_mask,
 )
 from perfhooks.runtime.run_account import RunAccount
+from perfhooks.runtime.sampling import StepSampler
 from perfhooks.runtime.steps import PendingSteps, StepRecord
 from perfhooks.timebase import monotonic_ns
 
@@ -43,6 +49,9 @@ _PHASE_NAMES = frozenset(PHASES)
 #: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
 #: pathological one).
 MAX_NAMED_WORK = 256
+#: Light steps publish the run's state at most this often (ns of their clock): a signal's report or ``top`` may
+#: miss the last few milliseconds of steps, never more.
+LIGHT_PUBLISH_EVERY_NS = 5_000_000
 #: Distinct batch shapes remembered: past it, no shape counts as new (a run with a fresh shape every step).
 MAX_SHAPES = 4096
 
@@ -74,7 +83,10 @@ class StepListener(Protocol):
 
     def step_opening(self, step: int) -> bool:
         """A step opens: drive the capture windows, sample memory, arm a FLOP count. True when perfhooks' own
-        work (an open window, the writer) overlaps it."""
+        work (an open window, the writer) overlaps it. Sets :attr:`needs_detail`."""
+
+    #: The step that just opened must be detailed (a window records it, a FLOP count or a memory history runs).
+    needs_detail: bool
 
     def phase_opening(self, name: str) -> None:
         """Phase ``name`` starts (called only while :attr:`StepTracker.notify_phases` is set)."""
@@ -98,7 +110,7 @@ class StepTracker:
 
     def __init__(self, clock: HostClock, account: RunAccount, nvtx: NvtxRanges, faults: FaultLog,
                  listener: StepListener, end_step_label: Any, start_step: int = 0,
-                 global_step: int | None = None) -> None:
+                 global_step: int | None = None, sampler: StepSampler | None = None) -> None:
         self.clock = clock
         self.account = account
         self.nvtx = nvtx
@@ -148,18 +160,67 @@ class StepTracker:
         self._aside_labels: list[Any] = []
         #: The mark that ended the last step, for the next step's start (set only between the two, in fetch()).
         self._handoff: Any = None
+        #: The steps' boundaries on the host: the clock's own marks where they are host times (a test's manual
+        #: clock), else ``monotonic_ns``. perfhooks' own time is always metered on ``monotonic_ns``.
+        self._step_now = clock.mark if not clock.device_timed else monotonic_ns
+        self._same_clock = self._step_now is monotonic_ns
+        #: Which steps are detailed, and perfhooks' cost (None: every step detailed, no meter).
+        self.sampler = sampler if sampler is not None else StepSampler(None)
+        #: The open step is light (``record`` is None then): its fields below, on the host clock (ns).
+        self.light = False
+        self.light_stepped = False
+        self.light_compiled = False
+        self._light_own = False
+        self._light_phased = False  # a phase other than data_wait was told in it
+        self._light_start_ns = 0
+        self._light_fetch_ns = 0
+        self._light_micro = 0
+        self._light_aside_ns = 0
+        self._light_aside_from = 0
+        #: A light step's end publishes the run's state from then on (its clock, ns); a detailed step's always does.
+        self._publish_at = 0
+        #: The light step's data wait started then (0: not waiting).
+        self._wait_from = 0
+        #: The open detailed step was forced (a window, a count), not drawn by the sampler.
+        self._forced = False
+        #: perfhooks' own time on this thread in the open step so far (ns), and the open step's host start.
+        self._own_ns = 0
+        self._start_ns = 0
 
     @property
     def open_phase(self) -> str | None:
-        return self.phase[0] if self.phase else None
+        phase = self.phase
+        if phase is not None:
+            return phase[0]
+        return DATA_WAIT if self._wait_from else None
+
+    @property
+    def step_open(self) -> bool:
+        """A step (light or detailed) is open."""
+        return self.record is not None or self.light
 
     # ----------------------------------------------------------------- steps
-    def open_step(self) -> None:
+    def open_step(self, now_ns: int | None = None) -> None:
+        """Open the next step at ``now_ns`` (host), light or detailed as the sampler says."""
         step = self.step
-        own = self.listener.step_opening(step)
+        listener = self.listener
+        own = listener.step_opening(step)
         if self.account.first_ns is None:
             self.account.started()
+        if now_ns is None:
+            now_ns = self._step_now()
+        self._start_ns = now_ns
         handoff, self._handoff = self._handoff, None
+        forced = listener.needs_detail or self._nvtx_on
+        if not self.sampler.next_is_detailed(step, forced):
+            self.light = True
+            self.light_stepped = self.light_compiled = self._light_phased = False
+            self._light_own = own
+            self._light_start_ns = now_ns
+            self._light_fetch_ns = self._light_micro = self._light_aside_ns = 0
+            self.beacon = (None, now_ns / 1e9, step)
+            return
+        self._forced = forced
         clock = self.clock
         clock.step_opening()
         record = StepRecord(step, handoff if handoff is not None else clock.mark())
@@ -168,30 +229,76 @@ class StepTracker:
 
     def fetch(self) -> None:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
-        device, the step's end mark is the next step's start (one event fewer a step)."""
+        device, the step's end mark is the next step's start (one event fewer a step) when the next is detailed."""
+        started = monotonic_ns()
         try:
             if self.closed:
                 return
+            now = started if self._same_clock else self._step_now()
+            if self.light:
+                if self.light_stepped:  # the light step ends here, and the next one opens
+                    started = self._end_light(now, started)
+                    self.open_step(now)
+                    if not self.light:
+                        self._phase_start(DATA_WAIT, now)
+                        return
+                self._wait_from = now
+                self._light_micro += 1
+                self.beacon = (DATA_WAIT, now / 1e9, self.step)
+                return
             record = self.record
             if record is not None and record.stepped:
-                self.step_end(handoff=self.clock.device_timed)
+                started = self._step_end(self.clock.device_timed and self.sampler.next_surely_detailed(self.step + 1),
+                                         started, now)
             try:
-                self.phase_start(DATA_WAIT)
+                self._phase_start(DATA_WAIT, now)
             finally:
                 self._handoff = None  # one no step took (the run closed, a fault): its event is left to the collector
         except Exception as error:
             self.faults.report("fetch", error)
+        finally:
+            self._own_ns += monotonic_ns() - started
+
+    def _end_light(self, now_ns: int, started: int) -> int:
+        """End the open light step at ``now_ns`` (its clock), perfhooks having entered at ``started``
+        (``monotonic_ns``): its times go to the statistics; when its end's work finished (``monotonic_ns``)."""
+        self.light = False
+        if self._wait_from:
+            self._light_fetch_ns += now_ns - self._wait_from
+            self._wait_from = 0
+        wall_ns = now_ns - self._light_start_ns
+        listener = self.listener  # no ProfilerStep label to close: a window's steps are detailed
+        own = listener.step_closing() or self._light_own
+        step = self.step
+        self.stats.add_light(max(0, wall_ns - self._light_aside_ns) / 1e6, self._light_fetch_ns / 1e6,
+                             max(1, self._light_micro), own, self.light_compiled)
+        if not self.naming:
+            self.unnamed_steps += 1
+        self.step = step + 1
+        pending = self.pending
+        if pending._resolved:
+            pending.collect(self.stats)
+        if now_ns >= self._publish_at:  # the run's state for the other threads, W&B rows, the periodic save
+            self._publish_at = now_ns + LIGHT_PUBLISH_EVERY_NS
+            listener.step_closed()
+        done = monotonic_ns()
+        self.sampler.step_ended(False, self._own_ns + done - started, wall_ns, False, step, now_ns)
+        self._own_ns = 0
+        return done
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
         record = self.record
-        if record is not None and batches > 1:
-            record.micro_batches += batches - 1
+        if batches > 1:
+            if record is not None:
+                record.micro_batches += batches - 1
+            elif self.light:
+                self._light_micro += batches - 1
 
     def host_batch(self, batch: Any) -> None:
         """The DataLoader handed over a batch on the host (this thread, inside a training fetch): its mask is kept
         for the batch the framework will give :meth:`batch` on the device, whose mask could not be read there."""
-        if self.closed or self.open_phase != DATA_WAIT:
+        if self.closed or self.phase is None or self.phase[0] != DATA_WAIT:
             return
         try:
             self.host_masks.append(host_mask(batch))
@@ -270,6 +377,9 @@ class StepTracker:
         try:
             record = self.record
             if record is None or self.closed:
+                if self.light:
+                    self.light_stepped = True
+                    self.global_step = global_step if global_step is not None else self.global_step + 1
                 return
             record.stepped = True
             self.global_step = global_step if global_step is not None else self.global_step + 1
@@ -280,7 +390,26 @@ class StepTracker:
     # The three methods below run several times per step: NVTX and label calls are skipped when neither is on, and
     # each guards itself (a fault is reported once, under its own name), so the engine hands them out directly.
     def phase_start(self, name: str) -> None:
-        """Start phase ``name``: ends the open phase, opens a step if none is open."""
+        """Start phase ``name``: ends the open phase, opens a step if none is open. In a light step, only the end
+        of its data wait is taken."""
+        if self.light:
+            wait_from = self._wait_from
+            if wait_from:
+                started = monotonic_ns()
+                now = started if self._same_clock else self._step_now()
+                self._wait_from = 0
+                self._light_fetch_ns += now - wait_from
+                self.beacon = (None, now / 1e9, self.step)
+                self._own_ns += monotonic_ns() - started
+            self._light_phased = True
+            return
+        started = monotonic_ns()
+        try:
+            self._phase_start(name, None)
+        finally:
+            self._own_ns += monotonic_ns() - started
+
+    def _phase_start(self, name: str, now_ns: int | None = None) -> None:
         try:
             if self.closed:
                 return
@@ -288,7 +417,15 @@ class StepTracker:
                 raise ValueError(f"unknown phase {name!r}; phases are {', '.join(PHASES)}")
             record = self.record
             if record is None:
-                self.open_step()
+                self.open_step(now_ns)
+                if self.light:  # the sampler made it light
+                    if name == DATA_WAIT:
+                        self._wait_from = self._light_start_ns
+                        self._light_micro += 1
+                        self.beacon = (DATA_WAIT, self._light_start_ns / 1e9, self.step)
+                    else:
+                        self._light_phased = True
+                    return
                 record = self.record
                 mark = record.start  # type: ignore[union-attr]
             else:
@@ -323,9 +460,15 @@ class StepTracker:
 
     def phase_end(self, name: str) -> None:
         """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
+        if self.light:
+            if name == DATA_WAIT:
+                self.phase_start(name)  # the wait's end
+            return
         try:
             if self.phase is not None and self.phase[0] == name:
+                started = monotonic_ns()
                 self.close_phase()
+                self._own_ns += monotonic_ns() - started
         except Exception as error:
             self.faults.report("phase_end", error)
 
@@ -345,13 +488,26 @@ class StepTracker:
             self.record.own = True  # type: ignore[union-attr]
         return end
 
-    def step_end(self, handoff: bool = False) -> None:
-        """End the open step (and its open phase); its timings are read once the device is done. ``handoff``: the
-        next step opens now (a fetch), from this step's end mark."""
+    def step_end(self) -> None:
+        """End the open step (and its open phase); its timings are read once the device is done."""
+        started = monotonic_ns()
+        try:
+            now = started if self._same_clock else self._step_now()
+            if self.light:
+                self._end_light(now, started)
+            else:
+                self._own_ns += self._step_end(False, started, now) - started
+        except Exception as error:
+            self.faults.report("step_end", error)
+
+    def _step_end(self, handoff: bool, started: int, now: int) -> int:
+        """End the open detailed step at ``now`` (its host clock), perfhooks having entered at ``started``
+        (``monotonic_ns``); ``handoff``: the next step opens now (a fetch), from this step's end mark. When its
+        end's work finished (``monotonic_ns``)."""
         try:
             record = self.record
             if record is None:
-                return
+                return started
             record.end = self.close_phase() if self.phase is not None else self.clock.mark()
             if handoff:  # shared before the record is queued: the timing reader may release it from then on
                 self._handoff = self.clock.share(record.end)
@@ -364,14 +520,31 @@ class StepTracker:
             record.micro_batches = max(1, record.micro_batches)  # a loop that reports no fetch: one batch
             if self.listener.step_closing():
                 record.own = True
-            self.step += 1
+            step = self.step
+            self.step = step + 1
             self.pending.add(record, self.stats)
             self.listener.step_closed()
         except Exception as error:
             self.faults.report("step_end", error)
+            return started
+        done = monotonic_ns()
+        self.sampler.step_ended(True, self._own_ns + done - started, now - self._start_ns, not self._forced, step,
+                                now)
+        self._own_ns = 0
+        return done
 
     def idle(self) -> None:
         """Time from now until the next phase belongs to no step (an epoch's end, the loader ran out)."""
+        if self.light:
+            now = self._step_now()
+            if self.light_stepped:
+                self._end_light(now, monotonic_ns())
+            elif not self._light_phased:
+                self.drop_record()  # only waited so far: that wait was not for a training batch
+            elif self._wait_from:
+                self._light_fetch_ns += now - self._wait_from
+                self._wait_from = 0
+            return
         if self.phase is not None:
             self.close_phase()
         record = self.record
@@ -383,9 +556,14 @@ class StepTracker:
             self.drop_record()  # only waited so far: that wait was not for a training batch
 
     def drop_record(self) -> None:
-        """The open record is no step: close its ``ProfilerStep`` label and return its marks."""
-        record, self.record = self.record, None
+        """The open step is no step: close its ``ProfilerStep`` label and return its marks."""
         self.end_step_label()
+        self._own_ns = 0
+        if self.light:
+            self.light = False
+            self._wait_from = 0
+            return
+        record, self.record = self.record, None
         self.pending.discard(record)  # type: ignore[arg-type]
 
     def end_open_step(self, count_last: bool) -> None:
@@ -393,6 +571,12 @@ class StepTracker:
         short."""
         while self.account.depth:
             self.end_aside(self.account.innermost)  # type: ignore[arg-type]
+        if self.light:
+            if self.light_stepped and count_last:
+                self._end_light(self._step_now(), monotonic_ns())
+            else:
+                self.drop_record()
+            return
         if self.phase is not None:
             self.close_phase()
         if self.record is not None and self.record.stepped and count_last:
@@ -411,8 +595,15 @@ class StepTracker:
         if self.phase is not None:
             self.close_phase()
         self.end_step_label()
-        if self.account.depth == 0 and self.record is not None:
-            self._aside_mark = (kind, self.clock.mark())
+        if self.account.depth == 0:
+            if self.record is not None:
+                self._aside_mark = (kind, self.clock.mark())
+            elif self.light:
+                now = self._step_now()
+                if self._wait_from:  # a wait cut short by the aside
+                    self._light_fetch_ns += now - self._wait_from
+                    self._wait_from = 0
+                self._light_aside_from = now
         self.account.begin(kind)
         if self._nvtx_on:
             self.nvtx.push(kind)
@@ -427,6 +618,10 @@ class StepTracker:
         if not self.account.end(kind):
             return
         self._pop_aside_annotations()
+        if self.account.depth == 0 and self._light_aside_from:
+            if self.light:
+                self._light_aside_ns += self._step_now() - self._light_aside_from
+            self._light_aside_from = 0
         if self.account.depth == 0 and self._aside_mark is not None:
             outer, start = self._aside_mark
             self._aside_mark = None
@@ -441,6 +636,7 @@ class StepTracker:
         self._pop_aside_annotations()
         if self.account.depth == 0:
             self._aside_mark = None
+            self._light_aside_from = 0
 
     def _pop_aside_annotations(self) -> None:
         """Close the innermost aside's profiler label and NVTX range."""

@@ -29,6 +29,9 @@ def format_table(report: dict[str, Any]) -> str:
         phase = report["phases"][name]
         lines.append(f"  {name:<10} {phase['share']:>7.1%} {phase['mean_ms']:>10.3f} {phase['p50_ms']:>10.3f} "
                      f"{phase['p95_ms']:>10.3f} {phase['max_ms']:>10.3f}")
+    overhead = overhead_line(report)
+    if overhead:
+        lines.append(overhead)
     steady = report.get("steady") or {}
     if steady.get("perfhooks_steps"):
         lines.append(f"  {steady['perfhooks_steps']} step(s) overlapped perfhooks' own work (capture windows, trace "
@@ -60,6 +63,21 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"  perfhooks faults (skipped, training unaffected): "
                      f"{', '.join(f['kind'] for f in report['faults'])}")
     return "\n".join(lines)
+
+
+def overhead_line(report: dict[str, Any]) -> str | None:
+    """How many steps the phases come from, and what perfhooks cost (the report's ``overhead``)."""
+    overhead = report.get("overhead")
+    if not overhead:
+        return None
+    steps, sampled = report["steps"], report.get("phase_steps", report["steps"])
+    budget = overhead.get("budget")
+    how = (f"random, budget {budget:.0%}" if budget is not None else "every step")
+    cost = overhead.get("in_place_us") or {}
+    costs = ", ".join(f"{kind} {cost[kind]:.1f} us" for kind in ("detailed", "light") if cost.get(kind) is not None)
+    kept = {True: "within budget", False: "over budget", None: "no budget"}[overhead.get("kept")]
+    return (f"  phases from {sampled:,} of {steps:,} steps ({how}); perfhooks' own time "
+            f"{overhead.get('share_of_run', 0.0):.2%} of the steps ({kept}; a step in place: {costs or 'n/a'})")
 
 
 def fresh_line() -> str:

@@ -368,6 +368,11 @@ def _figures_table(report: dict[str, Any], memory: dict[str, Any]) -> Any:
     of (figure, value) rows, built on the logging thread."""
     figures: dict[str, Any] = dict(headline_metrics(report, top=SUMMARY_TOP))
     figures["perf/global_step"] = report.get("global_step", report.get("steps", 0))
+    overhead = report.get("overhead") or {}
+    if overhead:  # what perfhooks cost, and how many steps the phases come from
+        figures["perf/overhead/share_of_run"] = overhead.get("share_of_run", 0.0)
+        figures["perf/overhead/phase_steps"] = report.get("phase_steps", 0)
+        figures["perf/overhead/kept"] = str(overhead.get("kept"))
     for key, value in (report.get("run") or {}).items():
         if isinstance(value, (int, float)):
             figures[f"perf/run/{key}"] = value

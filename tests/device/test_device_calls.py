@@ -71,7 +71,14 @@ def device_calls(per_step: dict[str, float]) -> float:
     return sum(count for kind, count in per_step.items() if kind in DEVICE_CALLS)
 
 
-def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool) -> StepCounts:
+def light_steps_only(engine: Any) -> None:
+    """Every step light from the first (the sampler's warm-up skipped, its chance held near 0)."""
+    sampler = engine.tracker.sampler
+    sampler.warmup_steps = 0
+    sampler.hold(1e-9)
+
+
+def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool, light: bool = False) -> StepCounts:
     import perfhooks
     from helpers import mlp
 
@@ -82,6 +89,8 @@ def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool) -> StepCounts:
     batches = [(torch.randn(8, 32), torch.randn(8, 1)) for _ in range(4)]
     counts = StepCounts(gpu)
     perf = perfhooks.profile(model, optimizer, output_dir=tmp_path / "perf", **SETTINGS) if profiled else None
+    if perf is not None and light:
+        light_steps_only(perf.engine)
     for step in range(WARM_STEPS + MEASURED_STEPS + 2):
         counts.at(step)
         if perf is not None:
@@ -97,7 +106,10 @@ def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool) -> StepCounts:
         report = perf.close()
         assert report["steps"] == WARM_STEPS + MEASURED_STEPS + 2 and report["faults"] == [], report["faults"]
         assert report["device"]["type"] == "cuda"
-        assert report["phases"]["backward"]["p50_ms"] >= BACKWARD_MS, "still timed on the device"
+        if light:
+            assert report["overhead"]["light_steps"] == report["steps"] and report["phase_steps"] == 0
+        else:
+            assert report["phases"]["backward"]["p50_ms"] >= BACKWARD_MS, "still timed on the device"
     counts.done()
     return counts
 
@@ -155,6 +167,19 @@ def test_perfhooks_adds_at_most_12_device_calls_to_a_steady_step(loop: Any, tmp_
     assert everywhere.get("elapsed_time", 0.0) > 0.0, everywhere
     assert everywhere.get("event_query", 0.0) <= 2.0, everywhere
     assert 0 < counts.run["elapsed_time"] <= counts.run["event_record"], counts.run
+
+
+def test_a_light_step_adds_at_most_one_device_call_to_the_bare_loop(tmp_path: Path, on_cuda: SimulatedGpu) -> None:
+    """A light step (issue 65): its start, end and data wait on the host clock, and no device call on the training
+    thread beyond the bare loop's but the memory sample's, rate-limited by time; nothing for the reader to read."""
+    bare = plain_loop(on_cuda, tmp_path, profiled=False).per_step()
+    counts = plain_loop(on_cuda, tmp_path, profiled=True, light=True)
+    profiled = counts.per_step()
+    kinds = {kind: round(profiled.get(kind, 0.0) - bare.get(kind, 0.0), 2) for kind in profiled}
+    assert bare.get("kernel") == profiled.get("kernel") == 2.0, "the same work, bare and profiled"
+    assert device_calls(profiled) - device_calls(bare) <= 1.0, kinds
+    assert kinds.get("event_record", 0.0) == kinds.get("capture_check", 0.0) == 0.0, kinds
+    assert counts.run["elapsed_time"] == 0, "no mark to read"
 
 
 def test_a_run_that_is_never_quiet_holds_at_most_the_limit_of_pending_steps(tmp_path: Path,

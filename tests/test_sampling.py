@@ -1,0 +1,147 @@
+"""Light steps and detailed steps (issue 65): every step counted, phases on steps drawn at random gaps, and the
+budget that sets how many, on a clock the test moves by hand."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import ManualClock
+from perfhooks import Engine, PerfConfig
+from perfhooks.config import overhead_budget
+from perfhooks.report.schema import validate_report
+from perfhooks.runtime.sampling import MAX_GAP, StepSampler
+
+STEPS = 20_000
+#: The optimizer step is slow every 50th step (the shape of periodic logging).
+SLOW_EVERY, SLOW_MS, USUAL_MS = 50, 6.0, 1.0
+
+
+def framework_step(engine: Engine, clock: ManualClock, optimizer_ms: float) -> None:
+    """fetch 0.5, forward 3, backward 4, optimizer ``optimizer_ms``, then 0.5 of the framework's own (ms)."""
+    engine.fetch()
+    clock.advance(0.5)
+    engine.phase_start("forward")
+    clock.advance(3)
+    engine.phase_start("backward")
+    clock.advance(4)
+    engine.phase_start("optimizer")
+    clock.advance(optimizer_ms)
+    engine.phase_end("optimizer")
+    engine.stepped()
+    clock.advance(0.5)
+
+
+def run(tmp_path: Path, budget: float | None, hold: float | None = None, steps: int = STEPS) -> dict[str, Any]:
+    clock = ManualClock()
+    config = PerfConfig(schedule=None, console=False, on_demand=False, memory=False, overhead_budget=budget)
+    engine = Engine(config, tmp_path, "test", clock=clock)
+    if hold is not None:
+        engine.tracker.sampler.hold(hold)
+    for step in range(steps):
+        framework_step(engine, clock, SLOW_MS if step % SLOW_EVERY == SLOW_EVERY - 1 else USUAL_MS)
+    report = engine.close()
+    assert report is not None
+    return report
+
+
+def test_phases_from_a_random_sample_match_every_step_detailed_and_every_step_is_counted(tmp_path: Path) -> None:
+    """Sampled about 1 step in 10, the optimizer's mean and p95 are within 5% of every step detailed: the periodic
+    slow step neither aliases with the sample nor escapes it. Step time and data wait count every step, exactly."""
+    every = run(tmp_path / "every", budget=None)
+    sampled = run(tmp_path / "sampled", budget=0.01, hold=0.1)
+    for report in (every, sampled):
+        assert validate_report(report) == []
+        assert report["steps"] == STEPS
+        slow_share = 1 / SLOW_EVERY
+        assert report["step_ms"]["mean"] == pytest.approx(8 + USUAL_MS + slow_share * (SLOW_MS - USUAL_MS))
+        assert report["data_fetch_ms"]["mean"] == pytest.approx(0.5)
+    assert every["phase_steps"] == STEPS and every["overhead"]["light_steps"] == 0
+    assert every["overhead"]["budget"] is None and every["overhead"]["kept"] is None
+    detailed = sampled["phase_steps"]
+    assert 0.08 * STEPS < detailed < 0.12 * STEPS, detailed
+    assert sampled["overhead"]["detailed_steps"] == detailed
+    assert sampled["overhead"]["light_steps"] == STEPS - detailed
+    for key in ("mean_ms", "p95_ms"):
+        assert sampled["phases"]["optimizer"][key] == pytest.approx(every["phases"]["optimizer"][key], rel=0.05)
+    assert sampled["phases"]["forward"]["mean_ms"] == pytest.approx(3.0)
+    assert sampled["phases"]["forward"]["share"] == pytest.approx(every["phases"]["forward"]["share"], rel=0.01)
+
+
+def test_the_sample_has_random_gaps_never_every_nth_step() -> None:
+    sampler = StepSampler(0.01, warmup_steps=0)
+    sampler.hold(0.1)
+    chosen = [step for step in range(10_000) if sampler.next_is_detailed(step, forced=False)]
+    gaps = {b - a for a, b in itertools.pairwise(chosen)}
+    assert 900 < len(chosen) < 1100
+    assert len(gaps) > 20, "geometric gaps, not a period"
+    # the slow every-50th steps are sampled at the sample's own rate
+    slow = sum(1 for step in chosen if step % SLOW_EVERY == SLOW_EVERY - 1)
+    assert slow == pytest.approx(len(chosen) / SLOW_EVERY, rel=0.5)
+
+
+def test_a_forced_step_is_detailed_and_the_warmup_is() -> None:
+    sampler = StepSampler(0.01, warmup_steps=5)
+    sampler.hold(1e-9)
+    assert all(sampler.next_is_detailed(step, forced=False) for step in range(5))
+    assert not any(sampler.next_is_detailed(step, forced=False) for step in range(5, 100))
+    assert sampler.next_is_detailed(100, forced=True)
+    assert all(StepSampler(None).next_is_detailed(step, forced=False) for step in range(100))
+
+
+def feed(sampler: StepSampler, step_ms: float, detailed_us: float, light_us: float, steps: int = 200) -> None:
+    """Steps of ``step_ms`` alternating detailed and light with the given own costs; the chance is set once."""
+    now = 0
+    for step in range(steps):
+        now += int(step_ms * 1e6)
+        detailed = step % 2 == 0
+        sampler.step_ended(detailed, int((detailed_us if detailed else light_us) * 1e3), int(step_ms * 1e6),
+                           detailed, step, now)
+
+
+@pytest.mark.parametrize(("step_ms", "expected"), [
+    (1.5, (0.01 * 1.5e6 - 3e3) / (40e3 - 3e3)),  # a launch-bound step: sampled
+    (35.0, 1.0),  # a GPT's step: every step detailed at the default budget
+    (0.2, 1 / MAX_GAP),  # the floor: phases are always measured
+])
+def test_the_chance_follows_the_budget(step_ms: float, expected: float) -> None:
+    """p = (budget x step - light cost) / (detailed cost - light cost), between 1/64 and 1."""
+    sampler = StepSampler(0.01, warmup_steps=0, adjust_every_s=1000.0)
+    feed(sampler, step_ms, detailed_us=40.0, light_us=3.0)
+    sampler.adjust(200)
+    assert sampler.probability == pytest.approx(expected, rel=1e-6)
+    section = sampler.section()
+    assert section["in_place_us"] == {"detailed": 40.0, "light": 3.0}
+    assert section["share_of_run"] == pytest.approx(21.5e-3 / step_ms, abs=1e-6)
+    assert section["kept"] is (21.5e-3 / step_ms <= 0.01)
+
+
+def test_the_paired_difference_is_a_detailed_step_against_its_light_neighbours() -> None:
+    sampler = StepSampler(0.01, warmup_steps=0, adjust_every_s=1000.0)
+    walls = [1000, 1100, 1000] * 12 + [1000]  # light, detailed, light, ...: each detailed step 100 ns longer
+    for step, wall in enumerate(walls):
+        sampler.step_ended(step % 3 == 1, 0, wall, True, step, step)
+    paired = sampler.section()["paired"]
+    assert paired["pairs"] == 12 and paired["mean_us"] == pytest.approx(0.1)
+    assert paired["low_us"] == pytest.approx(0.1) and paired["high_us"] == pytest.approx(0.1)
+    assert StepSampler(0.01).section()["paired"] is None, "too few pairs: null"
+
+
+def test_the_budget_setting_and_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert PerfConfig().overhead_budget == 0.01
+    assert PerfConfig(overhead_budget=None).overhead_budget is None
+    assert PerfConfig(overhead_budget=0.05).overhead_budget == 0.05
+    monkeypatch.setenv("PERFHOOKS_OVERHEAD_BUDGET", "none")
+    assert PerfConfig().overhead_budget is None
+    monkeypatch.setenv("PERFHOOKS_OVERHEAD_BUDGET", "0.02")
+    assert PerfConfig().overhead_budget == 0.02
+    monkeypatch.setenv("PERFHOOKS_OVERHEAD_BUDGET", "lots")
+    with pytest.raises(ValueError, match="PERFHOOKS_OVERHEAD_BUDGET must be a share of the step in"):
+        PerfConfig()
+    for bad in (0, 1.5, -0.1, True, math.nan):
+        with pytest.raises(ValueError, match="overhead_budget must be a share of the step in"):
+            overhead_budget(bad)
