@@ -34,9 +34,11 @@ def _expected_total_ms(steps: int) -> float:
 
 
 def test_a_reader_thread_sees_no_torn_state_while_10000_steps_run(tmp_path: Path) -> None:
+    """Every step detailed (``overhead_budget=None``): each one's phases add up to its time, and ``recent`` holds
+    every step."""
     clock = ManualClock()
-    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory=False, wandb=False), tmp_path,
-                    "test", clock=clock)
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory=False, wandb=False,
+                               overhead_budget=None), tmp_path, "test", clock=clock)
     seen: list[int] = []
     problems: list[str] = []
     done = threading.Event()

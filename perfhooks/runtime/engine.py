@@ -112,9 +112,8 @@ class Engine:
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
         account = RunAccount(monotonic_ns if self.clock.device_timed else self.clock.mark)
-        sampler = StepSampler(config.overhead_budget)
         self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults, None,  # type: ignore[arg-type]
-                                   None, start_step, global_step, sampler)
+                                   None, start_step, global_step, StepSampler(config.overhead_budget))
         # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
         tracker = self.tracker
         self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (  # type: ignore[method-assign]
