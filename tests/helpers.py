@@ -24,6 +24,26 @@ class ManualClock(HostClock):
         self.now_ns += int(ms * 1e6)
 
 
+def framework_step(engine: Any, clock: ManualClock, global_step: int | None = None, callbacks_ms: float = 0.0,
+                   checkpoint_ms: float = 0.0, optimizer_ms: float = 1.0) -> None:
+    """What an integration reports for one batch: fetch 0.5, forward 3, backward 4, optimizer ``optimizer_ms``
+    (ms), then the framework's own work after the optimizer (callbacks, logging) and maybe a checkpoint write."""
+    engine.fetch()
+    clock.advance(0.5)
+    engine.phase_start("forward")
+    clock.advance(3)
+    engine.phase_start("backward")
+    clock.advance(4)
+    engine.phase_start("optimizer")
+    clock.advance(optimizer_ms)
+    engine.phase_end("optimizer")
+    engine.stepped(global_step)
+    clock.advance(callbacks_ms)
+    if checkpoint_ms:
+        with engine.aside("checkpoint"):
+            clock.advance(checkpoint_ms)
+
+
 def random_loader(batches: int, batch_size: int = 8, features: int = 32, seed: int = 0) -> DataLoader:
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(batches * batch_size, features, generator=generator)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ManualClock
+from helpers import ManualClock, framework_step
 from perfhooks import Engine, PerfConfig
 from perfhooks.report.schema import validate_report
 from perfhooks.runtime.run_account import RunAccount
@@ -15,26 +15,6 @@ from perfhooks.runtime.run_account import RunAccount
 def make_engine(tmp_path: Path) -> tuple[Engine, ManualClock]:
     clock = ManualClock()
     return Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test", clock=clock), clock
-
-
-def framework_step(engine: Engine, clock: ManualClock, global_step: int, callbacks_ms: float = 0.0,
-                   checkpoint_ms: float = 0.0) -> None:
-    """What an integration reports for one batch: fetch 0.5, forward 3, backward 4, optimizer 1 (ms), then the
-    framework's own work after the optimizer (callbacks, logging) and maybe a checkpoint write."""
-    engine.fetch()
-    clock.advance(0.5)
-    engine.phase_start("forward")
-    clock.advance(3)
-    engine.phase_start("backward")
-    clock.advance(4)
-    engine.phase_start("optimizer")
-    clock.advance(1)
-    engine.phase_end("optimizer")
-    engine.stepped(global_step)
-    clock.advance(callbacks_ms)
-    if checkpoint_ms:
-        with engine.aside("checkpoint"):
-            clock.advance(checkpoint_ms)
 
 
 def test_time_after_the_optimizer_is_the_steps_other_until_the_next_fetch(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from helpers import ManualClock
+from helpers import ManualClock, framework_step
 from perfhooks import Engine, PerfConfig
 from perfhooks.config import overhead_budget
 from perfhooks.report.schema import validate_report
@@ -21,21 +21,6 @@ STEPS = 20_000
 SLOW_EVERY, SLOW_MS, USUAL_MS = 50, 6.0, 1.0
 
 
-def framework_step(engine: Engine, clock: ManualClock, optimizer_ms: float) -> None:
-    """fetch 0.5, forward 3, backward 4, optimizer ``optimizer_ms``, then 0.5 of the framework's own (ms)."""
-    engine.fetch()
-    clock.advance(0.5)
-    engine.phase_start("forward")
-    clock.advance(3)
-    engine.phase_start("backward")
-    clock.advance(4)
-    engine.phase_start("optimizer")
-    clock.advance(optimizer_ms)
-    engine.phase_end("optimizer")
-    engine.stepped()
-    clock.advance(0.5)
-
-
 def run(tmp_path: Path, budget: float | None, hold: float | None = None, steps: int = STEPS) -> dict[str, Any]:
     clock = ManualClock()
     config = PerfConfig(schedule=None, console=False, on_demand=False, memory=False, overhead_budget=budget)
@@ -43,7 +28,8 @@ def run(tmp_path: Path, budget: float | None, hold: float | None = None, steps: 
     if hold is not None:
         engine.tracker.sampler.hold(hold)
     for step in range(steps):
-        framework_step(engine, clock, SLOW_MS if step % SLOW_EVERY == SLOW_EVERY - 1 else USUAL_MS)
+        framework_step(engine, clock, callbacks_ms=0.5,
+                       optimizer_ms=SLOW_MS if step % SLOW_EVERY == SLOW_EVERY - 1 else USUAL_MS)
     report = engine.close()
     assert report is not None
     return report
