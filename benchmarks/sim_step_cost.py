@@ -2,6 +2,7 @@
 
     python benchmarks/sim_step_cost.py [--steps 400] [--rounds 7] [--free] [--loops engine plain_loop]
     python benchmarks/sim_step_cost.py --bookkeeping [--rounds 5]
+    python benchmarks/sim_step_cost.py --budget --rounds 12
 
 A CPU benchmark of a GPU run's cost: the simulated GPU (``tests/simulated_gpu.py``) spins the calling thread for
 each device call as long as the call costs on an H100 (an event record 2.5 µs, a query 1 µs, a Python ``Stream``
@@ -144,12 +145,17 @@ def plain_loop(gpu: SimulatedGpu, steps: int, mode: str | bool, out: str, warmup
     import perfhooks
 
     mode = {True: "perfhooks", False: "bare"}.get(mode, mode)  # type: ignore[call-overload]
+    held_light = mode == "light"  # perfhooks, every step after the sampler's warm-up light
+    if held_light:
+        mode = "perfhooks"
     torch.random.default_generator.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     model[0].register_forward_hook(lambda *args: gpu.run(0.01))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(4, 16), torch.randn(4, 1)
     perf = perfhooks.profile(model, optimizer, output_dir=out, **SETTINGS) if mode == "perfhooks" else None
+    if held_light and perf is not None:
+        perf.engine.tracker.sampler.hold(0.0)
     fetch: Any = contextlib.nullcontext
     if perf is not None:
         fetch = perf.data_wait
@@ -177,9 +183,17 @@ def plain_loop(gpu: SimulatedGpu, steps: int, mode: str | bool, out: str, warmup
     finally:
         gpu.call_cost_us = costs
     calls = gpu.calls_by_thread - before
+    LAST_RUN.clear()
+    LAST_RUN["mean_us"] = (ends[-1] - ends[0]) / (len(ends) - 1) / 1e3
     if perf is not None:
+        LAST_RUN["overhead"] = perf.engine.tracker.sampler.section()
         perf.close()
     return _median_step_us(ends), calls
+
+
+#: The last :func:`plain_loop` run's mean step (µs, steps' ends first to last: what throughput pays) and, with
+#: perfhooks, its report's ``overhead`` section.
+LAST_RUN: dict[str, Any] = {}
 
 
 def main_thread_calls(calls: collections.Counter, steps: int) -> float:
@@ -328,6 +342,52 @@ def in_place(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
           f"the same meters read {floor:.1f} µs around the floor's marks, so {own - floor:.1f} µs beyond them) + its "
           f"device calls' charged cost {charged:.1f} µs = {total:.1f} µs a step; target <= {TARGET_US:.0f} µs: "
           f"{verdict}")
+
+
+def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
+    """Issue 65's checks on the simulated launch-bound plain loop, alternating in one process round after round:
+    bare; perfhooks with every step after the sampler's warm-up light (``light``: what a light step costs); and
+    perfhooks with its defaults (the 1% budget). Each round's figure is its mean step (first step's end to last's:
+    what throughput pays); the ratio is perfhooks' over bare's of the same round, and the result the median of the
+    rounds' ratios. A light step in place is perfhooks' own meter (the median of its light steps, inside the
+    tracker) and the entry points' meter (:func:`metered`, the meters' own cost in it)."""
+    modes = ("bare", "light", "perfhooks")
+    means: dict[str, list[float]] = {mode: [] for mode in modes}
+    sections: dict[str, list[dict[str, Any]]] = {"light": [], "perfhooks": []}
+    with tempfile.TemporaryDirectory() as out:
+        for mode in modes:
+            plain_loop(gpu, 50, mode, out, warmup=0)
+        for round_ in range(rounds):
+            for mode in modes if round_ % 2 == 0 else modes[::-1]:
+                plain_loop(gpu, steps, mode, out)
+                means[mode].append(LAST_RUN["mean_us"])
+                if mode in sections:
+                    sections[mode].append(LAST_RUN["overhead"])
+        with metered() as meter:
+            plain_loop(gpu, steps, "light", out, at_steady=meter.reset)
+            entry_us = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
+
+    def ratios(mode: str) -> list[float]:
+        return [a / b for a, b in zip(means[mode], means["bare"], strict=True)]
+
+    def said(values: list[float], digits: int = 3) -> str:
+        return f"{statistics.median(values):.{digits}f} (rounds {min(values):.{digits}f} to {max(values):.{digits}f})"
+
+    light_in_place = statistics.median(section["in_place_us"]["light"] for section in sections["light"])
+    bare = statistics.median(means["bare"])
+    print(f"budget: {rounds} rounds of {steps} steps, alternating; bare mean step {bare:.1f} µs")
+    print(f"{'':>12}a light step in place: {light_in_place:.1f} µs (perfhooks' meter, median); {entry_us:.1f} µs "
+          f"inside the entry points, their meters included; target <= 8 µs: "
+          f"{'met' if light_in_place <= 8 else 'NOT met'}")
+    light_added = [a - b for a, b in zip(means["light"], means["bare"], strict=True)]
+    print(f"{'':>12}every step light: +{said(light_added, 1)} µs a step; ratio {said(ratios('light'))}")
+    added = [a - b for a, b in zip(means["perfhooks"], means["bare"], strict=True)]
+    print(f"{'':>12}the defaults (budget 1%): +{said(added, 1)} µs a step; ratio {said(ratios('perfhooks'))}; "
+          f"target <= 1.02: {'met' if statistics.median(ratios('perfhooks')) <= 1.02 else 'NOT met'}")
+    last = sections["perfhooks"][-1]
+    print(f"{'':>12}its report's overhead (last round): detailed {last['detailed_steps']} of "
+          f"{last['detailed_steps'] + last['light_steps']} steps, probability {last['probability']}, in place "
+          f"{last['in_place_us']}, share of run {last['share_of_run']}, kept {last['kept']}, paired {last['paired']}")
 
 
 def _bookkeeping_cuts() -> dict[str, list[tuple[type, str, Any]]]:
@@ -515,11 +575,15 @@ def main() -> None:
     parser.add_argument("--free", action="store_true", help="device calls cost no host time")
     parser.add_argument("--loops", nargs="+", choices=("engine", "plain_loop"), default=["engine", "plain_loop"],
                         help="the loops to time (default both); an A/B of two commits alternates runs of one")
+    parser.add_argument("--budget", action="store_true",
+                        help="only the cost budget's checks (issue 65): a light step, and the defaults against "
+                             "bare by the median of paired rounds (2000 steps a run unless --steps; --rounds 12 "
+                             "or more)")
     parser.add_argument("--bookkeeping", action="store_true",
                         help="only the plain loop in place, with each piece of a step's bookkeeping knocked out in "
                              "turn (600 steps a run unless --steps)")
     args = parser.parse_args()
-    steps = args.steps or (600 if args.bookkeeping else 400)
+    steps = args.steps or (600 if args.bookkeeping else 2000 if args.budget else 400)
     print(describe_machine())
     bind_to_the_simulation()
     one_torch_thread()
@@ -529,6 +593,9 @@ def main() -> None:
         print(f"per-call host cost (µs): {gpu.call_cost_us}")
         if args.bookkeeping:  # the plain loop in place only
             bookkeeping(gpu, steps, args.rounds)
+            return
+        if args.budget:
+            budget(gpu, steps, args.rounds)
             return
         overhead = simulation_overhead_us(gpu)
         print(f"the simulation's own Python per call (µs, warm; charged on top of the costs above): {overhead}")

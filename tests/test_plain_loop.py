@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def tiny_loop(perf_dir: Path | None, steps: int = 6, accumulation: int = 2, fail_at: int | None = None,
-              compiled: bool = False) -> list[float]:
+              compiled: bool = False, hooks_seen: list[int] | None = None, **settings: Any) -> list[float]:
     """A loop in nanoGPT's shape: get_batch, micro-steps, clip, optimizer; the losses it saw."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
@@ -38,6 +39,8 @@ def tiny_loop(perf_dir: Path | None, steps: int = 6, accumulation: int = 2, fail
                         x, y = get_batch()
                 else:
                     x, y = get_batch()
+                if hooks_seen is not None:  # the forward's hooks perfhooks has on the model for this micro-batch
+                    hooks_seen.append(len(model._forward_pre_hooks) + len(model._forward_hooks))
                 logits = model(x)
                 loss = torch.nn.functional.cross_entropy(logits.view(-1, 64), y.view(-1)) / accumulation
                 loss.backward()
@@ -51,7 +54,8 @@ def tiny_loop(perf_dir: Path | None, steps: int = 6, accumulation: int = 2, fail
     if perf_dir is None:
         train(None)
     else:
-        with profile(model, optimizer, output_dir=perf_dir, schedule=None, console=False, wandb=False) as perf:
+        with profile(model, optimizer, output_dir=perf_dir, **{"schedule": None, "console": False, "wandb": False,
+                                                                **settings}) as perf:
             train(perf)
         assert not model._forward_pre_hooks and not model._forward_hooks  # every hook removed
         assert not optimizer._optimizer_step_pre_hooks and not optimizer._optimizer_step_post_hooks
@@ -124,3 +128,27 @@ def test_a_compiled_model_trains_the_same_with_no_graph_break(tmp_path: Path) ->
     assert dict(counters["graph_break"]) == {} and int(counters["stats"]["unique_graphs"]) == plain_graphs
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 6 and report["phases"]["optimizer"]["mean_ms"] > 0
+
+
+def test_light_steps_run_without_the_forwards_hooks_and_train_the_same(tmp_path: Path) -> None:
+    """Past the sampler's warm-up, under a budget that affords only the floor's detailed steps (about 1 in 64), a
+    light step's forward has none of perfhooks' hooks (torch's call of them is the cost), a detailed one has them
+    back; the losses are the same to the last bit, every step counts, and the phases come from the detailed ones."""
+    from perfhooks.runtime.sampling import WARMUP_STEPS
+
+    steps = WARMUP_STEPS + 150
+    plain = tiny_loop(None, steps=steps)
+    seen: list[int] = []
+    profiled = tiny_loop(tmp_path, steps=steps, hooks_seen=seen, overhead_budget=1e-9)
+    assert profiled == plain
+    report = json.loads((tmp_path / "report.json").read_text())
+    overhead = report["overhead"]
+    assert report["steps"] == steps and report["micro_batches"] == 2 * steps
+    assert overhead["detailed_steps"] + overhead["light_steps"] == steps
+    assert WARMUP_STEPS <= report["phase_steps"] == overhead["detailed_steps"] < WARMUP_STEPS + 20
+    assert set(seen[:2 * WARMUP_STEPS]) == {2}  # the warm-up: every step detailed, the two forward hooks on
+    after = seen[2 * WARMUP_STEPS:]
+    # the hooks come off at a light step's first fetch and back on at a detailed one's: each light step's two
+    # micro-batches run without them, each detailed one's with them
+    assert after.count(0) == 2 * overhead["light_steps"] and after.count(2) == len(after) - after.count(0)
+    assert report["phases"]["optimizer"]["mean_ms"] > 0

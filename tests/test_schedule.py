@@ -85,3 +85,16 @@ def test_on_demand_window_is_one_cycle(first: int, warmup: int, active: int, ste
 def test_bad_schedule_names_the_parameter(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=rf"Schedule {name} must be an integer"):
         Schedule(**kwargs)
+
+
+@pytest.mark.parametrize("skip_first,wait,warmup,active,repeat",
+                         [(0, 0, 0, 1, 0), (8, 0, 2, 3, 1), (3, 5, 1, 2, 2), (0, 4, 0, 3, 0), (10, 2, 2, 1, 3)])
+def test_next_action_step_agrees_with_the_schedule(skip_first: int, wait: int, warmup: int, active: int,
+                                                   repeat: int) -> None:
+    """A quiet run of steps (no step opening) reaches exactly to the schedule's next window, never past it."""
+    schedule = Schedule(skip_first=skip_first, wait=wait, warmup=warmup, active=active, repeat=repeat)
+    for step in range(80):
+        expected = next((s for s in range(step, 400) if schedule(s) is not Action.NONE), None)
+        assert schedule.next_action_step(step) == expected, step
+    window = OnDemandWindow(10, warmup=1, active=3)
+    assert [window.next_action_step(s) for s in (0, 10, 12, 13, 14)] == [10, 10, 12, 13, None]

@@ -73,6 +73,16 @@ class Schedule:
             return Action.WARMUP
         return Action.ACTIVE_AND_SAVE if position == self.cycle_steps - 1 else Action.ACTIVE
 
+    def next_action_step(self, step: int) -> int | None:
+        """The first step at or after ``step`` whose action is not ``NONE`` (None: there is none)."""
+        start = max(step, self.skip_first)
+        cycle, position = divmod(start - self.skip_first, self.cycle_steps)
+        if self.repeat and cycle >= self.repeat:
+            return None
+        if position < self.wait:
+            return self.skip_first + cycle * self.cycle_steps + self.wait
+        return start
+
 
 @dataclass(frozen=True)
 class OnDemandWindow:
@@ -93,3 +103,9 @@ class OnDemandWindow:
     @property
     def last_step(self) -> int:
         return self.first_step + self.warmup + self.active - 1
+
+    def next_action_step(self, step: int) -> int | None:
+        """The first step at or after ``step`` whose action is not ``NONE`` (None: there is none)."""
+        if step > self.last_step:
+            return None
+        return max(step, self.first_step)

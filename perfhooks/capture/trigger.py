@@ -49,12 +49,18 @@ class OnDemandTrigger:
                 self._previous_handler(signum, frame)
             return
         self._requested = True
+        self.on_request()
         if callable(self._previous_handler):
             self._previous_handler(signum, frame)
 
     def fire(self) -> None:
         """Ask for a window from code (what the file and the signal do)."""
         self._requested = True
+        self.on_request()
+
+    @staticmethod
+    def on_request() -> None:
+        """Called at a request (in the signal's handler: it may only set attributes); replaced by the run."""
 
     def poll(self) -> bool:
         """True once per request; looks for the file at most every ``poll_s`` seconds (a training-thread call)."""
@@ -64,6 +70,12 @@ class OnDemandTrigger:
                 return False
             self._next_poll_ns = now + int(self.poll_s * 1e9)
         return self.take()
+
+    @property
+    def next_poll_ns(self) -> int:
+        """``monotonic_ns()`` from which :meth:`poll` looks for the file again (a signal's request is taken at any
+        call)."""
+        return self._next_poll_ns
 
     def take(self) -> bool:
         """True once per request (the signal's flag, or the file, which it removes); no rate limit."""

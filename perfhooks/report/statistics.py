@@ -15,7 +15,8 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from operator import attrgetter, methodcaller
+from itertools import repeat
+from operator import attrgetter, itemgetter, methodcaller
 from typing import NamedTuple
 
 from perfhooks.events import OTHER, PHASES
@@ -43,6 +44,9 @@ _count_elements: Callable[[dict[int, int], Iterable[int]], None] = getattr(colle
 
 #: Values each summary keeps as they came, for exact quantiles (a run of this many steps or fewer).
 EXACT_VALUES = 4096
+#: Past ``EXACT_VALUES``, one light step in this many (a random one of each run of them) goes into the step and
+#: fetch quantiles' buckets; their counts, totals and extremes take every step.
+LIGHT_BUCKETS_EVERY = 4
 
 
 @dataclass
@@ -107,6 +111,32 @@ class StreamingStats:
         self.minimum = min(self.minimum, min(values_ms))
         self._keep(values_ms)
 
+    def add_many_ns(self, values_ns: list[int], keys: list[int] | None = None, start: int = 0,
+                    every: int = 1) -> list[int]:
+        """Add a batch of values given in ns (integers: the light steps' times), as :meth:`add_many` does with
+        them in ms; ``keys``: their buckets, computed by an earlier call on the same values. Once more than
+        ``EXACT_VALUES`` were added, only ``values_ns[start::every]`` go into the buckets (a sample, which the
+        quantiles then read: each value costs a logarithm); the count, total, minimum and maximum take all.
+        The buckets added."""
+        if not values_ns:
+            return []
+        if min(values_ns) <= 1:  # 1 ns is the floor (_FLOOR_MS): the zero bucket
+            values_ns = [max(0, value) for value in values_ns]
+        if keys is None:
+            bucketed = values_ns if self._values is not None or every == 1 else values_ns[start::every]
+            if min(bucketed, default=2) <= 1:
+                keys = [-1 if value <= 1 else int(_log(value) * _INV_LOG_RATIO) for value in bucketed]
+            else:
+                keys = list(map(int, map(_INV_LOG_RATIO.__mul__, map(_log, bucketed))))
+        _count_elements(self._buckets, keys)
+        self.count += len(values_ns)
+        self.total += sum(values_ns) / 1e6
+        self.maximum = max(self.maximum, max(values_ns) / 1e6)
+        self.minimum = min(self.minimum, min(values_ns) / 1e6)
+        if self._values is not None:
+            self._keep(list(map(_NS_TO_MS, values_ns)))
+        return keys
+
     def copy(self) -> StreamingStats:
         """An independent copy (the buckets and kept values are copied)."""
         return StreamingStats(self.count, self.total, self.maximum, self.minimum, dict(self._buckets),
@@ -134,9 +164,10 @@ class StreamingStats:
             raise ValueError(f"quantile q must be in [0, 1], got {q}")
         if not self.count:
             return 0.0
-        rank = max(1, math.ceil(q * self.count))
         if self._values is not None and len(self._values) == self.count:
-            return sorted(self._values)[rank - 1]
+            return sorted(self._values)[max(1, math.ceil(q * self.count)) - 1]
+        # the buckets may hold a sample of the values (:meth:`add_many_ns`): the rank is among those
+        rank = max(1, math.ceil(q * sum(self._buckets.values())))
         seen = 0
         for key in sorted(self._buckets):
             in_bucket = self._buckets[key]
@@ -193,6 +224,8 @@ class StepTiming:
 _STEP_MS, _PHASE_MS, _FETCH_MS = attrgetter("step_ms"), attrgetter("phase_ms"), attrgetter("fetch_ms")
 _MICRO_BATCHES, _SAMPLES, _TOKENS = attrgetter("micro_batches"), attrgetter("samples"), attrgetter("tokens")
 _PADDED, _OWN, _COMPILED = attrgetter("padded_tokens"), attrgetter("own"), attrgetter("compiled")
+_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
+_NS_TO_MS = (1e6).__rtruediv__  # ns / 1e6, exactly as a division
 
 
 class StatsSnapshot(NamedTuple):
@@ -204,8 +237,8 @@ class StatsSnapshot(NamedTuple):
     folded: PhaseStatistics
     unfolded: list[StepTiming]
     added: int
-    #: Light steps added since the fold (the list, which a fold replaces, and how many).
-    light: list[tuple[float, float, int, bool, bool]] = []
+    #: Light steps added since the fold (the list, which a fold replaces, and how many; times in ns).
+    light: list[tuple[int, int, int, bool, bool]] = []
     light_added: int = 0
 
     @property
@@ -261,8 +294,8 @@ class PhaseStatistics:
         self.padded_tokens = 0
         self.steady_samples = self.steady_tokens = 0
         self._unfolded: list[StepTiming] = []
-        #: Light steps waiting for the fold: ``(step_ms, fetch_ms, micro_batches, own, compiled)``.
-        self._unfolded_light: list[tuple[float, float, int, bool, bool]] = []
+        #: Light steps waiting for the fold: ``(step ns, fetch ns, micro_batches, own, compiled)``.
+        self._unfolded_light: list[tuple[int, int, int, bool, bool]] = []
         #: Detailed steps, their time (ms) in all, and the same over the steady ones.
         self.detailed_steps = 0
         self._detailed_ms = 0.0
@@ -273,6 +306,14 @@ class PhaseStatistics:
         self.recent: deque[StepTiming] = deque(maxlen=history)
         #: A copy of the folded state since the last fold (made by the first :meth:`snapshot` after it).
         self._folded_copy: PhaseStatistics | None = None
+        #: The state of the generator that picks which light steps go into the buckets (an int, copied by value).
+        self._bucket_seed = 0x5EED
+
+    def _sample(self, every: int) -> int:
+        """A pseudo-random offset in ``[0, every)`` (a linear congruential generator: repeatable, and never
+        locked onto a loop's period)."""
+        self._bucket_seed = (self._bucket_seed * 1103515245 + 12345) & 0x7FFFFFFF
+        return (self._bucket_seed >> 16) % every
 
     def snapshot(self) -> StatsSnapshot:
         """The statistics now, for other threads: a copy of the folded state (made once per fold, so about one
@@ -312,11 +353,18 @@ class PhaseStatistics:
         if len(self._unfolded) >= self._fold_every:
             self._fold()
 
-    def add_light(self, step_ms: float, fetch_ms: float, micro_batches: int, own: bool, compiled: bool) -> None:
-        """A light step: its time and its fetches' host time (ms) only; it is in no phase figure and not in
+    def add_light(self, step_ns: int, fetch_ns: int, micro_batches: int, own: bool, compiled: bool) -> None:
+        """A light step: its time and its fetches' host time (ns) only; it is in no phase figure and not in
         :attr:`recent`."""
         light = self._unfolded_light
-        light.append((step_ms, fetch_ms, micro_batches, own, compiled))
+        light.append((step_ns, fetch_ns, micro_batches, own, compiled))
+        if len(light) >= 256:
+            self._fold()
+
+    def add_lights(self, steps_ns: list[int], fetches_ns: list[int], own: bool) -> None:
+        """Light steps of one micro-batch each, their times and their fetches' (ns; see :meth:`add_light`)."""
+        light = self._unfolded_light
+        light.extend(zip(steps_ns, fetches_ns, repeat(1), repeat(own), repeat(False)))
         if len(light) >= 256:
             self._fold()
 
@@ -359,20 +407,25 @@ class PhaseStatistics:
         for name in self._steady_phase_total:
             self._steady_phase_total[name] += sum(map(methodcaller("get", name, 0.0), phases))
 
-    def _fold_light(self, light: list[tuple[float, float, int, bool, bool]]) -> None:
+    def _fold_light(self, light: list[tuple[int, int, int, bool, bool]]) -> None:
         """Fold light steps: step time, fetch, micro-batches, the steady steps; no phase."""
-        step_ms = [entry[0] for entry in light]
-        self._step.add_many(step_ms)
-        self._fetch.add_many([entry[1] for entry in light])
-        self.training_ms += sum(step_ms)
-        self._micro_batches += sum(entry[2] for entry in light)
+        step_ns = list(map(_FIRST, light))
+        start = self._sample(LIGHT_BUCKETS_EVERY)
+        keys = self._step.add_many_ns(step_ns, start=start, every=LIGHT_BUCKETS_EVERY)
+        self._fetch.add_many_ns(list(map(_SECOND, light)), start=start, every=LIGHT_BUCKETS_EVERY)
+        self.training_ms += max(0, sum(step_ns)) / 1e6
+        self._micro_batches += sum(map(max, repeat(1), map(_THIRD, light)))  # a loop that fetches no batch: 1
         own = sum(1 for entry in light if entry[3])
         compiled = sum(1 for entry in light if entry[4] and not entry[3])
         self.own_steps += own
         self.compiled_steps += compiled
         if own or compiled:
-            step_ms = [entry[0] for entry in light if not entry[3] and not entry[4]]
-        self._steady_step.add_many(step_ms)
+            self._steady_step.add_many_ns([entry[0] for entry in light if not entry[3] and not entry[4]],
+                                          start=start, every=LIGHT_BUCKETS_EVERY)
+        elif len(keys) == len(step_ns) or self._steady_step._values is None:  # the same values, sampled the same
+            self._steady_step.add_many_ns(step_ns, keys)
+        else:
+            self._steady_step.add_many_ns(step_ns, start=start, every=LIGHT_BUCKETS_EVERY)
 
     @property
     def step(self) -> StreamingStats:

@@ -89,6 +89,28 @@ class CaptureControl:
     def is_open(self) -> bool:
         return self.windows.is_open
 
+    def quiet_after(self, step: int, look_ahead: int) -> tuple[int, int]:
+        """``(steps, ns)``: the step before which no window can open or change (at most ``look_ahead`` steps on),
+        and the ``monotonic_ns()`` before which no on-demand request is looked for; ``(step, 0)`` when a window
+        is open or ranks agree on windows through the store (their targets are a few steps ahead)."""
+        if self.windows.is_open or self.all_ranks is not None:
+            return step, 0
+        until = step + look_ahead
+        for source in (self._on_demand, self.config.schedule):
+            if source is None:
+                continue
+            next_action = getattr(source, "next_action_step", None)
+            if next_action is not None:  # perfhooks' own schedules say it at once
+                found = next_action(step + 1)
+                if found is not None:
+                    until = min(until, found)
+                continue
+            ahead = step + 1  # a schedule that is a plain function of the step: looked at step by step
+            while ahead < until and source(ahead) is Action.NONE:
+                ahead += 1
+            until = ahead
+        return until, self.trigger.next_poll_ns if self.trigger is not None else 2**62
+
     def end_step_label(self) -> None:
         self.windows.end_step_label()
 

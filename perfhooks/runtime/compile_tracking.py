@@ -73,7 +73,7 @@ class CompileTracking:
                 if tracker.record is not None:
                     tracker.record.compiled = True
                 else:
-                    tracker.light_compiled = True
+                    tracker.light_compiled_now()
                 if not self.steps or self.steps[-1] != tracker.step:
                     self.steps.append(tracker.step)
             resume, self._resume = self._resume, None

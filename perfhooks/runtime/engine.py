@@ -63,6 +63,22 @@ class Engine:
 
     #: True: this run is profiled (a :class:`NullEngine` is not).
     active = True
+    # The hot events are the tracker's own methods, set on each engine as it is built (each guards itself, so
+    # the training thread goes straight to them, without a frame of the engine's):
+    #: The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts.
+    fetch: Callable[[], None]
+    #: Start phase ``name``: ends the open phase, opens a step if none is open.
+    phase_start: Callable[[str], None]
+    #: End phase ``name`` if it is the open one (an unmatched end is ignored).
+    phase_end: Callable[[str], None]
+    #: End the open step (and its open phase); its timings are read once the device is done.
+    step_end: Callable[[], None]
+    #: A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync).
+    batch: Callable[[Any], None]
+    #: Host work the framework named (a Lightning callback's hook) took ``ms`` while a training step was open.
+    named: Callable[[str, float], None]
+    #: The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added).
+    stepped: Callable[..., None]
 
     def __init__(self, config: PerfConfig, output_dir: str | Path, framework: str,
                  device: torch.device | str | None = None, start_step: int = 0,
@@ -116,7 +132,7 @@ class Engine:
                                    None, start_step, global_step, StepSampler(config.overhead_budget))
         # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
         tracker = self.tracker
-        self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (  # type: ignore[method-assign]
+        self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (
             tracker.phase_start, tracker.phase_end, tracker.step_end, tracker.batch, tracker.fetch, tracker.stepped,
             tracker.named)
         self.capture = CaptureControl(config, self.output_dir, facts.rank, facts.world_size, self.room.is_cuda,
@@ -197,43 +213,14 @@ class Engine:
         if not self.tracker.step_open and not self._closed:
             self.tracker.open_step()
 
-    def fetch(self) -> None:
-        """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts."""
-        self.tracker.fetch()  # it guards itself (instances call it directly)
-
-    def phase_start(self, name: str) -> None:
-        """Start phase ``name``: ends the open phase, opens a step if none is open."""
-        self.tracker.phase_start(name)  # it guards itself (instances call it directly)
-
-    def phase_end(self, name: str) -> None:
-        """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
-        self.tracker.phase_end(name)  # it guards itself (instances call it directly)
-
-    def step_end(self) -> None:
-        """End the open step (and its open phase); its timings are read once the device is done."""
-        self.tracker.step_end()  # it guards itself (instances call it directly)
-
     @guarded("fetched")
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
         self.tracker.fetched(batches)
 
-    def batch(self, batch: Any) -> None:
-        """A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync)."""
-        self.tracker.batch(batch)  # it guards itself (instances call it directly)
-
-    def named(self, name: str, ms: float) -> None:
-        """Host work the framework named (a Lightning callback's hook, ``Name.hook``) took ``ms`` while a training
-        step was open (not in an evaluation or a checkpoint write): who ran in ``other`` and the phases."""
-        self.tracker.named(name, ms)  # it guards itself (instances call it directly)
-
     def time_named(self, on: bool) -> None:
         """Whether the step opening now times the framework's named hooks (:meth:`named`; one step in several)."""
         self.tracker.naming = on
-
-    def stepped(self, global_step: int | None = None) -> None:
-        """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
-        self.tracker.stepped(global_step)  # it guards itself (instances call it directly)
 
     @guarded("idle")
     def idle(self) -> None:
@@ -377,7 +364,8 @@ class Engine:
         """The close starts: True the first time (the run is marked closed and, when still running, completed)."""
         if self._closed:
             return False
-        self._closed = self.tracker.closed = True
+        self._closed = True
+        self.tracker.stop()
         if self.status == "running":
             self.status = "completed"
         return True

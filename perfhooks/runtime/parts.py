@@ -30,6 +30,12 @@ from perfhooks.runtime.saving import ReportSaving
 from perfhooks.runtime.tracker import StepTracker
 from perfhooks.timebase import monotonic, monotonic_ns
 
+#: At most this many steps, and this long (ns), pass without a step's opening (:meth:`RunParts._quiet`): a
+#: signal's on-demand request, or dynamo loaded mid-run, waits that long at most. A schedule that is a plain
+#: function (not perfhooks' :class:`~perfhooks.capture.schedule.Schedule`) is looked at that many steps ahead.
+QUIET_STEPS = 64
+QUIET_NS = 20_000_000
+
 
 class RunParts:
     """The capture controller, memory, FLOP arming, compile tracking and the outputs, routed at each step."""
@@ -53,9 +59,13 @@ class RunParts:
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
         self.tag_allocations = memory is not None and memory.cuda and cuda_extras.tags_supported()
         self._writer_seen = self._captures_seen = 0
+        #: The schedule is a plain function of the step (looked at step by step to find the next window).
+        self._plain_schedule = not hasattr(capture.config.schedule or capture, "next_action_step")
         #: The step that just opened must be detailed (set at each step's opening).
         self.needs_detail = False
         tracker.listener = self
+        if capture.trigger is not None:  # a signal's request is looked at from the next step on
+            capture.trigger.on_request = tracker.wake  # type: ignore[method-assign]
         self.watch_phases()
 
     def watch_phases(self) -> None:
@@ -101,11 +111,25 @@ class RunParts:
         self._writer_seen = writer.started
         # a window's steps, a FLOP count's and those near a memory capture (the allocation history records) are
         # detailed whatever the budget
-        self.needs_detail = (action is not Action.NONE or capture.windows.is_open or self.flops.watching
-                             or (memory is not None and memory.history))
+        needs_detail = self.needs_detail = (action is not Action.NONE or capture.windows.is_open
+                                            or self.flops.watching or (memory is not None and memory.history))
+        if not needs_detail and not self.device_broken:
+            self._quiet(step)
         # perfhooks' allocation history records a Python stack at every allocation: its steps are perfhooks'
         return (capture.windows.is_open or writer.running
                 or (memory is not None and memory.history_owner == "perfhooks"))
+
+    def _quiet(self, step: int) -> None:
+        """Tell the tracker until when the steps need no opening: no window, trigger, memory sample or compile
+        watch is due before then (:data:`QUIET_STEPS` steps and :data:`QUIET_NS` at most)."""
+        tracker = self.tracker
+        until_step, until_ns = self.capture.quiet_after(step, QUIET_STEPS if self._plain_schedule else 1 << 30)
+        if until_step <= step + 1:
+            return
+        until_ns = min(until_ns, monotonic_ns() + QUIET_NS)
+        if self.memory is not None:
+            until_ns = min(until_ns, self.memory.next_step_ns)
+        tracker.quiet_until_step, tracker.quiet_until_ns = until_step, until_ns
 
     def phase_opening(self, name: str) -> None:
         if self.flops.watching:
@@ -137,14 +161,20 @@ class RunParts:
 
     def step_closing(self) -> bool:
         writer = self.writer
-        return writer.running or writer.started != self._writer_seen
+        started = writer.started
+        if started != self._writer_seen:  # it started during the step (a quiet step's opening did not look)
+            self._writer_seen = started
+            return True
+        return writer.running
 
     def step_closed(self) -> None:
         outputs = self.outputs
-        if outputs.wandb is not None and self.tracker.step >= outputs.next_rows_at:
+        if outputs.wandb is not None:
             tracker = self.tracker
-            outputs.step_closed(tracker.step, tracker.global_step, tracker.stats.recent,
-                                self.memory.latest if self.memory is not None else None)
+            if tracker.step >= outputs.next_rows_at:
+                outputs.step_closed(tracker.step, tracker.global_step, tracker.stats.recent,
+                                    self.memory.latest if self.memory is not None else None)
+            tracker.publish_at_step = outputs.next_rows_at  # a light step's end publishes then too
         self.published()
         saving = self.saving
         if saving.every_ns and monotonic_ns() >= saving.next_ns:  # every report_every_s, the report is rewritten

@@ -30,7 +30,8 @@ from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, EVALUA
 from perfhooks.runtime.engine import Engine, NullEngine
 from perfhooks.runtime.precision import autocast_dtype, autocast_probe
 from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
-from perfhooks.runtime.torch_hooks import HookHandles, NoGate, watch_optimizer_steps, watch_training_forward
+from perfhooks.runtime.torch_hooks import HookHandles, HookSwitch, NoGate, watch_optimizer_steps, watch_training_forward
+from perfhooks.timebase import monotonic_ns
 
 
 def profile(model: torch.nn.Module | None = None, optimizer: Any = None, *,
@@ -89,6 +90,8 @@ class DataWait:
         self.resume = None if loop._stepped else loop.engine.open_phase
         loop._stepped = False
         loop.engine.fetch()  # ends the step that stepped, opens data_wait
+        if loop._gate.light is loop._switch.on and loop._switching:  # the step's kind changed: its hooks follow
+            loop._follow_step_kind()
 
     def __exit__(self, *exc_info: object) -> None:
         if not self.timed:
@@ -106,6 +109,10 @@ class ProfiledLoop(LoopSession):
 
     def __init__(self, models: list[torch.nn.Module], optimizers: list[Any], config: PerfConfig) -> None:
         self._hooks = HookHandles()
+        #: The forward's hooks and the optimizer's pre-step hook: off for a light step once the loop fetches
+        #: through :meth:`data_wait` (its fetch then ends each step), on for a detailed one.
+        self._switch = HookSwitch()
+        self._switching = True
         self._stepped = False
         self._unseen_batch = False  # a fetch whose batch no forward has taken yet (its samples and tokens count)
         self._closed = False
@@ -126,12 +133,12 @@ class ProfiledLoop(LoopSession):
             for model in models:
                 watch_training_forward(model, self._forward_start, self._forward_end, self._hooks, with_inputs=True,
                                        on_evaluation_forward=self._evaluation_forward, gate=self._gate,
-                                       on_light_start=self._light_forward_start)
+                                       on_light_start=self._light_forward_start, switch=self._switch)
                 self.engine.watch_model(model)
             watch_optimizer_steps(optimizers, self._optimizer_end, self._hooks, on_before_step=self._optimizer_start,
-                                  with_args=True)
+                                  with_args=True, switch=self._switch)
         except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched
-            self._hooks.remove()
+            self._detach()
             self.engine.faults.report("profile", error)
             self.engine = NullEngine()
             self._closed = True
@@ -160,6 +167,19 @@ class ProfiledLoop(LoopSession):
         """A forward's start in a light step: only a loop that does not fetch ends its stepped step here."""
         if self._stepped and module.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
             self._forward_start(args)
+
+    def _follow_step_kind(self) -> None:
+        """The hooks off for a light step, back on for a detailed one. A compiled model keeps them (whether a
+        compiled region sees its module's hooks is dynamo's to guard, not perfhooks' to change)."""
+        started = monotonic_ns()
+        light = self._gate.light
+        if light:
+            compile = self.engine.compile  # type: ignore[union-attr]
+            if compile.model_compiled or compile.compiled_in_run():
+                self._switching = False
+                return
+        self._switch.switch(not light)
+        self._gate.add_own_time(monotonic_ns() - started)  # the gate is the tracker
 
     def _forward_end(self) -> None:
         self.engine.phase_start(BACKWARD)
@@ -230,3 +250,4 @@ class ProfiledLoop(LoopSession):
     # --------------------------------------------------------------- end
     def _detach(self) -> None:
         self._hooks.remove()
+        self._switch.remove()

@@ -58,6 +58,8 @@ class StepSampler:
         self._countdown = 1
         #: The next setting of the chance, on the steps' clock (ns; 0: at the warm-up's end).
         self._adjust_at_ns = 0
+        #: The last setting had no light step to price: the next comes after a sixteenth of the interval.
+        self._adjust_soon = False
         # since the last setting: the steps and their wall ns
         self._steps = self._wall_ns = 0
         # over the whole run
@@ -69,7 +71,7 @@ class StepSampler:
         #: ``(step, probability)`` at each change of the chance (the latest few).
         self.changes: deque[tuple[int, float]] = deque(maxlen=16)
         # the paired difference: a sampled detailed step against its light neighbours (ns; n, sum, sum of squares)
-        self._previous: tuple[bool, int] | None = None  # (light, wall ns) of the last step ended
+        self._light_before = -1  # the wall ns of the last step ended, when it was light (else -1)
         self._held: tuple[int, int] | None = None  # (detailed wall, light wall before it), waiting for its next
         self._pairs = 0
         self._pair_sum = self._pair_squares = 0.0
@@ -94,6 +96,13 @@ class StepSampler:
         self._adjust_every_ns = 2**62
         self._adjust_at_ns = 2**62
 
+    def surely_light_after(self) -> int:
+        """How many steps after the one just decided are surely light (unless forced): they may be taken without
+        asking, and told at once (:meth:`lights_ended`)."""
+        if self.budget is None:
+            return 0
+        return self._countdown - 1
+
     def next_surely_detailed(self, step: int) -> bool:
         """Whether the step ``step`` will be detailed whatever forces it (its start may be the last step's end)."""
         return self.budget is None or step < self.warmup_steps or self._countdown <= 1
@@ -103,47 +112,88 @@ class StepSampler:
         p = self.probability
         if p >= 1.0:
             return 1
+        if p <= 0.0:  # held at 0 (a benchmark's every step light)
+            return 1 << 62
         return int(math.log(1.0 - self._random()) / math.log(1.0 - p)) + 1
 
     def step_ended(self, detailed: bool, own_ns: int, wall_ns: int, sampled: bool, step: int, now_ns: int) -> None:
-        """A step ended at ``now_ns`` (the steps' clock): ``own_ns`` of perfhooks' time on this thread, ``wall_ns`` from
-        its start to its end;
-        ``sampled``: a detailed step the sampler chose (not forced by a window or a count), whose cost is the one a
-        detailed step has."""
+        """A step ended at ``now_ns`` (the steps' clock): ``own_ns`` of perfhooks' time on this thread, ``wall_ns``
+        from its start to its end; ``sampled``: a detailed step the sampler chose (not forced by a window or a
+        count), whose cost is the one a detailed step has."""
+        if not detailed:
+            self.light_ended(own_ns, wall_ns, step, now_ns)
+            return
         self.own_ns += own_ns
         self.wall_ns += wall_ns
         self._wall_ns += wall_ns
         self._steps += 1
-        if detailed:
-            self.detailed_steps += 1
-            if sampled:
-                self._detailed_recent.append(own_ns)
-        else:
-            self.light_steps += 1
-            self._light_recent.append(own_ns)
-        self._pair(detailed, wall_ns, sampled)
-        if self.budget is not None and step >= self.warmup_steps and now_ns >= self._adjust_at_ns:
-            self.adjust(step)
-            self._adjust_at_ns = now_ns + self._adjust_every_ns
+        self.detailed_steps += 1
+        self._held = None
+        if sampled:
+            self._detailed_recent.append(own_ns)
+            if self._light_before >= 0:  # paired with the light steps either side of it
+                self._held = (wall_ns, self._light_before)
+        self._light_before = -1
+        if now_ns >= self._adjust_at_ns and self.budget is not None and step >= self.warmup_steps:
+            self._adjust(step, now_ns)
 
-    def _pair(self, detailed: bool, wall_ns: int, sampled: bool) -> None:
-        held, previous = self._held, self._previous
-        self._previous = (not detailed, wall_ns) if (sampled or not detailed) else None
+    def light_ended(self, own_ns: int, wall_ns: int, step: int, now_ns: int) -> None:
+        """A light step ended (see :meth:`step_ended`): the path every light step takes, kept short."""
+        self.own_ns += own_ns
+        self.wall_ns += wall_ns
+        self._wall_ns += wall_ns
+        self._steps += 1
+        self.light_steps += 1
+        self._light_recent.append(own_ns)
+        held = self._held
+        if held is not None:  # the light step after a sampled detailed one: the pair is complete
+            self._held = None
+            difference = held[0] - (held[1] + wall_ns) / 2.0
+            self._pairs += 1
+            self._pair_sum += difference
+            self._pair_squares += difference * difference
+        self._light_before = wall_ns
+        if now_ns >= self._adjust_at_ns and self.budget is not None and step >= self.warmup_steps:
+            self._adjust(step, now_ns)
+
+    def lights_ended(self, walls_ns: list[int], owns_ns: list[int], step: int, now_ns: int) -> None:
+        """Light steps that ended in a row, taken without asking (at most :meth:`surely_light_after`), the last of
+        them before ``step``: their wall and own ns; :meth:`light_ended` for each, at once."""
+        count = len(walls_ns)
+        if not count:
+            return
+        self._countdown = max(1, self._countdown - count)
+        wall_ns = sum(walls_ns)
+        self.own_ns += sum(owns_ns)
+        self.wall_ns += wall_ns
+        self._wall_ns += wall_ns
+        self._steps += count
+        self.light_steps += count
+        self._light_recent.extend(owns_ns)
+        held = self._held
         if held is not None:
             self._held = None
-            if not detailed:
-                difference = held[0] - (held[1] + wall_ns) / 2.0
-                self._pairs += 1
-                self._pair_sum += difference
-                self._pair_squares += difference * difference
-        if detailed and sampled and previous is not None and previous[0]:
-            self._held = (wall_ns, previous[1])
+            difference = held[0] - (held[1] + walls_ns[0]) / 2.0
+            self._pairs += 1
+            self._pair_sum += difference
+            self._pair_squares += difference * difference
+        self._light_before = walls_ns[-1]
+        if now_ns >= self._adjust_at_ns and self.budget is not None and step - 1 >= self.warmup_steps:
+            self._adjust(step - 1, now_ns)
 
     # ----------------------------------------------------------------- the budget
+    def _adjust(self, step: int, now_ns: int) -> None:
+        self._adjust_soon = False
+        self.adjust(step)
+        self._adjust_at_ns = now_ns + (self._adjust_every_ns // 16 if self._adjust_soon else self._adjust_every_ns)
+
     def adjust(self, step: int) -> None:
         """Set the chance that a step is detailed from each kind's median cost (the latest
         :data:`KEPT_STEPS` of each) and the mean step since the last setting."""
-        detailed, light = _median(self._detailed_recent), _median(self._light_recent) or 0.0
+        detailed, light = _median(self._detailed_recent), _median(self._light_recent)
+        if light is None:  # no light step priced yet (the warm-up's end): set again soon, once some are
+            self._adjust_soon = True
+            light = 0.0
         if self._steps and self._wall_ns > 0 and self.budget is not None and detailed is not None:
             step_ns = self._wall_ns / self._steps
             extra = detailed - light

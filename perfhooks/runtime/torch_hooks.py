@@ -36,14 +36,49 @@ class HookHandles:
             handle.remove()
 
 
+class HookSwitch:
+    """Hooks that come off for light steps and go back on for detailed ones (torch's call of a module's forward
+    hooks costs microseconds a step even when the hook returns at once). Each is registered through torch's own
+    API and removed by its handle; ``remove()`` takes them off for good."""
+
+    def __init__(self) -> None:
+        self._hooks: list[tuple[Callable[..., Any], Callable[..., Any]]] = []
+        self._handles: list[Any] = []
+        #: The hooks are registered now.
+        self.on = True
+
+    def add(self, register: Callable[..., Any], hook: Callable[..., Any]) -> None:
+        """``register(hook)`` now, and again each time the switch goes back on."""
+        self._hooks.append((register, hook))
+        if self.on:
+            self._handles.append(register(hook))
+
+    def switch(self, on: bool) -> None:
+        if on == self.on:
+            return
+        self.on = on
+        if on:
+            self._handles = [register(hook) for register, hook in self._hooks]
+        else:
+            handles, self._handles = self._handles, []
+            for handle in handles:
+                handle.remove()
+
+    def remove(self) -> None:
+        self.switch(False)
+        self._hooks = []
+
+
 def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[..., None], handles: HookHandles,
-                          on_before_step: Callable[..., None] | None = None, with_args: bool = False) -> None:
+                          on_before_step: Callable[..., None] | None = None, with_args: bool = False,
+                          switch: HookSwitch | None = None) -> None:
     """Call ``on_after_step`` (and ``on_before_step``) around each ``optimizer.step()``, via torch's step hooks.
 
     Wrappers such as accelerate's ``AcceleratedOptimizer`` are unwrapped to the torch optimizer,
     whose hooks fire only when it really steps (not on accumulation micro-batches). An optimizer
     without torch's hook API is skipped: its phase then ends with the step. ``with_args``: the callbacks are
     registered as they are and get the hook's arguments (``optimizer, args, kwargs``), a frame fewer a step.
+    ``switch``: the pre-step hook is registered through it (off on light steps).
     """
     for optimizer in optimizers:
         inner = getattr(optimizer, "optimizer", optimizer)
@@ -54,7 +89,11 @@ def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[...
             handles.add(register_post(on_after_step if with_args else _no_args(on_after_step)))
         register_pre = getattr(inner, "register_step_pre_hook", None)
         if on_before_step is not None and register_pre is not None:
-            handles.add(register_pre(on_before_step if with_args else _no_args(on_before_step)))
+            before = on_before_step if with_args else _no_args(on_before_step)
+            if switch is not None:
+                switch.add(register_pre, before)
+            else:
+                handles.add(register_pre(before))
 
 
 def _no_args(callback: Callable[[], None]) -> Callable[..., None]:
@@ -70,7 +109,8 @@ class NoGate:
 def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None],
                            on_end: Callable[[], None] | None, handles: HookHandles, with_inputs: bool = False,
                            on_evaluation_forward: Callable[[float], None] | None = None, gate: Any = NoGate,
-                           on_light_start: Callable[[torch.nn.Module, Any], None] | None = None) -> None:
+                           on_light_start: Callable[[torch.nn.Module, Any], None] | None = None,
+                           switch: HookSwitch | None = None) -> None:
     """Call ``on_start``/``on_end`` around the model's training forward passes (``on_start(args)``, the forward's
     positional arguments, with ``with_inputs``).
 
@@ -84,7 +124,8 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     ``fullgraph=True`` (and then it does not fire: the caller must get its event elsewhere).
 
     ``gate``: while ``gate.light`` (a light step, :mod:`~perfhooks.runtime.sampling`), the hooks do nothing after
-    that first check but call ``on_light_start(module, args)`` at a forward's start.
+    that first check but call ``on_light_start(module, args)`` at a forward's start. ``switch``: the hooks are
+    registered through it, so that a loop can take them off for its light steps.
     """
     import threading
 
@@ -114,7 +155,10 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
         elif evaluation_forward(module):
             evaluating.append(monotonic_ns())
 
-    handles.add(model.register_forward_pre_hook(pre))
+    if switch is not None:
+        switch.add(model.register_forward_pre_hook, pre)
+    else:
+        handles.add(model.register_forward_pre_hook(pre))
     if on_end is not None or on_evaluation_forward is not None:
         def post(module: torch.nn.Module, _args: Any, _output: Any) -> None:
             if compiling() or gate.light:
@@ -125,7 +169,10 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
             elif evaluating and evaluation_forward(module):
                 on_evaluation_forward((monotonic_ns() - evaluating.pop()) / 1e6)  # type: ignore[misc]
 
-        handles.add(model.register_forward_hook(post))
+        if switch is not None:
+            switch.add(model.register_forward_hook, post)
+        else:
+            handles.add(model.register_forward_hook(post))
 
 
 def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookHandles) -> None:

@@ -49,9 +49,12 @@ _PHASE_NAMES = frozenset(PHASES)
 #: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
 #: pathological one).
 MAX_NAMED_WORK = 256
-#: Light steps publish the run's state at most this often (ns of their clock): a signal's report or ``top`` may
-#: miss the last few milliseconds of steps, never more.
-LIGHT_PUBLISH_EVERY_NS = 5_000_000
+#: Light steps publish the run's state at most this often (ns of their clock), unless the listener asks for a
+#: step (:attr:`StepTracker.publish_at_step`): a signal's report or ``top`` may miss the last few milliseconds of
+#: steps, never more.
+LIGHT_PUBLISH_EVERY_NS = 20_000_000
+#: Light steps in a row that may end on the short path before the long one folds them (and publishes).
+SHORT_RUN = 256
 #: Distinct batch shapes remembered: past it, no shape counts as new (a run with a fresh shape every step).
 MAX_SHAPES = 4096
 
@@ -150,6 +153,10 @@ class StepTracker:
         #: ``monotonic_ns()`` before which a phase's end is not worth telling the listener (its memory sample is
         #: rate-limited): set by the listener, so that most phase ends cost a comparison, not two calls.
         self.observe_after_ns = 0
+        #: Steps before this one open with no call to the listener's ``step_opening``, until ``monotonic_ns()``
+        #: reaches ``quiet_until_ns`` (set by the listener when nothing is due).
+        self.quiet_until_step = 0
+        self.quiet_until_ns = 0
         #: ``(phase or None, monotonic() when it started, step)``, one tuple swapped in at each phase change:
         #: what the live watch reads from its own thread.
         self.beacon: tuple[str | None, float | None, int] = (None, None, start_step)
@@ -166,6 +173,10 @@ class StepTracker:
         self._same_clock = self._step_now is monotonic_ns
         #: Which steps are detailed, and perfhooks' cost (None: every step detailed, no meter).
         self.sampler = sampler if sampler is not None else StepSampler(None)
+        self._init_light_steps()
+
+    def _init_light_steps(self) -> None:
+        """The state of light steps, the short path and perfhooks' meter (see :mod:`~perfhooks.runtime.sampling`)."""
         #: The open step is light (``record`` is None then): its fields below, on the host clock (ns).
         self.light = False
         self.light_stepped = False
@@ -177,10 +188,19 @@ class StepTracker:
         self._light_micro = 0
         self._light_aside_ns = 0
         self._light_aside_from = 0
-        #: A light step's end publishes the run's state from then on (its clock, ns); a detailed step's always does.
+        #: A light step's end publishes the run's state from then on (its clock, ns), or from the step
+        #: ``publish_at_step`` on (the listener's next W&B rows); a detailed step's always does.
+        self.publish_at_step = 1 << 62
         self._publish_at = 0
         #: The light step's data wait started then (0: not waiting).
         self._wait_from = 0
+        #: Light steps that may still end on the short path (:meth:`_short_fetch`), until ``monotonic_ns()``
+        #: reaches ``_short_until_ns``; the wall, fetch and own ns of those that did, waiting to be folded.
+        self._short_left = 0
+        self._short_until_ns = 0
+        self._short_walls: list[int] = []
+        self._short_fetches: list[int] = []
+        self._short_owns: list[int] = []
         #: The open detailed step was forced (a window, a count), not drawn by the sampler.
         self._forced = False
         #: perfhooks' own time on this thread in the open step so far (ns), and the open step's host start.
@@ -204,21 +224,31 @@ class StepTracker:
         """Open the next step at ``now_ns`` (host), light or detailed as the sampler says."""
         step = self.step
         listener = self.listener
-        own = listener.step_opening(step)
+        if step < self.quiet_until_step and monotonic_ns() < self.quiet_until_ns:  # nothing due: no opening
+            own, forced = False, self._nvtx_on
+        else:
+            self.quiet_until_step = 0
+            own = listener.step_opening(step)
+            forced = listener.needs_detail or self._nvtx_on
         if self.account.first_ns is None:
             self.account.started()
         if now_ns is None:
             now_ns = self._step_now()
         self._start_ns = now_ns
         handoff, self._handoff = self._handoff, None
-        forced = listener.needs_detail or self._nvtx_on
-        if not self.sampler.next_is_detailed(step, forced):
+        sampler = self.sampler
+        if not sampler.next_is_detailed(step, forced):
             self.light = True
             self.light_stepped = self.light_compiled = self._light_phased = False
             self._light_own = own
             self._light_start_ns = now_ns
             self._light_fetch_ns = self._light_micro = self._light_aside_ns = 0
             self.beacon = (None, now_ns / 1e9, step)
+            # the light steps after this one that may end on the short path: surely light, nothing due
+            self._short_left = max(0, min(SHORT_RUN, sampler.surely_light_after(), self.quiet_until_step - step - 1,
+                                          self.publish_at_step - step - 1))
+            if self._short_left:
+                self._short_until_ns = min(self.quiet_until_ns, monotonic_ns() + LIGHT_PUBLISH_EVERY_NS)
             return
         self._forced = forced
         clock = self.clock
@@ -231,6 +261,9 @@ class StepTracker:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
         device, the step's end mark is the next step's start (one event fewer a step) when the next is detailed."""
         started = monotonic_ns()
+        if self.light_stepped and self._short_left and started < self._short_until_ns and self.light:
+            self._short_fetch(started)
+            return
         try:
             if self.closed:
                 return
@@ -242,6 +275,8 @@ class StepTracker:
                     if not self.light:
                         self._phase_start(DATA_WAIT, now)
                         return
+                elif self._light_micro:
+                    self._short_left = 0  # several fetches a step: its end takes the long path
                 self._wait_from = now
                 self._light_micro += 1
                 self.beacon = (DATA_WAIT, now / 1e9, self.step)
@@ -259,30 +294,83 @@ class StepTracker:
         finally:
             self._own_ns += monotonic_ns() - started
 
+    def _short_fetch(self, started: int) -> None:
+        """The short path of a light step's end (most of a sampled run's steps): the step that stepped is noted
+        and the next, light too, opens with its data wait. What the long path does at each step end (the
+        statistics, the sampler, the published state) is done for these steps together, at the next long one
+        (:meth:`_fold_short`), at most :data:`SHORT_RUN` steps and :data:`LIGHT_PUBLISH_EVERY_NS` later."""
+        now = started if self._same_clock else self._step_now()
+        fetch_ns = self._light_fetch_ns
+        if self._wait_from:
+            fetch_ns += now - self._wait_from
+        self._short_walls.append(now - self._light_start_ns)
+        self._short_fetches.append(fetch_ns)
+        self._short_owns.append(self._own_ns)
+        if not self.naming:
+            self.unnamed_steps += 1
+        step = self.step = self.step + 1
+        self._short_left -= 1
+        self.light_stepped = self._light_phased = False
+        self._light_start_ns = self._wait_from = now
+        self._light_fetch_ns = 0
+        self._light_micro = 1
+        self.beacon = (DATA_WAIT, now / 1e9, step)
+        self._own_ns = monotonic_ns() - started
+
+    def _fold_short(self) -> None:
+        """The light steps that ended on the short path, into the statistics and the sampler (in order)."""
+        walls, fetches, owns = self._short_walls, self._short_fetches, self._short_owns
+        self._short_walls, self._short_fetches, self._short_owns = [], [], []
+        own = self._light_own or self.listener.step_closing()  # perfhooks' writer ran in these steps
+        self.stats.add_lights(walls, fetches, own)
+        self.sampler.lights_ended(walls, owns, self.step, self._light_start_ns)
+
+    def wake(self) -> None:
+        """The next step opens on the long path, with the listener's ``step_opening`` (a signal's handler may call
+        it: it only sets two attributes)."""
+        self.quiet_until_step = 0
+        self._short_left = 0
+
+    def stop(self) -> None:
+        """No event is taken from now on (the run closes)."""
+        self.closed = True
+        self._short_left = 0
+
+    def light_compiled_now(self) -> None:
+        """torch.compile compiled in the open light step: it is not steady, and it ends on the long path."""
+        self.light_compiled = True
+        self._short_left = 0
+
+    def add_own_time(self, ns: int) -> None:
+        """perfhooks spent ``ns`` on this thread for the open step outside the tracker (a loop's own hooks)."""
+        self._own_ns += ns
+
     def _end_light(self, now_ns: int, started: int) -> int:
         """End the open light step at ``now_ns`` (its clock), perfhooks having entered at ``started``
         (``monotonic_ns``): its times go to the statistics; when its end's work finished (``monotonic_ns``)."""
         self.light = False
-        if self._wait_from:
-            self._light_fetch_ns += now_ns - self._wait_from
+        if self._short_walls:
+            self._fold_short()
+        fetch_ns = self._light_fetch_ns
+        wait_from = self._wait_from
+        if wait_from:
+            fetch_ns += now_ns - wait_from
             self._wait_from = 0
         wall_ns = now_ns - self._light_start_ns
         listener = self.listener  # no ProfilerStep label to close: a window's steps are detailed
-        own = listener.step_closing() or self._light_own
         step = self.step
-        self.stats.add_light(max(0, wall_ns - self._light_aside_ns) / 1e6, self._light_fetch_ns / 1e6,
-                             max(1, self._light_micro), own, self.light_compiled)
+        self.stats.add_light(wall_ns - self._light_aside_ns, fetch_ns, self._light_micro,
+                             listener.step_closing() or self._light_own, self.light_compiled)
         if not self.naming:
             self.unnamed_steps += 1
         self.step = step + 1
-        pending = self.pending
-        if pending._resolved:
-            pending.collect(self.stats)
-        if now_ns >= self._publish_at:  # the run's state for the other threads, W&B rows, the periodic save
+        if self.pending._resolved:
+            self.pending.collect(self.stats)
+        if now_ns >= self._publish_at or self.step >= self.publish_at_step:  # the run's state, W&B rows, saves
             self._publish_at = now_ns + LIGHT_PUBLISH_EVERY_NS
             listener.step_closed()
         done = monotonic_ns()
-        self.sampler.step_ended(False, self._own_ns + done - started, wall_ns, False, step, now_ns)
+        self.sampler.light_ended(self._own_ns + done - started, wall_ns, step, now_ns)
         self._own_ns = 0
         return done
 
@@ -294,6 +382,7 @@ class StepTracker:
                 record.micro_batches += batches - 1
             elif self.light:
                 self._light_micro += batches - 1
+                self._short_left = 0
 
     def host_batch(self, batch: Any) -> None:
         """The DataLoader handed over a batch on the host (this thread, inside a training fetch): its mask is kept
@@ -374,12 +463,13 @@ class StepTracker:
 
     def stepped(self, global_step: int | None = None) -> None:
         """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
+        if self.light:
+            self.light_stepped = True
+            self.global_step = global_step if global_step is not None else self.global_step + 1
+            return
         try:
             record = self.record
             if record is None or self.closed:
-                if self.light:
-                    self.light_stepped = True
-                    self.global_step = global_step if global_step is not None else self.global_step + 1
                 return
             record.stepped = True
             self.global_step = global_step if global_step is not None else self.global_step + 1
@@ -393,21 +483,24 @@ class StepTracker:
         """Start phase ``name``: ends the open phase, opens a step if none is open. In a light step, only the end
         of its data wait is taken."""
         if self.light:
-            wait_from = self._wait_from
-            if wait_from:
-                started = monotonic_ns()
-                now = started if self._same_clock else self._step_now()
-                self._wait_from = 0
-                self._light_fetch_ns += now - wait_from
-                self.beacon = (None, now / 1e9, self.step)
-                self._own_ns += monotonic_ns() - started
             self._light_phased = True
+            if self._wait_from:
+                self._end_light_wait()
             return
         started = monotonic_ns()
         try:
             self._phase_start(name, None)
         finally:
             self._own_ns += monotonic_ns() - started
+
+    def _end_light_wait(self) -> None:
+        """The open light step's data wait ends now."""
+        started = monotonic_ns()
+        now = started if self._same_clock else self._step_now()
+        self._light_fetch_ns += now - self._wait_from
+        self._wait_from = 0
+        self.beacon = (None, now / 1e9, self.step)
+        self._own_ns += monotonic_ns() - started
 
     def _phase_start(self, name: str, now_ns: int | None = None) -> None:
         try:
@@ -461,8 +554,8 @@ class StepTracker:
     def phase_end(self, name: str) -> None:
         """End phase ``name`` if it is the open one (an unmatched end is ignored)."""
         if self.light:
-            if name == DATA_WAIT:
-                self.phase_start(name)  # the wait's end
+            if self._wait_from and name == DATA_WAIT:
+                self._end_light_wait()
             return
         try:
             if self.phase is not None and self.phase[0] == name:
@@ -560,8 +653,11 @@ class StepTracker:
         self.end_step_label()
         self._own_ns = 0
         if self.light:
+            if self._short_walls:
+                self._fold_short()
             self.light = False
             self._wait_from = 0
+            self._short_left = 0
             return
         record, self.record = self.record, None
         self.pending.discard(record)  # type: ignore[arg-type]
@@ -600,6 +696,7 @@ class StepTracker:
                 self._aside_mark = (kind, self.clock.mark())
             elif self.light:
                 now = self._step_now()
+                self._short_left = 0  # the step's end takes the long path (its aside is taken out)
                 if self._wait_from:  # a wait cut short by the aside
                     self._light_fetch_ns += now - self._wait_from
                     self._wait_from = 0

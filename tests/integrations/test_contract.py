@@ -51,6 +51,26 @@ def test_steps_micro_batches_coverage_and_a_valid_report(runner, tmp_path: Path,
     assert 0 < report["coverage"] <= 1.0
 
 
+def test_light_steps_past_the_warm_up_keep_every_step_counted(runner, tmp_path: Path) -> None:
+    """Past the sampler's warm-up, under a budget that affords only the floor's detailed steps (about 1 in 64), most
+    steps are light, with the framework's defaults on: every step still counts (steps, micro-batches, the run's
+    training time), the phases come from the detailed ones, and the report says how many of them there are."""
+    from perfhooks.runtime.sampling import WARMUP_STEPS
+
+    steps = WARMUP_STEPS + 70
+    runner.run(tmp_path, steps=steps, accumulate=2, schedule=None, overhead_budget=1e-9)
+    report = read(tmp_path)
+    assert validate_report(report) == []
+    assert report["status"] == "completed" and report["steps"] == steps and report["micro_batches"] == 2 * steps
+    overhead = report["overhead"]
+    assert overhead["budget"] == 1e-9 and overhead["detailed_steps"] + overhead["light_steps"] == steps
+    assert WARMUP_STEPS <= report["phase_steps"] == overhead["detailed_steps"] < WARMUP_STEPS + 15
+    assert overhead["in_place_us"]["light"] is not None and overhead["share_of_run"] > 0
+    for phase in ("forward", "backward", "optimizer"):
+        assert report["phases"][phase]["mean_ms"] > 0, phase
+    assert report["run"]["training_s"] > 0
+
+
 EXAMPLES = {
     "lightning": ("lightning_example", ["--steps", "13"], "report.json"),
     "transformers": ("hf_trainer_example", ["--steps", "13"], "_perfhooks/report.json"),
