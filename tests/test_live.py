@@ -278,6 +278,15 @@ def test_the_live_file_ends_with_the_runs_last_step_and_status(tmp_path: Path) -
     assert (live["status"], live["step"]) == ("completed", 7)
     frame = read_frame([str(tmp_path)])
     assert [(rank["status"], rank["step"]) for rank in frame["ranks"]] == [("completed", 7)]
+    # perfhooks' own share of the steps and the steps the phases come from, as the report says them
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert live["phase_steps"] == report["phase_steps"] == 7
+    assert 0 < live["overhead"] < 1 and 0 < report["overhead"]["share_of_run"] < 1
+    table = render(frame, width=200)
+    assert "perfhooks" in [column.header for column in table.columns]
+    assert f"{live['overhead']:.1%}" in list(table.columns[[c.header for c in table.columns].index("perfhooks")].cells)
+    html = (tmp_path / "report.html").read_text()
+    assert 'id="overhead"' in html and "phases from 7 of 7 steps" in html
 
 
 def test_a_windows_verdicts_reach_the_live_file_at_the_watchs_next_look(tmp_path: Path) -> None:

@@ -140,7 +140,7 @@ def render(frame: dict[str, Any], max_rows: int = MAX_ROWS, width: int = 80) -> 
     table = Table(title=title, title_justify="left", width=None if wide else width, box=_box() if wide else None,
                   pad_edge=False, padding=(0, 1) if wide else (0, 0, 0, 1))
     columns = (("rank", "step", "steps/s", "p50 ms", "p95 ms", "phase", "in phase", "age", "shares", "memory",
-                "samples/s", "verdicts") if wide else
+                "samples/s", "perfhooks", "verdicts") if wide else
                ("rank", "step", "p50 ms", "phase", "in", "top phases", "verdicts"))
     for column in columns:
         left = column in ("phase", "shares", "top phases", "verdicts")
@@ -161,7 +161,8 @@ def render(frame: dict[str, Any], max_rows: int = MAX_ROWS, width: int = 80) -> 
                 _number(live.get("step_p50_ms"), 1), _number(live.get("step_p95_ms"), 1), phase, in_phase, age,
                 " ".join(f"{name[:4]} {share:.0%}" for name, share in shares.items() if share >= 0.005),
                 _number((live.get("memory_bytes") or 0) / 2**30, 2, " GiB") if live.get("memory_bytes") else "",
-                _number(live.get("samples_per_s"), 1), ", ".join(verdicts))
+                _number(live.get("samples_per_s"), 1),
+                f"{live['overhead']:.1%}" if live.get("overhead") is not None else "", ", ".join(verdicts))
         else:
             top = sorted(shares.items(), key=lambda item: -item[1])[:2]
             table.add_row(str(live["rank"]), str(live.get("step")), _number(live.get("step_p50_ms"), 1), phase,

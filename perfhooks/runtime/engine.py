@@ -291,8 +291,10 @@ class Engine:
         if parts.trace is not self.saving.trace:  # a window's analysis ended since: its verdicts at once
             parts = parts._replace(trace=self.saving.trace)
         phase, since, _ = tracker.beacon  # the open phase and when it started (one read: they agree)
+        sampler = tracker.sampler
         state = RunState(tracker.step, tracker.global_step, self.status, phase, since if phase is not None else None,
-                         monotonic_ns() / 1e9, tracker.stats.snapshot(), parts, self.signal)
+                         monotonic_ns() / 1e9, tracker.stats.snapshot(), parts, self.signal,
+                         sampler.own_ns / sampler.wall_ns if sampler.wall_ns > 0 else 0.0)
         self.state = state
         return state
 

@@ -250,6 +250,8 @@ class LiveWatch:
             "memory_bytes": memory.get("used_bytes"), "samples_per_s": round(samples_per_s, 4) or None,
             "tokens_per_s": round(tokens_per_s, 4) or None,
             "verdicts": [d["id"] for d in (self._trace_seen or state.parts.trace).diagnoses],
+            "phase_steps": stats.sampled_steps,
+            "overhead": round(state.own_share, 6),
             "stalls": self.records(),
         }
 

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from perfhooks.report.build import status_line
 from perfhooks.report.cost import worth_phrase
+from perfhooks.sinks.console import overhead_line
 
 COLORS = {"kernel": "#2e86de", "memcpy": "#e67e22", "memset": "#f1c40f", "communication": "#8e44ad",
           "runtime": "#16a085", "dataloader": "#e8a317", "cpu_exec": "#7f8c8d", "other": "#bdc3c7",
@@ -423,6 +424,9 @@ def render_html(report: dict[str, Any], series: dict[str, list[float]] | None = 
              f"<h1>perfhooks: {_e(report['framework'])} on {_e(report['device'].get('name', ''))}</h1>",
              f"<p>{report['steps']} steps, step time mean {report['step_ms']['mean']:.2f} ms, "
              f"p95 {report['step_ms']['p95']:.2f} ms; rank {report['rank']} of {report['world_size']}</p>"]
+    overhead = overhead_line(report)
+    if overhead:
+        parts.append(f'<p id="overhead">{_e(overhead.strip())}</p>')
     status = status_line(report)
     if status:
         parts.append(f'<div class="status" id="status"><b>{_e(status)}</b></div>')

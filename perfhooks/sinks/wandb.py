@@ -339,13 +339,13 @@ RANK_COLUMNS = ("rank", "status", "steps", "step_ms", "coverage", "data_wait_sha
 
 #: The run summary's own keys (at most these, so that the user's metrics lead W&B's end-of-run printout).
 SUMMARY_KEYS = ("perf/step_ms", "perf/steps", "perf/top1/id", "perf/top1/gain", "perf/top1/device_hours",
-                "perf/tokens_per_s", "perf/mfu")
+                "perf/tokens_per_s", "perf/mfu", "perf/overhead")
 
 
 def summary_keys(report: dict[str, Any], diagnoses: list[dict[str, Any]]) -> dict[str, Any]:
     """The few keys perfhooks puts in the W&B run summary: step time, steps, the top diagnosis, its gain and its
-    waste in device-hours (the ledger), tokens per second (samples where no tokens were counted) and MFU where
-    known. The rest is the ``perf/figures`` table."""
+    waste in device-hours (the ledger), tokens per second (samples where no tokens were counted), MFU where
+    known, and perfhooks' own share of the steps. The rest is the ``perf/figures`` table."""
     headline = headline_metrics(report, top=0)
     summary: dict[str, Any] = {"perf/step_ms": headline["perf/step_ms"], "perf/steps": report.get("steps", 0)}
     if diagnoses:
@@ -360,6 +360,9 @@ def summary_keys(report: dict[str, Any], diagnoses: list[dict[str, Any]]) -> dic
         summary["perf/samples_per_s"] = headline["perf/samples_per_s"]
     if headline.get("perf/mfu") is not None:
         summary["perf/mfu"] = headline["perf/mfu"]
+    overhead = report.get("overhead") or {}
+    if overhead:  # perfhooks' own time, a share of the steps' (its budget is in the perf/figures table)
+        summary["perf/overhead"] = overhead.get("share_of_run", 0.0)
     return summary
 
 
@@ -373,6 +376,7 @@ def _figures_table(report: dict[str, Any], memory: dict[str, Any]) -> Any:
         figures["perf/overhead/share_of_run"] = overhead.get("share_of_run", 0.0)
         figures["perf/overhead/phase_steps"] = report.get("phase_steps", 0)
         figures["perf/overhead/kept"] = str(overhead.get("kept"))
+        figures["perf/overhead/budget"] = str(overhead.get("budget"))
     for key, value in (report.get("run") or {}).items():
         if isinstance(value, (int, float)):
             figures[f"perf/run/{key}"] = value
