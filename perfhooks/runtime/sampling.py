@@ -65,6 +65,8 @@ class StepSampler:
         # over the whole run
         self.detailed_steps = self.light_steps = 0
         self.own_ns = self.wall_ns = 0
+        #: Of ``own_ns``, the steps that a capture window, a FLOP count or an allocation history forced.
+        self.captures_ns = 0
         #: Own ns of the latest sampled detailed steps and light steps (each kind's median prices the budget).
         self._detailed_recent: deque[int] = deque(maxlen=KEPT_STEPS)
         self._light_recent: deque[int] = deque(maxlen=KEPT_STEPS)
@@ -116,13 +118,17 @@ class StepSampler:
             return 1 << 62
         return int(math.log(1.0 - self._random()) / math.log(1.0 - p)) + 1
 
-    def step_ended(self, detailed: bool, own_ns: int, wall_ns: int, sampled: bool, step: int, now_ns: int) -> None:
+    def step_ended(self, detailed: bool, own_ns: int, wall_ns: int, sampled: bool, step: int, now_ns: int,
+                   captured: bool = False) -> None:
         """A step ended at ``now_ns`` (the steps' clock): ``own_ns`` of perfhooks' time on this thread, ``wall_ns``
         from its start to its end; ``sampled``: a detailed step the sampler chose (not forced by a window or a
-        count), whose cost is the one a detailed step has."""
+        count), whose cost is the one a detailed step has; ``captured``: a capture window, a FLOP count or an
+        allocation history forced it (its cost is the capture's, reported apart from the budget's)."""
         if not detailed:
             self.light_ended(own_ns, wall_ns, step, now_ns)
             return
+        if captured:
+            self.captures_ns += own_ns
         self.own_ns += own_ns
         self.wall_ns += wall_ns
         self._wall_ns += wall_ns
@@ -210,7 +216,8 @@ class StepSampler:
     def section(self) -> dict[str, Any]:
         """The report's ``overhead`` section (docs/report.md)."""
         steps = self.detailed_steps + self.light_steps
-        share = self.own_ns / self.wall_ns if self.wall_ns > 0 else 0.0
+        share = (self.own_ns - self.captures_ns) / self.wall_ns if self.wall_ns > 0 else 0.0
+        captures = self.captures_ns / self.wall_ns if self.wall_ns > 0 else 0.0
         paired = None
         if self._pairs >= MIN_PAIRS:
             mean = self._pair_sum / self._pairs
@@ -227,6 +234,7 @@ class StepSampler:
             "changes": [{"step": step, "probability": p} for step, p in self.changes],
             "in_place_us": {"detailed": _median_us(self._detailed_recent), "light": _median_us(self._light_recent)},
             "share_of_run": round(share, 6),
+            "captures_share": round(captures, 6),
             "kept": None if self.budget is None else share <= self.budget,
             "paired": paired,
         }

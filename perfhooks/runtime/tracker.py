@@ -201,8 +201,10 @@ class StepTracker:
         self._short_walls: list[int] = []
         self._short_fetches: list[int] = []
         self._short_owns: list[int] = []
-        #: The open detailed step was forced (a window, a count), not drawn by the sampler.
+        #: The open detailed step was forced (a window, a count, NVTX), not drawn by the sampler; by a capture
+        #: (a window, a FLOP count, an allocation history), whose cost is reported apart from the budget's.
         self._forced = False
+        self._captured = False
         #: perfhooks' own time on this thread in the open step so far (ns), and the open step's host start.
         self._own_ns = 0
         self._start_ns = 0
@@ -224,7 +226,8 @@ class StepTracker:
         """Open the next step at ``now_ns`` (host), light or detailed as the sampler says."""
         step = self.step
         listener = self.listener
-        if step < self.quiet_until_step and monotonic_ns() < self.quiet_until_ns:  # nothing due: no opening
+        quiet = step < self.quiet_until_step and monotonic_ns() < self.quiet_until_ns
+        if quiet:  # nothing due: no opening
             own, forced = False, self._nvtx_on
         else:
             self.quiet_until_step = 0
@@ -251,6 +254,7 @@ class StepTracker:
                 self._short_until_ns = min(self.quiet_until_ns, monotonic_ns() + LIGHT_PUBLISH_EVERY_NS)
             return
         self._forced = forced
+        self._captured = forced and not quiet and listener.needs_detail
         clock = self.clock
         clock.step_opening()
         record = StepRecord(step, handoff if handoff is not None else clock.mark())
@@ -622,7 +626,7 @@ class StepTracker:
             return started
         done = monotonic_ns()
         self.sampler.step_ended(True, self._own_ns + done - started, now - self._start_ns, not self._forced, step,
-                                now)
+                                now, self._captured)
         self._own_ns = 0
         return done
 

@@ -76,8 +76,11 @@ def overhead_line(report: dict[str, Any]) -> str | None:
     cost = overhead.get("in_place_us") or {}
     costs = ", ".join(f"{kind} {cost[kind]:.1f} us" for kind in ("detailed", "light") if cost.get(kind) is not None)
     kept = {True: "within budget", False: "over budget", None: "no budget"}[overhead.get("kept")]
+    captures = overhead.get("captures_share") or 0.0
+    apart = f"; capture windows and FLOP counts {captures:.2%} more" if captures >= 0.0001 else ""
     return (f"  phases from {sampled:,} of {steps:,} steps ({how}); perfhooks' own time "
-            f"{overhead.get('share_of_run', 0.0):.2%} of the steps ({kept}; a step in place: {costs or 'n/a'})")
+            f"{overhead.get('share_of_run', 0.0):.2%} of the steps ({kept}; a step in place: {costs or 'n/a'}"
+            f"{apart})")
 
 
 def fresh_line() -> str:
