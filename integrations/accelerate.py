@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from perfhooks.config import PerfConfig
+from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.faults import FaultLog
 from perfhooks.integrations.versions import note_versions
@@ -126,7 +126,8 @@ class PerfSession(LoopSession):
         #: Loaders a backward or optimizer step ran under (``id``s: a loader may not be hashable).
         self._training_loaders: set[int] = set()
         self._iterating: Any = None  # the loader whose batch is in hand now
-        output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".", "perfhooks")
+        output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".",
+                                                       DEFAULT_OUTPUT_FOLDER)
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
                                    wandb_source=RunSource(lambda: _wandb_tracker_run(accelerator)))
         note_versions(self.engine, "accelerate")

@@ -50,7 +50,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.profilers import PyTorchProfiler
 from lightning.pytorch.trainer.states import TrainerFn
 
-from perfhooks.config import PerfConfig
+from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.integrations.versions import note_versions
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
@@ -254,7 +254,9 @@ class PerfCallback(Callback):
         if self.config.output_dir is not None:
             return Path(self.config.output_dir)
         log_dir = trainer.log_dir
-        return Path(log_dir) / "perfhooks" if log_dir else Path("perfhooks")
+        if trainer.logger is None:  # log_dir is default_root_dir (the working folder): beside the script
+            return Path(log_dir or ".") / DEFAULT_OUTPUT_FOLDER
+        return Path(log_dir) / "perfhooks" if log_dir else Path(DEFAULT_OUTPUT_FOLDER)
 
     def _wrap_fetch(self, trainer: Trainer, engine: Engine) -> None:
         """``fetch()`` where the training data fetcher reports ``train_dataloader_next`` to the profiler.

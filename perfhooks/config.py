@@ -64,6 +64,11 @@ def _price(value: Any) -> float | None:
 
 #: The share of a step perfhooks may take by default (``overhead_budget``).
 DEFAULT_OVERHEAD_BUDGET = 0.01
+#: The output folder a run makes in the working folder when none is given (the plain loop, Lightning without a
+#: logger, accelerate): never ``perfhooks``, which beside a script would shadow the package on the next run's
+#: ``import perfhooks`` (a folder without ``__init__.py`` is a namespace package, found before an editable
+#: install's finder).
+DEFAULT_OUTPUT_FOLDER = "perfhooks_out"
 
 
 def overhead_budget(value: Any, source: str = "overhead_budget") -> float | None:

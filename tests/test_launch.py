@@ -95,7 +95,7 @@ def test_accelerate_loop_is_attached_at_its_first_prepare(tmp_path: Path) -> Non
     """The script prepares model and optimizer, then the loader in a second call: all are watched."""
     done = launch("--no-wandb", "--no-console", str(SCRIPTS / "accelerate_train.py"), str(tmp_path), "6")
     assert done.returncode == 0, done.stderr[-2000:]
-    result = report(tmp_path / "perfhooks")
+    result = report(tmp_path / "perfhooks_out")
     assert (result["framework"], result["steps"]) == ("accelerate", 6)  # 12 batches, 2 accumulated per step
     assert result["phases"]["data_wait"]["mean_ms"] > 0 and result["phases"]["backward"]["mean_ms"] > 0
 
@@ -151,7 +151,7 @@ def test_under_torchrun_every_rank_is_profiled_and_the_reports_merge(tmp_path: P
          "-m", "perfhooks", "run", "--no-wandb", "--no-console", str(SCRIPTS / "accelerate_train.py"),
          str(tmp_path), "6"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
-    folder = tmp_path / "perfhooks"
+    folder = tmp_path / "perfhooks_out"
     assert [report(folder, f"report.rank{r}.json")["steps"] for r in (0, 1)] == [3, 3]  # each rank half the data
     merged = report(folder)
     assert merged["world_size"] == 2 and merged["ranks"]["count"] == 2

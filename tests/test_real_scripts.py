@@ -68,7 +68,8 @@ def test_the_launcher_profiles_accelerate_after_a_find_spec(tmp_path: Path) -> N
     done = launch("--no-wandb", "--no-console", str(SCRIPTS / "accelerate_after_find_spec.py"), str(tmp_path), "4")
     assert done.returncode == 0, done.stderr[-2000:]
     assert not any("nothing was profiled" in line for line in own_lines(done.stderr))
-    assert (report(tmp_path / "perfhooks")["framework"], report(tmp_path / "perfhooks")["steps"]) == ("accelerate", 4)
+    result = report(tmp_path / "perfhooks_out")
+    assert (result["framework"], result["steps"]) == ("accelerate", 4)
 
 
 def test_a_finder_keeps_its_hook_until_the_module_runs() -> None:
@@ -331,7 +332,7 @@ def test_attach_without_with_prints_the_table_at_exit(tmp_path: Path) -> None:
     done = _run_script(tmp_path, ATTACHED_WITHOUT_WITH, str(tmp_path))
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stderr[-2000:]
     assert "perfhooks: 6 steps" in done.stderr
-    assert read_report(tmp_path / "perfhooks")["status"] == "completed"
+    assert read_report(tmp_path / "perfhooks_out")["status"] == "completed"
 
 
 @pytest.mark.parametrize("launched", [False, True], ids=["attach", "perfhooks_run"])
@@ -348,7 +349,7 @@ def test_end_training_closing_the_wandb_run_keeps_perfhooks_end_of_run_data(tmp_
     done = _run_script(tmp_path, ATTACHED_WITHOUT_WITH, str(tmp_path), "wandb", env=env, launched=launched)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "done", done.stderr[-2000:]
     assert "PerfhooksWarning" not in done.stderr, done.stderr
-    report = read_report(tmp_path / "perfhooks")
+    report = read_report(tmp_path / "perfhooks_out")
     assert report["wandb"]["status"] != "failed", report["wandb"]
     assert summary(wandb_records(root))["perf/steps"] == 6
 

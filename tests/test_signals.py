@@ -50,7 +50,8 @@ def _report(folder: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("framework", "folder"), [("plain", "."), ("hf", "_perfhooks"), ("accelerate", "perfhooks")])
+@pytest.mark.parametrize(("framework", "folder"),
+                         [("plain", "."), ("hf", "_perfhooks"), ("accelerate", "perfhooks_out")])
 def test_sigterm_saves_a_terminated_report_and_the_default_action_ends_the_process(
         tmp_path: Path, framework: str, folder: str) -> None:
     status, printed, output = _run(framework, True, tmp_path)

@@ -242,3 +242,19 @@ def test_bad_options_get_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert "--steps must be an integer >= 5" in capsys.readouterr().err
     assert main(["tune", str(tmp_path / "nope.py")]) == 2
     assert "no such script" in capsys.readouterr().err
+
+
+def test_a_failed_baseline_quotes_its_log_and_keeps_it(tmp_path: Path) -> None:
+    """A baseline that fails (here the script's own import error) is said with the end of its log, and the log stays
+    in the output folder once the tune's work folder is gone."""
+    script = tmp_path / "broken.py"
+    script.write_text("import sys\nprint('about to fail', file=sys.stderr)\n"
+                      "raise ImportError(\"cannot import name 'thing' from 'somewhere'\")\n")
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "tune", "--steps", "5", "--output-dir",
+                           str(tmp_path / "tuned"), str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "the baseline trial failed" in done.stderr and "ImportError: cannot import name 'thing'" in done.stderr
+    kept = tmp_path / "tuned" / "trials" / "baseline" / "stderr.txt"
+    assert f"(the whole log: {kept})" in done.stderr
+    assert "about to fail" in kept.read_text()
+    assert (tmp_path / "tuned" / "tune.json").is_file()

@@ -39,11 +39,13 @@ class Tuner:
     """Runs the trials of one ``perfhooks tune`` call."""
 
     def __init__(self, target: str, arguments: list[str], settings_env: dict[str, str], steps: int,
-                 max_trial_s: float, work: Path) -> None:
+                 max_trial_s: float, work: Path, kept: Path | None = None) -> None:
         self.target, self.arguments = target, arguments
         self.settings_env = settings_env
         self.steps, self.max_trial_s = steps, max_trial_s
         self.work = work
+        #: Where each trial's logs are kept once the tune ends (``<output_dir>/trials``; the work folder goes).
+        self.kept = kept
 
     def trial(self, name: str, knobs: dict[str, Any]) -> dict[str, Any]:
         """One trial: ``{name, status, report, losses, facts, stopped, wall_s, error}``; ``status`` is
@@ -70,20 +72,27 @@ class Tuner:
                 process.wait()
                 raise
         outcome: dict[str, Any] = {"name": name, "knobs": knobs, "wall_s": round(time.monotonic() - started, 2)}
-        return {**outcome, **_read_outcome(folder, code, self.max_trial_s)}
+        log = (self.kept / name / "stderr.txt") if self.kept is not None else folder / "stderr.txt"
+        return {**outcome, **_read_outcome(folder, code, self.max_trial_s, log)}
 
 
-def _read_outcome(folder: Path, code: int | None, max_trial_s: float) -> dict[str, Any]:
+#: Lines of a failed trial's log quoted in its error (the traceback's end).
+QUOTED_LINES = 8
+
+
+def _read_outcome(folder: Path, code: int | None, max_trial_s: float, log: Path) -> dict[str, Any]:
     report_path = folder / "perfhooks" / "report.json"
     result = read_json_object(folder / "trial.json") or {}
     report = read_json_object(report_path)
     outcome = {"losses": result.get("losses") or {}, "facts": result.get("facts") or {},
-               "stopped": result.get("stopped"), "report": report, "log": str(folder / "stderr.txt")}
+               "stopped": result.get("stopped"), "report": report, "log": str(log)}
     if code is None:
         return {**outcome, "status": "timed out", "error": f"still running after --max-trial-s {max_trial_s:g} s"}
     if code != 0 or report is None:
-        tail = (folder / "stderr.txt").read_text(errors="replace").strip().splitlines()[-1:] or [f"exit {code}"]
-        return {**outcome, "status": "failed", "error": f"exit {code}: {tail[0][:300]}"}
+        lines = [line for line in (folder / "stderr.txt").read_text(errors="replace").splitlines() if line.strip()]
+        why = "no report was written" if code == 0 else f"exit {code}"
+        quoted = "\n".join(f"    {line[:300]}" for line in lines[-QUOTED_LINES:]) or "    (the log is empty)"
+        return {**outcome, "status": "failed", "error": f"{why}; the log ends:\n{quoted}"}
     return {**outcome, "status": "measured"}
 
 
@@ -92,7 +101,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
     """The whole ``perfhooks tune``: baseline, plan, trials, table or JSON. 0 when the baseline was measured,
     1 when it failed, 130 after Ctrl-C (with the trials done so far)."""
     work = Path(tempfile.mkdtemp(prefix="perfhooks-tune-"))
-    tuner = Tuner(target, arguments, settings_env, steps, max_trial_s, work)
+    tuner = Tuner(target, arguments, settings_env, steps, max_trial_s, work, kept=Path(output_dir) / "trials")
     result: dict[str, Any] = {"script": target, "arguments": arguments, "steps": steps, "trials": [], "skipped": []}
     status = 0
     running = "baseline"
@@ -101,7 +110,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
              "one trial per change that applies")
         base = tuner.trial("baseline", {})
         if base["status"] != "measured":
-            _say(f"the baseline trial {base['status']}: {base.get('error')} (its log: {base['log']})")
+            _say(f"the baseline trial {base['status']}: {base.get('error')}\n(the whole log: {base['log']})")
             return 1
         result["baseline"] = _baseline_entry(base)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -189,16 +198,16 @@ def _trial_entry(candidate: dict[str, Any], outcome: dict[str, Any], bases: list
 
 
 def _save(result: dict[str, Any], output_dir: Path, work: Path) -> None:
-    """``tune.json`` and each trial's ``report.json`` under ``output_dir``; the reports leave the result."""
+    """``tune.json``, and each trial's ``report.json`` and logs (``stdout.txt``, ``stderr.txt``, a failed one's
+    too) under ``output_dir/trials``; the reports leave the result."""
     try:
-        repeated = len((result.get("baseline") or {}).get("blocks") or []) > 1
-        for entry in [result.get("baseline") and {"knob": "baseline"}, repeated and {"knob": "baseline_after"},
-                      *result["trials"]]:
-            if entry:
-                source = work / entry["knob"] / "perfhooks" / "report.json"
+        output_dir.mkdir(parents=True, exist_ok=True)
+        for folder in sorted(work.iterdir()) if work.is_dir() else []:
+            kept = output_dir / "trials" / folder.name
+            for source in (folder / "perfhooks" / "report.json", folder / "stdout.txt", folder / "stderr.txt"):
                 if source.is_file():
-                    (output_dir / "trials" / entry["knob"]).mkdir(parents=True, exist_ok=True)
-                    shutil.copy(source, output_dir / "trials" / entry["knob"] / "report.json")
+                    kept.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(source, kept / source.name)
         for entry in result["trials"]:
             entry.pop("report", None)
         (output_dir / "tune.json").write_text(json.dumps(result, indent=2, default=str))

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from perfhooks.config import PerfConfig
+from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, EVALUATION_FORWARDS, FORWARD, OPTIMIZER
 from perfhooks.runtime.engine import Engine, NullEngine
 from perfhooks.runtime.precision import autocast_dtype, autocast_probe
@@ -121,7 +121,7 @@ class ProfiledLoop(LoopSession):
         self._device_type = device.type if device is not None else "cpu"
         #: Until autocast was seen on at a forward: the check (a C call), else None.
         self._autocast_on = autocast_probe(self._device_type)
-        output_dir = config.output_dir or "perfhooks"
+        output_dir = config.output_dir or DEFAULT_OUTPUT_FOLDER
         self.engine: Engine | NullEngine = Engine.start(config, output_dir, framework="pytorch",
                                                         device=_device_of(models))
         if not self.engine.active:

@@ -11,9 +11,12 @@ this file holds only the state machine of a step:
 - an aside (evaluation, a checkpoint, compiling) is timed apart and taken out of the step it interrupts;
 - a step is *detailed* (its phases get device marks, its batch is counted, the listener hears its phases) or
   *light* (its start and end, and its data wait, on the host clock; nothing else), as the
-  :class:`~perfhooks.runtime.sampling.StepSampler` decides at its start. A light step's whole path is
-  :meth:`StepTracker.fetch` (its end and the next step's start), the first lines of :meth:`StepTracker.phase_start`
-  (its data wait's end) and :meth:`StepTracker.stepped`; every other event returns at its first check.
+  :class:`~perfhooks.runtime.sampling.StepSampler` decides at its start. A light step's whole path is the first
+  lines of :meth:`StepTracker.fetch`, :meth:`StepTracker.phase_end` and :meth:`StepTracker.stepped`; most light
+  steps end on the short path (:meth:`StepTracker._short_fetch`: three appends and the next step's start), and
+  :meth:`StepTracker._fold_short` gives their figures to the statistics and the sampler together, at the next
+  step that ends on the long path (:meth:`StepTracker._end_light`, then :meth:`StepTracker.open_step`). Every
+  other event returns at its first check.
 
 Threading: the training thread only. Other threads read the engine's published state.
 """
