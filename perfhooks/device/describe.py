@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 
 
@@ -15,3 +16,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def usable_cpus() -> int | None:
+    """The CPUs this process may run on (its affinity, as a job scheduler or ``taskset`` set it), else the
+    machine's count; None when unknown."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()

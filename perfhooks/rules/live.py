@@ -13,13 +13,15 @@ from perfhooks.rules.verdicts import TITLES, make, pct
 
 def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
                   run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None,
-                  framework: str | None = None, accelerator: bool = True) -> list[dict[str, Any]]:
+                  framework: str | None = None, accelerator: bool = True,
+                  cpus: int | None = None) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
     analysis, a memory capture) are left out of the phase and variance rules. ``compiled`` says
     torch.compile compiled a graph during the run; ``run`` is the report's run account; ``accelerator``: the run
-    trains on a GPU or another accelerator (pinned memory helps only there).
+    trains on a GPU or another accelerator (pinned memory helps only there); ``cpus``: the CPUs the process may
+    use (the loader's workers share them with training).
     """
     out = diagnose_run(run, t)
     if stats.steps < min_steps:
@@ -32,10 +34,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
             f"waiting for the next batch holds {pct(wait)} of step time (mean {stats.steady_mean('data_wait'):.2f} ms "
             f"a step; the fetches took {stats.fetch.mean:.2f} ms a step on the host, of which a GPU sees only "
             f"what no queued work hides); threshold {pct(t.dataloader_share)}",
-            wait,
-            f"DataLoader(dataset, num_workers=4, {'pin_memory=True, ' if accelerator else ''}persistent_workers=True, "
-            "prefetch_factor=2); move decoding/augmentation off the training process.",
-            data_wait_share=wait))
+            wait, loader_fix(framework, accelerator, cpus), data_wait_share=wait, usable_cpus=cpus))
     optimizer = stats.steady_share("optimizer")
     if optimizer >= t.optimizer_share:
         out.append(make(
@@ -267,3 +266,28 @@ def _other_heavy(stats: Any, t: Thresholds, named_work: dict[str, float]) -> dic
                "print in the step.")
     return make("other_heavy", "warning", "Work outside the training phases holds each step back", evidence,
                 other, fix, other_share=other, named_work_ms=dict(named))
+
+
+#: Loader workers suggested at most (more rarely helps a single training process).
+MAX_WORKERS = 4
+
+
+def loader_fix(framework: str | None, accelerator: bool, cpus: int | None) -> str:
+    """The data loader's fix, fitted to the CPUs the process may use (``cpus``; None: unknown) and spelled for
+    the framework: workers leave one CPU to the training process; where that leaves fewer than two, the per-sample
+    work is better done once, before training."""
+    workers = MAX_WORKERS if cpus is None else min(MAX_WORKERS, cpus - 1)
+    once = ("do the per-sample work (tokenizing, decoding) once before training: datasets' map(..., batched=True), "
+            "or a cached, pre-processed copy of the data")
+    if workers < 2:
+        return (f"This process may use {cpus} CPU(s): loader workers would take them from training. Instead, "
+                f"{once}.")
+    pin = accelerator
+    if framework == "transformers":
+        setting = (f"TrainingArguments(dataloader_num_workers={workers}, "
+                   f"{'dataloader_pin_memory=True, ' if pin else ''}dataloader_persistent_workers=True)")
+    else:
+        setting = (f"DataLoader(dataset, num_workers={workers}, {'pin_memory=True, ' if pin else ''}"
+                   "persistent_workers=True, prefetch_factor=2)")
+    where = f" ({cpus} CPUs usable, one left to training)" if cpus is not None else ""
+    return f"{setting}{where}; or {once}."

@@ -6,6 +6,7 @@ import re
 from typing import Any, NamedTuple
 
 from perfhooks.analysis.steady import MOSTLY_NOT_STEADY
+from perfhooks.rules.live import loader_fix
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import TITLES, Diagnosis, make, pct
 
@@ -57,9 +58,8 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             f"DataLoader takes {pct(dataloader)} of the step ({breakdown['dataloader'] / 1e3:.1f} ms of "
             f"{step_us / 1e3:.1f} ms); threshold {pct(t.dataloader_share)}",
             dataloader,
-            "Load batches in worker processes and keep them ahead of the GPU: "
-            f"DataLoader(dataset, num_workers=4, {'pin_memory=True, ' if metrics.get('devices') else ''}"
-            "persistent_workers=True, prefetch_factor=2).",
+            "Load batches in worker processes and keep them ahead of the GPU (no more workers than the CPUs the "
+            "process may use, less one for training): " + loader_fix(None, bool(metrics.get("devices")), None),
             dataloader_share=dataloader))
     utilization = steady["gpu_utilization"] if "gpu_utilization" in steady else metrics.get("gpu_utilization")
     if metrics.get("queueing"):  # the device was busy; the time before its first kernel was queueing, not idle
