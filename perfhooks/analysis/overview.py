@@ -145,12 +145,34 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
             kept = [[e for e in events if e.ts < first
                      or not any(lo <= e.ts and e.ts + e.dur <= hi for lo, hi in teardown)] for events in host]
             host = [events for events in kept if events] or host
-        start = min(e.ts for events in host for e in events)
+        start = activity_start(trace, runtimes) or min(e.ts for events in host for e in events)
         return [(0, start, _teardown_cut(trace, host) or max(e.ts + e.dur for events in host for e in events))]
     if rule == "device_only":
         device = trace.device_events
         return [(0, device[0].ts, max(e.ts + e.dur for e in device))]
     return []
+
+
+def activity_start(trace: Trace, runtimes: list[Event] | None = None) -> float | None:
+    """Where a step-less window's activity starts: its first operator or runtime call (a synchronization left
+    out; its first device activity where it has neither). Python frames and annotations before it (the profiler's start, a script's idle lead-in)
+    are the capture's lead-in, not the program's work. None where there is none of those."""
+    if runtimes is None:
+        runtimes = [r for r in trace.runtimes if not (r.name or "").startswith(SYNC_RUNTIME)]
+    firsts = [min(e.ts for e in events) for events in (trace.cpu_ops, runtimes) if events]
+    if not firsts and trace.device_events:  # device work that starts before any host call was queued before it
+        firsts.append(trace.device_events[0].ts)
+    return min(firsts) if firsts else None
+
+
+def lead_in_us(trace: Trace) -> float:
+    """µs between a step-less window's first host event and the start of its activity (0 with step markers)."""
+    if step_rule(trace) != "host_window":
+        return 0.0
+    start = activity_start(trace)
+    host = [min(e.ts for e in events) for events in (trace.cpu_ops, trace.python, trace.annotations, trace.runtimes)
+            if events]
+    return max(0.0, start - min(host)) if start is not None and host else 0.0
 
 
 def _teardown_cut(trace: Trace, host: list[list[Event]]) -> float | None:

@@ -25,7 +25,7 @@ from perfhooks.analysis.kernels import (
     tensor_core_use,
 )
 from perfhooks.analysis.operators import eligible_precision, misaligned_gemms, top_operators
-from perfhooks.analysis.overview import Overview, compute_overview, step_rule
+from perfhooks.analysis.overview import Overview, compute_overview, lead_in_us, step_rule
 from perfhooks.analysis.steady import device_queueing, steady_state
 from perfhooks.analysis.temporal import idle_breakdown, temporal_breakdown
 from perfhooks.analysis.trace import NotATrace, Trace, TraceError, load_traces
@@ -56,6 +56,8 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
     metrics: dict[str, Any] = {
         "steps": steps,
         "step_rule": step_rule(trace),
+        # a step-less window's idle lead-in (the profiler's start before the first operator): said, not counted
+        "lead_in_us": round(lead_in_us(trace), 3),
         "step_us": overview.step_us,
         "gpu_utilization": overview.gpu_utilization.get(first) if first is not None else None,
         "sm_efficiency": overview.sm_efficiency.get(first) if first is not None else None,

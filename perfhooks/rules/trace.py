@@ -71,7 +71,9 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
             "The GPU is idle for much of each step",
             f"GPU utilization {pct(utilization)} (kernels running ÷ "
             + ("step time" if metrics.get("step_rule", "profiler_steps") == "profiler_steps" else
-               "the time of the window, which has no step markers")
+               "the time of the window's activity, which has no step markers"
+               + (f"; the {metrics['lead_in_us'] / 1e3:.1f} ms before its first operator are the capture's "
+                  "lead-in, not counted" if metrics.get("lead_in_us", 0.0) >= 1_000.0 else ""))
             + (", less one-time start-up work and graph captures" if steady else "")
             + f"); threshold {pct(t.gpu_utilization)}",
             1 - utilization,

@@ -322,6 +322,37 @@ def test_the_profilers_own_closing_sync_does_not_stretch_a_window_without_step_m
     assert "low_gpu_utilization" not in [d["id"] for d in report["diagnoses"]]
 
 
+def lead_in_trace(tmp_path: Path) -> Path:
+    """A short inference capture on an MI300X without step markers (issue 66): the profiler starts (its Python
+    frames and the script's, from 0), and 320 ms later 10 attention operators each launch a kernel of 80 µs, 100 µs
+    apart; then the profiler's exit."""
+    events = [x("python_function", "infer.py(12): <module>", 0.0, 322_000.0),
+              x("python_function", "torch/profiler/profiler.py(790): __enter__", 0.0, 300.0)]
+    for index in range(10):
+        t = 320_000.0 + index * 100.0
+        events.append(x("cpu_op", "aten::scaled_dot_product_attention", t, 20.0))
+        events.append(x("cuda_runtime", "hipLaunchKernel", t + 5.0, 5.0, correlation=index + 1))
+        events.append(kernel("attn_fwd", t + 15.0, 80.0, index + 1))
+    events.append(x("python_function", "torch/profiler/profiler.py(801): __exit__", 321_500.0, 400.0))
+    return write_trace(tmp_path, events, name="lead_in.json", devices=[{"id": 0, "name": "AMD Instinct MI300X"}])
+
+
+def test_a_step_less_windows_lead_in_is_said_and_not_counted(tmp_path: Path) -> None:
+    path = lead_in_trace(tmp_path)
+    raw = json.loads(path.read_text())["traceEvents"]
+    first_op = min(e["ts"] for e in raw if e["cat"] == "cpu_op")
+    kernels = [e for e in raw if e["cat"] == "kernel"]
+    last_end = max(k["ts"] + k["dur"] for k in kernels)
+    busy = sum(k["dur"] for k in kernels)
+    assert (first_op, last_end, busy) == (320_000.0, 320_995.0, 800.0)  # by hand: 800 µs of 995 µs, 80.4%
+    report = analyze_paths([path])
+    metrics = report["metrics"]
+    assert metrics["step_rule"] == "host_window" and metrics["lead_in_us"] == 320_000.0
+    assert metrics["step_us"] == pytest.approx(995.0)  # before: 322 ms from the profiler's start
+    assert metrics["gpu_utilization"] == pytest.approx(800.0 / 995.0)  # before: 0.3%, critical
+    assert "low_gpu_utilization" not in [d["id"] for d in report["diagnoses"]]
+
+
 def test_one_time_setup_does_not_dilute_a_steady_state_rule_under_its_threshold(tmp_path: Path) -> None:
     """3 steps of 20 ms on a V100; in each, FP32 convolutions (volta_scudnn) run 12 ms of 20 ms of kernels (60%);
     the first step also holds 45 ms of cudaFree and 2 ms of stream creation (one-time set-up)."""
