@@ -155,8 +155,9 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
 
 def activity_start(trace: Trace, runtimes: list[Event] | None = None) -> float | None:
     """Where a step-less window's activity starts: its first operator or runtime call (a synchronization left
-    out; its first device activity where it has neither). Python frames and annotations before it (the profiler's start, a script's idle lead-in)
-    are the capture's lead-in, not the program's work. None where there is none of those."""
+    out; its first device activity where it has neither). Python frames and annotations before it (the
+    profiler's start, a script's idle lead-in) are the capture's lead-in, not the program's work. None where
+    there is none of those."""
     if runtimes is None:
         runtimes = [r for r in trace.runtimes if not (r.name or "").startswith(SYNC_RUNTIME)]
     firsts = [min(e.ts for e in events) for events in (trace.cpu_ops, runtimes) if events]

@@ -31,6 +31,10 @@ from perfhooks.analysis.trace import Event, Trace
 SETUP_ANY_LENGTH = ("cudaGraphInstantiate", "cuGraphInstantiate", "hipGraphInstantiate", "cudaGraphUpload",
                     "cuGraphUpload", "hipGraphUpload", "cudaGraphExecUpdate", "hipGraphExecUpdate", "cuModuleLoad",
                     "hipModuleLoad", "cuLibraryLoad", "cudaLibraryLoad")
+#: Allocation calls, counted as graph set-up in a window that captures graphs (a capture's warm-up fills the graph's
+#: memory pool; a window that captures nothing may be allocating in its steady state).
+GRAPH_ALLOCATIONS = ("cudaMalloc", "cudaMallocAsync", "hipMalloc", "hipMallocAsync", "hipExtMallocWithFlags",
+                     "cuMemAlloc", "cuMemAlloc_v2", "cuMemCreate", "cudaHostAlloc", "hipHostMalloc")
 #: Runtime calls that open and close a stream capture (CUDA and HIP).
 BEGIN_CAPTURE = ("cudaStreamBeginCapture", "hipStreamBeginCapture")
 END_CAPTURE = ("cudaStreamEndCapture", "hipStreamEndCapture")
@@ -69,10 +73,22 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
     return ranges.merge(out)
 
 
-def setup_spans(trace: Trace) -> list[ranges.Span]:
-    """Spans (µs) of graph instantiation and upload and of module loads (:data:`SETUP_ANY_LENGTH`), merged."""
-    setup = trace.names("runtimes", SETUP_ANY_LENGTH)
+def setup_spans(trace: Trace, capturing: bool = False) -> list[ranges.Span]:
+    """Spans (µs) of graph instantiation and upload and of module loads (:data:`SETUP_ANY_LENGTH`), and, in a
+    window that captures graphs (``capturing``), of allocations (:data:`GRAPH_ALLOCATIONS`), merged."""
+    setup = trace.names("runtimes", SETUP_ANY_LENGTH + (GRAPH_ALLOCATIONS if capturing else ()))
     return ranges.merge((c.ts, c.ts + c.dur) for c in trace.runtimes if c.name in setup and c.dur > 0)
+
+
+def graph_runtime_share(trace: Trace, captures: list[ranges.Span], setup: list[ranges.Span]) -> float:
+    """The share 0..1 of the runtime calls' time that is graph capture (calls inside a capture) and graph set-up
+    (:func:`setup_spans`): why a capturing window's host is busy while its device idles."""
+    calls = [(c.ts, c.ts + c.dur) for c in trace.runtimes if c.dur > 0]
+    total = sum(end - start for start, end in calls)
+    if not total:
+        return 0.0
+    graph = ranges.merge(captures + setup)
+    return sum(ranges.total(ranges.subtract([call], ranges.subtract([call], graph))) for call in calls) / total
 
 
 def first_call_spans(trace: Trace) -> list[ranges.Span]:
@@ -126,7 +142,7 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
     captures = clipped(graph_captures(trace))
     compiling = clipped(compilation_spans(trace))
     first_calls = clipped(first_call_spans(trace))
-    setup = clipped(setup_spans(trace))
+    setup = clipped(setup_spans(trace, capturing=bool(captures)))
     startup = [(c.ts, c.ts + c.dur) for c in startup_calls(trace)]
     holes = ranges.merge([(s, e) for s, e in startup if e > s] + captures + compiling + first_calls + setup)
     steady = ranges.subtract(window, holes)
@@ -143,6 +159,7 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
             "capture_us": ranges.total(captures), "compile_us": ranges.total(ranges.merge(compiling)),
             "first_call_us": ranges.total(ranges.merge(first_calls)), "setup_us": ranges.total(ranges.merge(setup)),
             "mostly_not_steady": mostly,
+            "graph_runtime_share": graph_runtime_share(trace, captures, setup) if captures else 0.0,
             "step_us": steady_us / steps, "gpu_utilization": utilization}
 
 

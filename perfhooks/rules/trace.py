@@ -64,6 +64,8 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
     utilization = steady["gpu_utilization"] if "gpu_utilization" in steady else metrics.get("gpu_utilization")
     if metrics.get("queueing"):  # the device was busy; the time before its first kernel was queueing, not idle
         utilization = None
+    if graph_warm_up(metrics, steady, t):  # a graph warm-up: graph_capture_in_window says it, with the rest's figure
+        utilization = None
     # no kernel at all inside the steps is more likely device activity that was not recorded than an idle GPU
     if utilization is not None and 0 < utilization < t.gpu_utilization:
         out.append(make(
@@ -175,13 +177,18 @@ def _not_steady_state(metrics: dict[str, Any], steady: dict[str, Any], t: Thresh
     window_us = (metrics.get("step_us") or 0.0) * max(metrics.get("steps") or 1, 1)
     capture_share = steady.get("capture_us", 0.0) / window_us if window_us else 0.0
     if capture_share >= t.startup_share:
+        rest = steady.get("gpu_utilization")
+        judged = ("utilization is judged on the rest" if rest is not None and not graph_warm_up(metrics, steady, t)
+                  else f"the rest runs at {pct(rest)} utilization, a warm-up's, not judged" if rest is not None
+                  else "too little is left to judge utilization")
         out.append(make(
             "graph_capture_in_window", "info", "The window holds CUDA-graph capture, not steady-state steps",
             f"{steady['captures']} stream capture(s) (cudaStreamBeginCapture … EndCapture) take "
-            f"{steady['capture_us'] / 1e3:.1f} ms, {pct(capture_share)} of the window: launches inside a capture "
-            f"are recorded into a graph and run nothing, so the device looks idle; utilization is judged on the "
-            f"rest" + ("" if steady.get("gpu_utilization") is not None else ", and too little is left to judge")
-            + f"; threshold {pct(t.startup_share)}",
+            f"{steady['capture_us'] / 1e3:.1f} ms, {pct(capture_share)} of the window, and graph set-up "
+            f"(instantiation, upload, allocations) {steady.get('setup_us', 0.0) / 1e3:.1f} ms: launches inside a "
+            f"capture are recorded into a graph and run nothing, so the device looks idle; "
+            f"{pct(steady.get('graph_runtime_share', 0.0))} of the runtime calls' time is graph capture and set-up; "
+            f"{judged}; threshold {pct(t.startup_share)}",
             0.0,
             "Profile after the graphs are captured (a larger Schedule(skip_first=...), or start the profiler after "
             "the model's warm-up), so that the window holds graph replays.",
@@ -461,3 +468,18 @@ def _attention_verdict(metrics: dict[str, Any], attention: dict[str, float], slo
                 "Run one step under torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) (and "
                 "EFFICIENT_ATTENTION): PyTorch then warns why each fused kernel was ruled out.",
                 unfused_share=slow_share)
+
+
+def graph_warm_up(metrics: dict[str, Any], steady: dict[str, Any], t: Thresholds) -> bool:
+    """The window is a CUDA-graph warm-up: graph captures take at least ``startup_share`` of it, and captures and
+    graph set-up together at least a third. Its device idles while the host records and instantiates graphs, and
+    its utilization is no finding (raising the work per step is the wrong advice for a warm-up)."""
+    window_us = (metrics.get("step_us") or 0.0) * max(metrics.get("steps") or 1, 1)
+    if not window_us or not steady.get("captures"):
+        return False
+    capture, setup = steady.get("capture_us", 0.0), steady.get("setup_us", 0.0)
+    return capture >= t.startup_share * window_us and capture + setup >= GRAPH_WARM_UP_SHARE * window_us
+
+
+#: Captures and graph set-up at least this share 0..1 of a window make it a graph warm-up (:func:`graph_warm_up`).
+GRAPH_WARM_UP_SHARE = 1 / 3

@@ -258,6 +258,47 @@ def test_a_graph_capture_window_is_named_and_its_utilization_not_judged_on_the_c
     assert "1 stream capture(s)" in finding["evidence"] and "48.0 ms, 94.1% of the window" in finding["evidence"]
 
 
+def piecewise_capture_trace(tmp_path: Path) -> Path:
+    """A vLLM-like piecewise capture on ROCm, no step markers (issue 66): 25 rounds of 4 ms, each a stream capture
+    of 1.04 ms (20 launches recorded, nothing run), a hipGraphInstantiate of 1.2 ms, a hipMalloc of 0.4 ms and an
+    eager kernel of 32 µs; the rest of each round is host work between them."""
+    events, correlation = [], 0
+    events.append(x("cpu_op", "capture_model", 0.0, 100_000.0))
+    for round_ in range(25):
+        t = round_ * 4_000.0
+        events.append(x("cuda_runtime", "hipStreamBeginCapture", t, 10.0))
+        for index in range(20):
+            correlation += 1
+            events.append(x("cuda_runtime", "hipLaunchKernel", t + 20.0 + index * 50.0, 5.0, correlation=correlation))
+        events.append(x("cuda_runtime", "hipStreamEndCapture", t + 1_030.0, 10.0))
+        events.append(x("cuda_runtime", "hipGraphInstantiate", t + 1_100.0, 1_200.0))
+        events.append(x("cuda_runtime", "hipMalloc", t + 2_400.0, 400.0))
+        correlation += 1
+        events.append(x("cuda_runtime", "hipLaunchKernel", t + 2_900.0, 5.0, correlation=correlation))
+        events.append(kernel("Cijk_Ailk_Bljk_BBS_BH", t + 2_910.0, 32.0, correlation))
+    return write_trace(tmp_path, events, name="piecewise.json", devices=[{"id": 0, "name": "AMD Instinct MI300X"}])
+
+
+def test_a_graph_warm_up_gets_no_utilization_verdict_and_says_what_its_runtime_does(tmp_path: Path) -> None:
+    path = piecewise_capture_trace(tmp_path)
+    raw = json.loads(path.read_text())["traceEvents"]
+    runtime = {name: sum(e["dur"] for e in raw if e["name"] == name) for name in
+               ("hipStreamBeginCapture", "hipLaunchKernel", "hipStreamEndCapture", "hipGraphInstantiate", "hipMalloc")}
+    assert runtime == {"hipStreamBeginCapture": 250.0, "hipLaunchKernel": 2_625.0, "hipStreamEndCapture": 250.0,
+                       "hipGraphInstantiate": 30_000.0, "hipMalloc": 10_000.0}  # by hand
+    # graph capture and set-up: everything but the 25 eager launches (125 µs) of the 43,125 µs of runtime calls
+    report = analyze_paths([path])
+    steady = report["metrics"]["steady"]
+    assert steady["captures"] == 25 and steady["capture_us"] == pytest.approx(26_000.0)  # 26% of the window
+    assert steady["setup_us"] == pytest.approx(40_000.0)  # instantiation and the capture's allocations
+    assert steady["graph_runtime_share"] == pytest.approx(43_000.0 / 43_125.0)
+    ids = [d["id"] for d in report["diagnoses"]]
+    assert "low_gpu_utilization" not in ids  # before: critical, "raise the work per step"
+    [finding] = [d for d in report["diagnoses"] if d["id"] == "graph_capture_in_window"]
+    assert "99.7% of the runtime calls' time is graph capture and set-up" in finding["evidence"]
+    assert "Profile after the graphs are captured" in finding["recommendation"]
+
+
 def queued_trace(tmp_path: Path, queued: bool) -> Path:
     """The host launches 200 kernels of 0.75 ms from 0 to 26 ms. Queued: the device runs them back to back from
     151 to 301 ms (behind work the trace did not record). Not queued: each runs 10 µs after its launch, and the
