@@ -64,6 +64,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -888,6 +889,10 @@ def _installs(gpu: SimulatedGpu) -> dict[tuple[Any, str], Any]:
         (cuda, "current_device"): lambda: gpu.current,
         (cuda, "set_device"): checked("set_device", set_device),
         (cuda, "get_device_name"): lambda device=None: f"{gpu.name} {gpu._index(device)}",
+        # its peak clock in kHz is the rate of torch.cuda._sleep's cycles (a kernel never runs faster)
+        (cuda, "get_device_properties"): lambda device=None: SimpleNamespace(
+            name=f"{gpu.name} {gpu._index(device)}", major=9, minor=0, multi_processor_count=132,
+            total_memory=gpu.allocators[gpu._index(device)].total, clock_rate=int(gpu.cycles_per_ms)),
         (cuda, "synchronize"): checked("synchronize", synchronize),
         (cuda, "current_stream"): checked("current_stream", current_stream),
         (cuda, "default_stream"): checked("default_stream", lambda device=None: gpu.streams[gpu._index(device)]),

@@ -117,14 +117,29 @@ def timing_checks(device: str | None) -> list[Check]:
         return [Check(names[0], SKIP, "this torch has no torch.cuda._sleep to time"), _event_cost(room),
                 _reader_timer(room, None)]
     try:
-        ratio, event_ms, host_ms = _time_known_kernel(room, sleep)
+        event_ms, host_ms, floor_ms = _time_known_kernel(room, sleep)
     except TimeoutError as error:
         return [Check(names[0], FAIL, str(error)), _event_cost(room), _reader_timer(room, sleep)]
-    figure = {"event_ms": round(event_ms, 3), "host_ms": round(host_ms, 3), "ratio": round(ratio, 4)}
-    good = abs(event_ms - host_ms) <= TIMING_TOLERANCE * host_ms + POLL_SLACK_MS
-    detail = (f"a {host_ms:.1f} ms kernel (host clock, polled) reads {event_ms:.1f} ms on the device's events; "
-              f"allowed {TIMING_TOLERANCE:.0%} + {POLL_SLACK_MS:g} ms; no synchronize used")
-    return [Check(names[0], PASS if good else FAIL, detail, figure), _event_cost(room), _reader_timer(room, sleep)]
+    return [_timing_verdict(event_ms, host_ms, floor_ms), _event_cost(room), _reader_timer(room, sleep)]
+
+
+def _timing_verdict(event_ms: float, host_ms: float, floor_ms: float | None) -> Check:
+    """The device's events against two bounds that a busy host cannot move the wrong way: the host's shortest
+    polled reading of the kernel, which a busy host only lengthens (the events may not read longer), and the
+    kernel's length at the device's peak clock, which it cannot beat (they may not read shorter)."""
+    figure = {"event_ms": round(event_ms, 3), "host_ms": round(host_ms, 3), "ratio": round(event_ms / host_ms, 4),
+              "floor_ms": round(floor_ms, 3) if floor_ms is not None else None}
+    too_long = event_ms > host_ms * (1 + TIMING_TOLERANCE) + POLL_SLACK_MS
+    too_short = floor_ms is not None and event_ms < floor_ms * (1 - TIMING_TOLERANCE) - POLL_SLACK_MS
+    floor = (f", and at least {floor_ms:.1f} ms, its length at the device's peak clock" if floor_ms is not None
+             else " (no peak clock known to bound it from below)")
+    detail = (f"a kernel the host polled as done after {host_ms:.1f} ms (the shortest of its readings; a busy host "
+              f"only lengthens them) reads {event_ms:.1f} ms on the device's events; they must read at most that"
+              f"{floor}, give or take {TIMING_TOLERANCE:.0%} + {POLL_SLACK_MS:g} ms; no synchronize used")
+    if too_long or too_short:
+        detail = ("the events read " + ("longer than the host saw the kernel take" if too_long else
+                                        "shorter than the kernel can run") + f": {detail}")
+    return Check("device timing", FAIL if too_long or too_short else PASS, detail, figure)
 
 
 def _reader_timer(room: Any, sleep: Any) -> Check:
@@ -154,19 +169,28 @@ def _reader_timer(room: Any, sleep: Any) -> Check:
                  f"that releases the GIL ({ms:.4f} ms, as torch's elapsed_time reads it)", figure)
 
 
-def _time_known_kernel(room: Any, sleep: Any) -> tuple[float, float, float]:
-    """Calibrate ``_sleep`` cycles to about ``TIMING_KERNEL_MS``, then time one kernel with events and with the
-    host's polling: (event/host, event ms, host ms)."""
-    cycles = 1_000_000
-    for _ in range(6):  # grow the kernel until it is long enough to measure its rate
-        host = _kernel(room, sleep, cycles)[1]
-        if host >= 5.0:
-            break
-        cycles *= 10
-    cycles = int(cycles * TIMING_KERNEL_MS / max(host, 1e-3))
-    # three kernels; the host's reading of one can only be late (preempted), so the shortest is the truest
-    event_ms, host_ms = min((_kernel(room, sleep, cycles) for _ in range(3)), key=lambda pair: pair[1])
-    return event_ms / host_ms, event_ms, host_ms
+#: Kernels timed by the check: the host's reading of one can only be late (preempted), so the shortest is kept.
+TIMING_TRIALS = 5
+
+
+def _time_known_kernel(room: Any, sleep: Any) -> tuple[float, float, float | None]:
+    """Time a ``_sleep`` kernel of at least ``TIMING_KERNEL_MS`` with events and with the host's polling:
+    ``(event ms, host ms, floor ms)`` of the trial the host read shortest; ``floor``: its cycles at the device's
+    peak clock (None where torch does not say the clock: the cycles are then sized from the host's shortest
+    readings)."""
+    clock_khz = room.peak_clock_khz()
+    if clock_khz is not None:
+        cycles = int(TIMING_KERNEL_MS * clock_khz)
+    else:
+        cycles = 1_000_000
+        for _ in range(6):  # grow the kernel until it is long enough to measure its rate
+            host = min(_kernel(room, sleep, cycles)[1] for _ in range(2))
+            if host >= 5.0:
+                break
+            cycles *= 10
+        cycles = int(cycles * TIMING_KERNEL_MS / max(host, 1e-3))
+    event_ms, host_ms = min((_kernel(room, sleep, cycles) for _ in range(TIMING_TRIALS)), key=lambda pair: pair[1])
+    return event_ms, host_ms, cycles / clock_khz if clock_khz is not None else None
 
 
 def _kernel(room: Any, sleep: Any, cycles: int) -> tuple[float, float]:

@@ -256,6 +256,17 @@ class DeviceRoom:
         """Whether ``event`` has completed (never blocks)."""
         return bool(event.query())
 
+    def peak_clock_khz(self) -> int | None:
+        """The device's peak SM clock (kHz: clock cycles a millisecond at most, ``clock_rate`` of its properties), or
+        None where torch does not say it (a CUDA build that leaves it 0, another accelerator)."""
+        if not self.is_cuda:
+            return None
+        try:
+            rate = int(getattr(self._torch.cuda.get_device_properties(self.index), "clock_rate", 0) or 0)
+        except Exception:
+            return None
+        return rate if rate > 0 else None
+
     @_device_call
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Device time between two completed events (ms)."""
