@@ -58,3 +58,18 @@ def test_a_run_pinned_to_one_cpu_is_not_told_to_start_workers(tmp_path: Path) ->
     assert report["device"]["usable_cpus"] == 1
     [verdict] = [d for d in report["diagnoses"] if d["id"] == "dataloader_bound"]
     assert "num_workers" not in verdict["recommendation"] and "may use 1 CPU(s)" in verdict["recommendation"]
+
+
+FIVE = 'TrainingArguments(train_sampling_strategy="group_by_length")'
+
+
+@pytest.mark.parametrize(("version", "spelling"),
+                         [("4.57.1", "TrainingArguments(group_by_length=True)"), ("5.24.0", FIVE), (None, FIVE)])
+def test_length_grouping_is_spelled_for_the_installed_transformers(version: str | None, spelling: str) -> None:
+    """transformers 5.x raises TypeError on group_by_length=True; 4.x has no train_sampling_strategy."""
+    from perfhooks.rules.live import _length_fix, group_by_length
+
+    assert group_by_length(version) == spelling
+    assert spelling in _length_fix("transformers", version)
+    fixed = _length_fix("transformers", version, fixed_width=True)  # samples padded before batching: pad per batch
+    assert fixed.index("DataCollatorWithPadding") < fixed.index(spelling)

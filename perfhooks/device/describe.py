@@ -25,3 +25,13 @@ def usable_cpus() -> int | None:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (a framework's), or None (not installed, or not one)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except (metadata.PackageNotFoundError, ValueError):
+        return None

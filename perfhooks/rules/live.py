@@ -14,14 +14,15 @@ from perfhooks.rules.verdicts import TITLES, make, pct
 def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
                   run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None,
                   framework: str | None = None, accelerator: bool = True,
-                  cpus: int | None = None) -> list[dict[str, Any]]:
+                  cpus: int | None = None, framework_version: str | None = None) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
     analysis, a memory capture) are left out of the phase and variance rules. ``compiled`` says
     torch.compile compiled a graph during the run; ``run`` is the report's run account; ``accelerator``: the run
     trains on a GPU or another accelerator (pinned memory helps only there); ``cpus``: the CPUs the process may
-    use (the loader's workers share them with training).
+    use (the loader's workers share them with training); ``framework_version``: the framework's installed version
+    (a fix is spelled as it takes it).
     """
     out = diagnose_run(run, t)
     if stats.steps < min_steps:
@@ -48,11 +49,11 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if other is not None:
         out.append(other)
     recent = list(stats.recent)
-    padding = _padding_waste(recent, stats, t, framework)
+    padding = _padding_waste(recent, stats, t, framework, framework_version)
     if padding is not None:
         out.append(padding)
     churn = _shape_churn(recent, t, framework, compiled)
-    variance = _step_time_variance(recent, t, min_steps, framework) if churn is None else None
+    variance = _step_time_variance(recent, t, min_steps, framework, framework_version) if churn is None else None
     out.extend(verdict for verdict in (churn, variance) if verdict is not None)
     if compiled and len(recent) >= min_steps:
         first = [timing.step_ms for timing in recent[:3]]
@@ -73,8 +74,8 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     return out
 
 
-def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framework: str | None
-                        ) -> dict[str, Any] | None:
+def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framework: str | None,
+                        framework_version: str | None = None) -> dict[str, Any] | None:
     """``step_time_variance`` over the steady steps (after the first 3, perfhooks' own left out); said as the
     batches' lengths when the step time follows them."""
     own = sum(1 for timing in recent if timing.own)
@@ -91,7 +92,7 @@ def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framew
             f"{t.length_correlation:g}): longer batches take longer, which is not a stall; threshold "
             f"{t.step_p95_over_p50:g}×",
             0.0,
-            _length_fix(framework),
+            _length_fix(framework, framework_version),
             p95_over_p50=p95 / p50, length_correlation=follows[0])
     if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
         return make(
@@ -155,7 +156,8 @@ def _shape_fix(framework: str | None, compiled: bool) -> str:
             f"them into fixed-length rows; keep the batch size fixed (drop_last=True).{fixed}")
 
 
-def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str | None) -> dict[str, Any] | None:
+def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str | None,
+                   framework_version: str | None = None) -> dict[str, Any] | None:
     """``padding_waste``: the share of the steady steps' token slots that are padding (from each batch's
     ``attention_mask``); the most it can save is that share of the forward and backward time."""
     steady = [timing for timing in recent[3:] if not timing.own and not timing.compiled and timing.padded_tokens]
@@ -168,23 +170,48 @@ def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str 
     compute = sum(timing.phase_ms.get("forward", 0.0) + timing.phase_ms.get("backward", 0.0) for timing in steady)
     total = sum(timing.step_ms for timing in steady)
     pads = slots - sum(timing.tokens for timing in steady)
+    widths = {timing.padded_tokens // timing.samples for timing in steady if timing.samples}
+    fixed = len(widths) == 1 and all(timing.padded_tokens % timing.samples == 0 for timing in steady
+                                     if timing.samples)
+    arrived = (f"; every batch arrives {next(iter(widths))} tokens wide, so the samples are padded to a fixed "
+               "width before batching" if fixed else "")
     return make(
         "padding_waste", "warning", "Much of each batch is padding",
         f"{pct(share)} of the token slots in {len(steady)} steady steps are padding ({pads} of {slots}, from the "
-        f"batches' attention_mask); forward and backward, which run on the padding too, "
+        f"batches' attention_mask){arrived}; forward and backward, which run on the padding too, "
         f"take {pct(compute / total if total else 0.0)} of the step; threshold {pct(t.padding_share)}",
         share * (compute / total if total else 0.0),
-        _length_fix(framework),
-        padding_share=share)
+        _length_fix(framework, framework_version, fixed),
+        padding_share=share, fixed_width=fixed)
 
 
-def _length_fix(framework: str | None) -> str:
+def group_by_length(framework_version: str | None) -> str:
+    """transformers' length grouping, as the installed version spells it: ``train_sampling_strategy`` from 5.0,
+    ``group_by_length=True`` before (5.x raises TypeError on the old name)."""
+    major = (framework_version or "5").split(".", 1)[0]
+    if major.isdigit() and int(major) < 5:
+        return "TrainingArguments(group_by_length=True)"
+    return 'TrainingArguments(train_sampling_strategy="group_by_length")'
+
+
+def _length_fix(framework: str | None, framework_version: str | None = None, fixed_width: bool = False) -> str:
+    """The padding fix: pad each batch to its own longest sample where samples arrive padded to a fixed width
+    (grouping by length changes nothing then), else group samples of similar length."""
+    per_batch = ("Pad each batch, not each sample: drop padding=\"max_length\" from the tokenizer (or the Dataset's "
+                 "own padding) and let the collator pad a batch to its longest sample (DataCollatorWithPadding"
+                 "(tokenizer), or torch.nn.utils.rnn.pad_sequence in a collate_fn)")
     if framework == "transformers":
-        return ("Batch samples of similar length together: TrainingArguments(group_by_length=True); with TRL's "
-                "SFTTrainer, SFTConfig(packing=True) packs samples with no padding at all.")
-    return ("Batch samples of similar length together: a length-bucketing batch sampler (sort indices by length "
-            "within chunks of ~100 batches, then shuffle the batches), or pack sequences into fixed-length rows; "
-            "pad each batch to its own longest sample (DataCollatorWithPadding), not to a fixed max_length.")
+        grouped = (f"{group_by_length(framework_version)} then puts samples of similar length in a batch"
+                   if fixed_width else
+                   f"Batch samples of similar length together: {group_by_length(framework_version)}")
+        return ((per_batch + "; " + grouped if fixed_width else grouped)
+                + "; with TRL's SFTTrainer, SFTConfig(packing=True) packs samples with no padding at all.")
+    grouping = ("a length-bucketing batch sampler (sort indices by length within chunks of ~100 batches, then "
+                "shuffle the batches), or pack sequences into fixed-length rows")
+    if fixed_width:
+        return f"{per_batch}; then batch samples of similar length together: {grouping}."
+    return (f"Batch samples of similar length together: {grouping}; pad each batch to its own longest sample "
+            "(DataCollatorWithPadding), not to a fixed max_length.")
 
 
 def _follows_the_length(recent: list[Any], t: Thresholds) -> tuple[float, str] | None:

@@ -29,7 +29,7 @@ import torch
 from perfhooks.capture.nvtx import NvtxRanges
 from perfhooks.config import PerfConfig
 from perfhooks.device.clock import DeviceClock, HostClock
-from perfhooks.device.describe import usable_cpus
+from perfhooks.device.describe import installed_version, usable_cpus
 from perfhooks.device.room import DeviceRoom
 from perfhooks.distributed import ranks
 from perfhooks.faults import FaultLog, Once, guarded, is_device_error
@@ -103,7 +103,7 @@ class Engine:
         self.room = DeviceRoom(device)
         self.facts = RunFacts(framework, ranks.rank(), ranks.world_size(),
                               {**self.room.describe(), "usable_cpus": usable_cpus()}, new_run_id(), time.time(),
-                              self.config.device_hour_cost)
+                              self.config.device_hour_cost, installed_version(framework))
         self.clock: HostClock = clock or (DeviceClock(self.room) if self.room.timed else HostClock())
         self.writer = BackgroundWriter(self.faults, output_removed=self.output_removed)
         self.hooks = HookHandles()

@@ -28,21 +28,23 @@ MIN_STEADY_STEPS = 8
 
 def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds,
                    framework: str | None = None, accelerator: bool = True,
-                   cpus: int | None = None) -> list[Diagnosis]:
+                   cpus: int | None = None, framework_version: str | None = None) -> list[Diagnosis]:
     """The verdicts this rank's own figures give: live phase timings, compile counts, memory (not yet the
-    trace's). ``cpus``: the CPUs this process may use."""
+    trace's). ``cpus``: the CPUs this process may use; ``framework_version``: the framework's installed version."""
     return [*diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
-                           named_work=parts.named_work, framework=framework, accelerator=accelerator, cpus=cpus),
+                           named_work=parts.named_work, framework=framework, accelerator=accelerator, cpus=cpus,
+                           framework_version=framework_version),
             *diagnose_compile(parts.compile, parts.run, thresholds),
             *(diagnose_memory(parts.memory_figures, thresholds) if parts.memory_figures is not None else [])]
 
 
 def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds, faults: FaultLog,
                  stalls: list[dict[str, Any]] | None = None, framework: str | None = None,
-                 accelerator: bool = True, cpus: int | None = None) -> list[Diagnosis]:
+                 accelerator: bool = True, cpus: int | None = None,
+                 framework_version: str | None = None) -> list[Diagnosis]:
     """Every verdict of the run so far, merged (a fault in a rule is reported once; the trace's verdicts stand)."""
     try:
-        local = (local_verdicts(stats, parts, thresholds, framework, accelerator, cpus)
+        local = (local_verdicts(stats, parts, thresholds, framework, accelerator, cpus, framework_version)
                  + diagnose_stalls(stalls or []))
     except Exception as error:
         faults.report("live_diagnoses", error)
@@ -60,7 +62,7 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
     parts = state.parts
     diagnoses = run_verdicts(stats, parts, thresholds, faults, stalls, facts.framework,
                              accelerator=facts.device.get("type") not in (None, "cpu"),
-                             cpus=facts.device.get("usable_cpus"))
+                             cpus=facts.device.get("usable_cpus"), framework_version=facts.framework_version)
     windows = [dict(window) for window in parts.windows]
     analysed = [w["metrics"] for w in windows if w.get("metrics")]
     try:

@@ -41,6 +41,8 @@ class RunFacts(NamedTuple):
     started_at: float
     #: The price of a device-hour (the ``device_hour_cost`` setting), or None.
     device_hour_cost: float | None = None
+    #: The framework's installed version (``transformers`` 5.24.0), for fixes spelled as it takes them.
+    framework_version: str | None = None
 
 
 class ReportParts(NamedTuple):
