@@ -131,4 +131,5 @@ def test_padding_waste_fires_on_a_trainer_whose_batches_are_half_padding(tmp_pat
     from perfhooks.rules.live import group_by_length
     assert group_by_length(__import__("transformers").__version__) in verdict["recommendation"]
     assert 0.35 < verdict["measured"]["padding_share"] < 0.55  # the steady steps' share (the first 3 are out)
-    assert 0 < verdict["estimated_gain"] < verdict["measured"]["padding_share"]
+    share = verdict["measured"]["padding_share"]  # a ceiling: attention's share of it grows with the square
+    assert 0 < verdict["estimated_gain"] <= 1 - (1 - share) ** 2

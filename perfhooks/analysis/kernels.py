@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import re
 import statistics
@@ -11,7 +12,7 @@ from typing import Any
 from perfhooks.analysis import ranges, spans
 from perfhooks.analysis.operators import device_time_inside
 from perfhooks.analysis.overview import communication_ids, is_communication_kernel
-from perfhooks.analysis.trace import Trace
+from perfhooks.analysis.trace import Event, Trace
 
 #: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels. A family name alone
 #: (``xmma``, ``cutlass``) is not evidence: cuBLAS's ``sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma`` is plain FP32,
@@ -179,9 +180,75 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
         if ops:  # on a GPU, the device time of everything launched inside the op, not its host time
             found[kind] = found.get(kind, 0.0) + _time_of(trace, ops, on_device)
     if softmax_ops and bmm_ops and not any(found.get(k) for k in ("flash", "memory_efficient", "cudnn", "math")):
-        # attention written out by hand (nn.MultiheadAttention with need_weights=True): bmm, softmax, bmm
-        found["unfused"] = found.get("unfused", 0.0) + _time_of(trace, softmax_ops + bmm_ops, on_device)
+        # attention written out by hand (nn.MultiheadAttention with need_weights=True): everything from the scores'
+        # matmul to the one that applies them, forward and backward (the scaling, the mask, the softmax, the
+        # dropout, the transposes: what SDPA replaces), or the matmuls and softmaxes alone where no span is found
+        core = attention_core_spans(softmax_ops, bmm_ops)
+        found["unfused"] = found.get("unfused", 0.0) + (_time_of(trace, core, on_device) if core else
+                                                        _time_of(trace, softmax_ops + bmm_ops, on_device))
     return found
+
+
+#: Operators that mask attention scores, and those that drop them out, when seen between the scores' matmul and
+#: the one that applies them.
+MASK_OPS = ("aten::masked_fill", "aten::masked_fill_", "aten::where", "aten::_masked_softmax")
+DROPOUT_OPS = ("aten::dropout", "aten::native_dropout", "aten::bernoulli_", "aten::feature_dropout")
+#: A core span may be at most this many times its three operators' own time (else the matmuls found are not the
+#: attention's: the softmax is left alone).
+CORE_SPAN_BOUND = 50.0
+
+
+def attention_core_spans(softmax_ops: list[Any], matmul_ops: list[Any]) -> list[Any]:
+    """For each attention-shaped softmax, the span on its thread from the last batched matmul that ended before
+    it to the first that starts after it (in the backward, the last two and the first two: each matmul's backward
+    is two): the attention's core, which SDPA replaces, as events (``cpu_op`` named ``attention core``). Spans that
+    overlap are merged; a softmax without the matmuls each side (or whose span is far longer than its operators)
+    gives none."""
+    by_thread: dict[Any, list[Any]] = {}
+    for op in matmul_ops:
+        by_thread.setdefault((op.pid, op.tid), []).append(op)
+    for ops in by_thread.values():
+        ops.sort(key=lambda op: op.ts)
+    starts = {thread: [op.ts for op in ops] for thread, ops in by_thread.items()}
+    spans: dict[Any, list[tuple[float, float]]] = {}
+    for softmax in softmax_ops:
+        thread = (softmax.pid, softmax.tid)
+        ops = by_thread.get(thread)
+        if not ops:
+            continue
+        end = softmax.ts + softmax.dur
+        after = bisect.bisect_left(starts[thread], end)
+        before = bisect.bisect_right(starts[thread], softmax.ts) - 1
+        while before >= 0 and ops[before].ts + ops[before].dur > softmax.ts:
+            before -= 1  # the matmul that ended before the softmax began (a nested one is not it)
+        side = 2 if "backward" in (softmax.name or "") else 1
+        if before - side + 1 < 0 or after + side - 1 >= len(ops):
+            continue
+        around = ops[before - side + 1:before + 1] + ops[after:after + side]
+        low, high = around[0].ts, around[-1].ts + around[-1].dur
+        if high - low > CORE_SPAN_BOUND * (softmax.dur + sum(op.dur for op in around)):
+            continue
+        spans.setdefault(thread, []).append((low, high))
+    return [Event(cat="cpu_op", name="attention core", ts=low, dur=high - low, pid=thread[0], tid=thread[1])
+            for thread, found in spans.items() for low, high in ranges.merge(found)]
+
+
+def attention_core(trace: Trace) -> dict[str, Any]:
+    """What the hand-written attention's core holds, for its fix: ``{spans, masked, dropout}``; ``masked``: a
+    mask is applied to the scores (``masked_fill``, ``where``); ``dropout``: the probabilities are dropped out in
+    training. Empty where no core span is found."""
+    softmax = [op for op in trace.cpu_ops if (op.name or "") in SOFTMAX_OPS and _attention_shaped(op)]
+    matmuls = [op for op in trace.cpu_ops if (op.name or "") in BATCHED_MATMUL_OPS]
+    core = attention_core_spans(softmax, matmuls)
+    if not core:
+        return {}
+    bounds = sorted((span.pid, span.tid, span.ts, span.ts + span.dur) for span in core)
+
+    def inside(names: tuple[str, ...]) -> bool:
+        return any(lo <= op.ts < hi for op in trace.cpu_ops if (op.name or "") in names
+                   for pid, tid, lo, hi in bounds if (op.pid, op.tid) == (pid, tid))
+
+    return {"spans": len(core), "masked": inside(MASK_OPS), "dropout": inside(DROPOUT_OPS)}
 
 
 def _time_of(trace: Trace, ops: list[Any], on_device: bool) -> float:

@@ -16,6 +16,7 @@ from perfhooks.analysis import ranges
 from perfhooks.analysis.gemm import gemm_efficiency
 from perfhooks.analysis.host import compilation, host_synchronizations
 from perfhooks.analysis.kernels import (
+    attention_core,
     attention_kernels,
     kernel_breakdown,
     launch_statistics,
@@ -75,6 +76,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         # a device-bound trace's steps are found on the device, where the host ran ahead of them: its operators
         # lie before the steps' spans, and are read from the whole trace (priced by the device time they launched)
         "attention": attention_kernels(in_steps if in_steps.cpu_ops or not trace.has_gpu else trace),
+        "attention_core": attention_core(in_steps if in_steps.cpu_ops or not trace.has_gpu else trace),
         "sdpa_math": sdpa_math_inputs(in_steps),
         "compile": compilation(trace),
         "host_sync": host_synchronizations(trace, steps),

@@ -175,12 +175,18 @@ def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str 
                                      if timing.samples)
     arrived = (f"; every batch arrives {next(iter(widths))} tokens wide, so the samples are padded to a fixed "
                "width before batching" if fixed else "")
+    compute_share = compute / total if total else 0.0
+    # attention's scores grow with the square of a sample's length: with real lengths L_i in slots of width W, the
+    # share of that work that is padding is 1 - sum(L_i^2) / (n W^2), at most 1 - (1 - share)^2 (Cauchy-Schwarz)
+    quadratic = 1.0 - (1.0 - share) ** 2
     return make(
         "padding_waste", "warning", "Much of each batch is padding",
         f"{pct(share)} of the token slots in {len(steady)} steady steps are padding ({pads} of {slots}, from the "
         f"batches' attention_mask){arrived}; forward and backward, which run on the padding too, "
-        f"take {pct(compute / total if total else 0.0)} of the step; threshold {pct(t.padding_share)}",
-        share * (compute / total if total else 0.0),
+        f"take {pct(compute_share)} of the step; the work that grows with the length saves that share of itself, "
+        f"attention's, which grows with its square, up to {pct(quadratic)}: the most it saves is "
+        f"{pct(quadratic)} of the forward and backward; threshold {pct(t.padding_share)}",
+        quadratic * compute_share,
         _length_fix(framework, framework_version, fixed),
         padding_share=share, fixed_width=fixed)
 

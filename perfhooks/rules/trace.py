@@ -421,14 +421,7 @@ def _attention_verdict(metrics: dict[str, Any], attention: dict[str, float], slo
                 "EFFICIENT_ATTENTION): PyTorch then warns why each fused kernel was ruled out (dtype, head dim, mask, "
                 "dropout on this device). record_shapes=True lets perfhooks read those arguments.",
                 unfused_share=slow_share)
-        return make(
-            "unfused_attention", "warning", "Attention is written out by hand",
-            f"batched matmuls and a softmax (attention written out) take {pct(slow_share)} of the step and no "
-            f"fused attention kernel ran; {threshold}",
-            slow_share * 0.5,
-            "Call torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=...) instead of softmax(q @ "
-            "k.transpose(-2, -1)) @ v (HF: attn_implementation=\"sdpa\"; nn.MultiheadAttention: need_weights=False).",
-            unfused_share=slow_share)
+        return _hand_written_attention(metrics, slow_share, threshold)
     on_gpu = bool(metrics.get("devices"))
     dtypes = set(inputs.get("dtypes") or [])
     dropout = float(inputs.get("dropout_p") or 0.0)
@@ -468,6 +461,35 @@ def _attention_verdict(metrics: dict[str, Any], attention: dict[str, float], slo
                 "Run one step under torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION) (and "
                 "EFFICIENT_ATTENTION): PyTorch then warns why each fused kernel was ruled out.",
                 unfused_share=slow_share)
+
+
+def _hand_written_attention(metrics: dict[str, Any], slow_share: float, threshold: str) -> Diagnosis:
+    """``unfused_attention`` on attention written out by hand: priced by its whole core (from the scores' matmul to
+    the one that applies them, forward and backward), which SDPA replaces, so the gain is a ceiling; the fix passes
+    the mask the trace shows applied (``attn_mask``: it computes the same thing; ``is_causal`` only for a causal
+    one), and says where the fused kernels cannot run."""
+    core = metrics.get("attention_core") or {}
+    what = ("the attention's core, from the scores' matmul to the one that applies them, forward and backward "
+            "(scaling, " + ("the mask, " if core.get("masked") else "") + "softmax, "
+            + ("dropout, " if core.get("dropout") else "") + "transposes)" if core else
+            "batched matmuls and a softmax (attention written out)")
+    mask = (", attn_mask=keep)" if core.get("masked") else ")")
+    call = f"torch.nn.functional.scaled_dot_product_attention(q, k, v{mask}"
+    masked = (" where keep is True at the positions the scores' mask lets through (the same mask, as a boolean: "
+              "scores.masked_fill(mask == 0, -inf) becomes attn_mask=mask != 0); is_causal=True replaces it only "
+              "when the mask is causal" if core.get("masked") else
+              " (is_causal=True only if the scores were masked causally)")
+    cpu = (" On the CPU, its fused kernel takes no dropout in training: with dropout_p > 0 SDPA runs its math "
+           "path and saves little, so set the attention's dropout to 0 there (HF: attention_dropout=0.0) or "
+           "measure the change before keeping it." if core.get("dropout") and not metrics.get("devices") else "")
+    return make(
+        "unfused_attention", "warning", "Attention is written out by hand",
+        f"{what} takes {pct(slow_share)} of the step and no fused attention kernel ran; SDPA replaces all of it, "
+        f"so that share is the most it can save; {threshold}",
+        slow_share,
+        f"Call {call} instead of softmax(q @ k.transpose(-2, -1) / sqrt(d)) @ v{masked} (HF: "
+        f"attn_implementation=\"sdpa\"; nn.MultiheadAttention: need_weights=False).{cpu}",
+        unfused_share=slow_share, masked=bool(core.get("masked")), dropout=bool(core.get("dropout")))
 
 
 def graph_warm_up(metrics: dict[str, Any], steady: dict[str, Any], t: Thresholds) -> bool:
