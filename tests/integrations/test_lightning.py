@@ -162,9 +162,19 @@ def test_lightning_pytorch_profiler_alongside(tmp_path: Path) -> None:
 
 def test_default_output_dir_is_under_the_trainer_log_dir(tmp_path: Path) -> None:
     callback = PerfCallback(schedule=None, console=False)
-    trainer = quiet_trainer(max_steps=2, callbacks=[callback], default_root_dir=tmp_path)
+    trainer = default_trainer(tmp_path, max_steps=2, callbacks=[callback], enable_progress_bar=False)
     trainer.fit(lightning_mlp(), random_loader(8))
     assert (Path(trainer.log_dir) / "perfhooks" / "report.json").exists()
+
+
+def test_without_a_logger_the_output_dir_is_not_named_like_the_package(tmp_path: Path) -> None:
+    """Without a logger, log_dir is default_root_dir (the working folder by default): a folder named perfhooks
+    there would be imported in place of the package by the next run (issue 67)."""
+    callback = PerfCallback(schedule=None, console=False)
+    trainer = quiet_trainer(max_steps=2, callbacks=[callback], default_root_dir=tmp_path)
+    trainer.fit(lightning_mlp(), random_loader(8))
+    assert trainer.log_dir == str(tmp_path)
+    assert (tmp_path / "perfhooks_out" / "report.json").exists() and not (tmp_path / "perfhooks").exists()
 
 
 def test_console_table_is_printed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
