@@ -384,7 +384,8 @@ def _wandb_source(trainer: Trainer) -> RunSource:
                 return logger.experiment
         return None
 
-    return RunSource(find, WANDB_STEP_KEY)
+    every = getattr(trainer, "log_every_n_steps", None)
+    return RunSource(find, WANDB_STEP_KEY, every if isinstance(every, int) and every > 0 else None)
 
 
 # ----------------------------------------------------------------------------- perfhooks run

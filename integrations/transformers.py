@@ -51,6 +51,7 @@ guard notes an uncaught error and writes the report at exit.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import weakref
@@ -378,9 +379,24 @@ def _calling_trainer(callback: TrainerCallback) -> Any | None:
 def _wandb_source(args: TrainingArguments) -> RunSource:
     """With ``report_to`` naming wandb, the run its ``WandbCallback`` opens (``wandb.run``), on its step axis."""
     report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+    every = _logging_steps(args)
     if "wandb" not in report_to and "all" not in report_to:
-        return RunSource()
-    return RunSource(current_run, WANDB_STEP_KEY)
+        return RunSource(log_every=every)
+    return RunSource(current_run, WANDB_STEP_KEY, every)
+
+
+def _logging_steps(args: TrainingArguments) -> int | None:
+    """The Trainer's logging cadence in steps: ``logging_steps`` under the "steps" strategy (a fraction of 1 or
+    less is a share of ``max_steps``), else None."""
+    strategy = getattr(args, "logging_strategy", "steps")
+    strategy = str(getattr(strategy, "value", strategy))  # an IntervalStrategy, or its value
+    steps = getattr(args, "logging_steps", None)
+    if not strategy.endswith("steps") or not isinstance(steps, (int, float)) or steps <= 0:
+        return None
+    if steps < 1:
+        max_steps = getattr(args, "max_steps", -1)
+        return max(1, math.ceil(steps * max_steps)) if isinstance(max_steps, int) and max_steps > 0 else None
+    return int(steps)
 
 
 # ----------------------------------------------------------------------------- perfhooks run

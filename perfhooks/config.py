@@ -178,7 +178,8 @@ class PerfConfig:
             ``wandb.run``), else nothing. ``True``: the same, and open a run if there is none.
             ``False``: never.
         wandb_run: the run to log into (wins over the one found).
-        wandb_log_every: steps between ``perf/*`` metric rows.
+        wandb_log_every: steps between ``perf/*`` metric rows (default: the framework's own logging cadence,
+            Lightning's ``log_every_n_steps`` or transformers' ``logging_steps``, else 50).
         wandb_queue: most pending W&B jobs; past it new ones are dropped (and counted).
         flops_per_step: the training FLOPs of one optimizer step (forward and backward, all micro-batches of
             this rank); wins over every other source of the count.
@@ -236,7 +237,7 @@ class PerfConfig:
     max_memory_captures: int = 3
     wandb: bool | None = None
     wandb_run: Any = None
-    wandb_log_every: int = 50
+    wandb_log_every: int | None = None
     wandb_queue: int = 256
     flops_per_step: float | None = None
     flops_per_sample: float | None = None
@@ -260,6 +261,8 @@ class PerfConfig:
         for name in ("max_traces", "max_trace_bytes", "on_demand_active", "memory_history_entries",
                      "max_memory_captures", "wandb_log_every", "wandb_queue"):
             value = getattr(self, name)
+            if value is None and name == "wandb_log_every":  # the framework's cadence
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 

@@ -21,6 +21,9 @@ from perfhooks.sinks.console import format_table, fresh_line
 from perfhooks.sinks.html import render_html
 from perfhooks.sinks.wandb import RunSource, WandbSink
 
+#: Steps between W&B rows when neither the setting nor the framework says.
+DEFAULT_ROWS_EVERY = 50
+
 
 class RunOutputs:
     """The W&B sink (on the logging rank) and the end-of-run table."""
@@ -35,14 +38,17 @@ class RunOutputs:
             self.wandb = WandbSink(source=wandb_source or RunSource(), explicit_run=config.wandb_run,
                                    open_if_missing=config.wandb is True, queue=config.wandb_queue,
                                    output_dir=output_dir, faults=faults, once=once)
+        #: Steps between W&B rows: the setting, else the framework's own logging cadence, else 50.
+        self.every: int = config.wandb_log_every or (wandb_source.log_every if wandb_source else None) \
+            or DEFAULT_ROWS_EVERY
         #: The step at which W&B next gets rows (a step's end compares it in place).
-        self.next_rows_at = start_step + config.wandb_log_every
+        self.next_rows_at = start_step + self.every
 
     def step_closed(self, step: int, global_step: int, recent: Any, memory_latest: dict[str, Any] | None) -> None:
         """A step ended (training thread): every ``wandb_log_every`` steps, the rows of the steps since."""
         if self.wandb is None or step < self.next_rows_at:
             return
-        every = self.config.wandb_log_every
+        every = self.every
         self.next_rows_at = step + every
         self.wandb.log_steps(global_step, list(recent)[-every:], memory_latest)
 
@@ -61,7 +67,7 @@ class RunOutputs:
             return
         run_report = run_report or report
         html = render_html(run_report, series=report.get("series"), base=self.output_dir)
-        sink.close(global_step, run_report, recent[-self.config.wandb_log_every:], memory_latest, html,
+        sink.close(global_step, run_report, recent[-self.every:], memory_latest, html,
                    timeout_s=timeout_s)
         if sink.run is not None or sink.failed:
             report["wandb"] = sink.section()

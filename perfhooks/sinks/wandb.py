@@ -57,10 +57,13 @@ class RunSource:
         find: returns the framework's run or ``None`` (called on the training thread, until found).
         step_key: the framework's step metric, logged in each row of the run ``find`` returned
             (``None``, or a run found elsewhere: ``perf/step``).
+        log_every: the framework's own logging cadence in steps (Lightning's ``log_every_n_steps``,
+            transformers' ``logging_steps``), which ``perf/*`` rows follow unless ``wandb_log_every`` is set.
     """
 
     find: Callable[[], Any] | None = None
     step_key: str | None = None
+    log_every: int | None = None
 
 
 def current_run() -> Any | None:
