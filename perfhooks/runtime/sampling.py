@@ -151,13 +151,8 @@ class StepSampler:
         self._steps += 1
         self.light_steps += 1
         self._light_recent.append(own_ns)
-        held = self._held
-        if held is not None:  # the light step after a sampled detailed one: the pair is complete
-            self._held = None
-            difference = held[0] - (held[1] + wall_ns) / 2.0
-            self._pairs += 1
-            self._pair_sum += difference
-            self._pair_squares += difference * difference
+        if self._held is not None:  # the light step after a sampled detailed one: the pair is complete
+            self._close_pair(wall_ns)
         self._light_before = wall_ns
         if now_ns >= self._adjust_at_ns and self.budget is not None and step >= self.warmup_steps:
             self._adjust(step, now_ns)
@@ -176,16 +171,21 @@ class StepSampler:
         self._steps += count
         self.light_steps += count
         self._light_recent.extend(owns_ns)
-        held = self._held
-        if held is not None:
-            self._held = None
-            difference = held[0] - (held[1] + walls_ns[0]) / 2.0
-            self._pairs += 1
-            self._pair_sum += difference
-            self._pair_squares += difference * difference
+        if self._held is not None:
+            self._close_pair(walls_ns[0])
         self._light_before = walls_ns[-1]
         if now_ns >= self._adjust_at_ns and self.budget is not None and step - 1 >= self.warmup_steps:
             self._adjust(step - 1, now_ns)
+
+    def _close_pair(self, after_ns: int) -> None:
+        """The light step after a held detailed one ended in ``after_ns``: the detailed step's wall time less the
+        mean of its two light neighbours' goes into the paired figure."""
+        detailed, before = self._held  # type: ignore[misc]
+        self._held = None
+        difference = detailed - (before + after_ns) / 2.0
+        self._pairs += 1
+        self._pair_sum += difference
+        self._pair_squares += difference * difference
 
     # ----------------------------------------------------------------- the budget
     def _adjust(self, step: int, now_ns: int) -> None:
