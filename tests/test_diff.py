@@ -28,7 +28,10 @@ def test_two_traces_show_the_dataloader_fix(capsys: pytest.CaptureFixture[str]) 
     dataloader = next(row for row in result["phases"] if row["name"] == "dataloader")
     assert dataloader["before_ms"] == pytest.approx(59.26, abs=0.01) and dataloader["ratio"] < 0.03
     assert "dataloader_bound" in result["diagnoses"]["resolved"] and result["diagnoses"]["new"] == []
-    assert {"fp32_matmul", "launch_bound", "memcpy_heavy"} <= set(result["diagnoses"]["unchanged"])
+    assert {"fp32_matmul", "memcpy_heavy"} <= set(result["diagnoses"]["unchanged"])
+    # with the data fast, the GPU waits on the launches: launch_bound's most went from 9% of the step to 25%
+    [launch] = [c for c in result["diagnoses"]["changed"] if c["id"] == "launch_bound"]
+    assert launch["before"]["gain"] < 0.5 * launch["after"]["gain"]
     assert result["kernels"] and all(set(row) == {"name", "before_us", "after_us", "change_us"}
                                      for row in result["kernels"])
 
@@ -154,3 +157,20 @@ def test_an_item_outside_one_sides_top_list_is_not_read_as_zero() -> None:
     page = format_html(result)
     assert "aten::tanh" in page and "k_aten::gelu" in page and "so not compared" in page
     assert "memory peak 2048.0 MiB → 1024.0 MiB (0.50x)" in page
+
+
+def test_a_verdict_whose_severity_or_gain_moved_is_changed_not_unchanged() -> None:
+    """unfused_attention went from a 9% warning to a zero-gain information after the fix (a user's first job):
+    it is said as changed, with both figures; a verdict that stayed as it was is unchanged."""
+    from perfhooks.offline.diff import _diagnosis_changes
+
+    before = [{"id": "unfused_attention", "severity": "warning", "estimated_gain": 0.09},
+              {"id": "dataloader_bound", "severity": "warning", "estimated_gain": 0.30},
+              {"id": "fp32_matmul", "severity": "info", "estimated_gain": 0.05}]
+    after = [{"id": "unfused_attention", "severity": "info", "estimated_gain": 0.0},
+             {"id": "fp32_matmul", "severity": "info", "estimated_gain": 0.055}]
+    changes = _diagnosis_changes(before, after)
+    assert changes["resolved"] == ["dataloader_bound"] and changes["new"] == []
+    assert changes["changed"] == [{"id": "unfused_attention", "before": {"severity": "warning", "gain": 0.09},
+                                   "after": {"severity": "info", "gain": 0.0}}]
+    assert changes["unchanged"] == ["fp32_matmul"]

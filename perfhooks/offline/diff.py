@@ -8,7 +8,8 @@ folder of traces (analysed). The comparison (:func:`compare`) gives, with ratios
   it, else the mean;
 - ``phases``: each phase's ms per step and share (perfhooks' phases where both sides have them, else the trace
   breakdown's roles: kernel, memcpy, ..., dataloader, cpu_exec, other);
-- ``diagnoses``: ``resolved`` (before only), ``new`` (after only), ``unchanged``;
+- ``diagnoses``: ``resolved`` (before only), ``new`` (after only), ``changed`` (another severity, or a gain moved by
+  2 points and by half or more: a 9% warning that became a 0% information), ``unchanged``;
 - ``operators`` and ``kernels``: those whose time per step changed most (µs);
 - ``memory``: the peak (bytes).
 """
@@ -148,6 +149,36 @@ def _changes(before: dict[str, float] | None, after: dict[str, float] | None) ->
                                              else (row["after_us"] or row["before_us"] or 0.0)))[:TOP]
 
 
+#: A verdict in both runs whose estimated gain moved by at least this much (0..1 of the step) and by half or more
+#: of the larger one has changed (a share that grew because the step got shorter has not).
+GAIN_CHANGE = 0.02
+
+
+def _diagnosis_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
+    """``resolved`` (before only), ``new`` (after only), ``changed`` (in both, with another severity, or a gain
+    moved by :data:`GAIN_CHANGE` and by half of the larger or more: ``{id, before: {severity, gain}, after: ...}``)
+    and ``unchanged``."""
+    b_by_id = {d["id"]: d for d in before}
+    a_by_id = {d["id"]: d for d in after}
+
+    def said(diagnosis: dict[str, Any]) -> dict[str, Any]:
+        return {"severity": diagnosis.get("severity"), "gain": round(float(diagnosis.get("estimated_gain") or 0.0), 4)}
+
+    changed, unchanged = [], []
+    for name, diagnosis in a_by_id.items():
+        if name not in b_by_id:
+            continue
+        was, now = said(b_by_id[name]), said(diagnosis)
+        moved = abs(was["gain"] - now["gain"])
+        if was["severity"] != now["severity"] or (moved >= GAIN_CHANGE
+                                                  and moved >= 0.5 * max(was["gain"], now["gain"])):
+            changed.append({"id": name, "before": was, "after": now})
+        else:
+            unchanged.append(name)
+    return {"resolved": [i for i in b_by_id if i not in a_by_id], "new": [i for i in a_by_id if i not in b_by_id],
+            "changed": changed, "unchanged": unchanged}
+
+
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The comparison of two sides from :func:`load_side` (see the module docstring)."""
     basis = STEADY if _has_steady(before["report"]) and _has_steady(after["report"]) else ALL_STEPS
@@ -155,8 +186,6 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     kind, phases = _phase_rows(before, after, basis)
     b_ops = _per_step(before["metrics"], "top_operators", "name", "time_us")
     a_ops = _per_step(after["metrics"], "top_operators", "name", "time_us")
-    b_ids = [d["id"] for d in before["report"].get("diagnoses") or []]
-    a_ids = [d["id"] for d in after["report"].get("diagnoses") or []]
     b_peak = (before["report"].get("memory") or {}).get("peak_used_bytes")
     a_peak = (after["report"].get("memory") or {}).get("peak_used_bytes")
     b_kernels = _per_step(before["metrics"], "kernels", "name", "total_us")
@@ -166,8 +195,8 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         "basis": basis if kind == "phases" else "the trace's steps",
         "step_ms": {"before": b_step, "after": a_step, "ratio": _ratio(a_step, b_step)},
         "phase_source": kind, "phases": phases,
-        "diagnoses": {"resolved": [i for i in b_ids if i not in a_ids], "new": [i for i in a_ids if i not in b_ids],
-                      "unchanged": [i for i in a_ids if i in b_ids]},
+        "diagnoses": _diagnosis_changes(before["report"].get("diagnoses") or [],
+                                        after["report"].get("diagnoses") or []),
         "operators": _changes(b_ops, a_ops),
         "top_n": {"operators": [len(b_ops or {}), len(a_ops or {})],
                   "kernels": [len(b_kernels or {}), len(a_kernels or {})]},
@@ -235,7 +264,11 @@ def format_text(result: dict[str, Any]) -> str:
         lines.append(f"  {row['name']:<14}{_ms(row['before_ms']):>11}{_ms(row['after_ms']):>11}"
                      f"{_x(row['ratio']):>9}{_pct(row['before_share']):>9}{_pct(row['after_share']):>9}")
     d = result["diagnoses"]
-    lines += [""] + [f"diagnoses {key}: {', '.join(d[key]) or '-'}" for key in ("resolved", "new", "unchanged")]
+    lines += [""] + [f"diagnoses {key}: {', '.join(d[key]) or '-'}" for key in ("resolved", "new")]
+    lines.append("diagnoses changed: " + (", ".join(
+        f"{c['id']} ({c['before']['severity']} {c['before']['gain']:.0%} -> {c['after']['severity']} "
+        f"{c['after']['gain']:.0%})" for c in d.get("changed") or []) or "-"))
+    lines.append(f"diagnoses unchanged: {', '.join(d['unchanged']) or '-'}")
     for key, title in (("operators", "operators"), ("kernels", "kernels")):
         # one rule: a change is shown only where both sides list the item; the others are named apart
         compared = [row for row in result[key] if row["change_us"] is not None]
