@@ -302,11 +302,18 @@ def _launch_bound(job: Any, settings: dict[str, Any] | None, steps: int, device:
         optimizer.zero_grad(set_to_none=True)
         if i in (first, steps - 1):
             span.mark(device, i)
+    result = span.per_step()
     if perf is not None:
         perf.close()
+        result["overhead"] = _overhead(perf.engine)  # the budget's own account: kept, share_of_run, in place
     if marks is not None:
         marks.remove()
-    return span.per_step()
+    return result
+
+
+def _overhead(engine: Any) -> dict[str, Any] | None:
+    """The ``overhead`` section of a closed engine's report (issue 65: ``kept``, ``share_of_run``, ...)."""
+    return (getattr(engine, "final_report", None) or {}).get("overhead")
 
 
 class MeteredSpan(Span):
@@ -431,14 +438,18 @@ def _lightning_gpt(settings: dict[str, Any] | None, steps: int, device: str, dry
     tokens = torch.randint(0, vocab, (steps * batch, seq + 1))
     data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=batch)
     callbacks: list[Any] = [Clock()]
-    if settings is not None:
-        callbacks.append(PerfCallback(output_dir=out, console=False, **settings))
+    perf = PerfCallback(output_dir=out, console=False, **settings) if settings is not None else None
+    if perf is not None:
+        callbacks.append(perf)
     trainer = L.Trainer(accelerator="gpu" if device == "cuda" else "cpu", devices=1, max_steps=steps,
                         precision="bf16-mixed" if device == "cuda" else "32-true", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=out, callbacks=callbacks)
     trainer.fit(GPT(), data)
-    return span.per_step()
+    result = span.per_step()
+    if perf is not None:
+        result["overhead"] = _overhead(perf.engine)
+    return result
 
 
 # ----------------------------------------------------------------------------- alternation and API calls
@@ -488,6 +499,12 @@ def _summary(results: dict[str, list[Any]]) -> dict[str, Any]:
     if "bare" in cpu and len(cpu) == len(results):  # the training thread's CPU a step, paired the same way
         summary["paired_cpu_added_us"] = paired_added_us(
             {name: [run["main_cpu_ms"] for run in runs] for name, runs in results.items()})
+    overhead = {name: [{key: run["overhead"].get(key) for key in ("kept", "share_of_run", "captures_share",
+                                                                  "in_place_us", "detailed_share", "paired")}
+                       for run in runs if isinstance(run, dict) and run.get("overhead")]
+                for name, runs in results.items()}
+    if any(overhead.values()):  # each run's own account of its cost (the report's overhead section)
+        summary["overhead"] = {name: runs for name, runs in overhead.items() if runs}
     return summary
 
 

@@ -27,6 +27,9 @@ def test_the_gpu_check_dry_run_writes_every_part(tmp_path: Path) -> None:
         assert set(result[part]["cpu_ms"]) == set(result[part]["ratio"])
         assert all(cpu["main"] > 0 and cpu["other"] >= 0 and cpu["gc"] >= 0 and isinstance(cpu["threads"], dict)
                    for cpu in result[part]["cpu_ms"].values())
+    for part in ("launch_bound", "lightning_gpt"):  # each profiled run's own account of its cost (issue 65)
+        [account] = result[part]["overhead"]["no_window"]
+        assert account["kept"] in (True, False) and 0 <= account["share_of_run"] < 1
     for name in ("bare", "no_window"):
         functions = [row["function"] for row in result["where_time_goes"][name]]
         assert len(functions) == 30 and all(row["calls"] > 0 for row in result["where_time_goes"][name])
