@@ -143,7 +143,7 @@ class PerfTrainerCallback(TrainerCallback):
                        model: Any = None, optimizer: Any = None, **kwargs: Any) -> None:
         if not self.engine.closed:  # a retry (auto_find_batch_size) of a failed train()
             self._detach()
-            self.engine.abandon(quiet=True)
+            self.engine.abandon(quiet=True, superseded=True)
         output_dir = self.config.output_dir or Path(args.output_dir or ".") / DEFAULT_FOLDER
         self._logged_through = -1
         trainer = _calling_trainer(self)

@@ -328,9 +328,9 @@ class Engine:
         """The user's error is on its way out: the run closes as ``failed`` (``lifecycle.fail``). Never raises."""
         lifecycle.fail(self, error, deadline_s, quiet)
 
-    def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None:
+    def abandon(self, deadline_s: float | None = None, quiet: bool = False, superseded: bool = False) -> None:
         """The run ended without its end event: close it (``lifecycle.abandon``)."""
-        lifecycle.abandon(self, deadline_s, quiet)
+        lifecycle.abandon(self, deadline_s, quiet, superseded)
 
     def training_ended(self) -> None:
         """The framework's training loop ended (its end hook); the close comes later (after its other end hooks):

@@ -41,7 +41,7 @@ class GuardedRun(Protocol):
 
     def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None: ...
 
-    def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None: ...
+    def abandon(self, deadline_s: float | None = None, quiet: bool = False, superseded: bool = False) -> None: ...
 
     def terminated(self, name: str, busy: bool, helper: Callable[[Callable[[], None], float], bool]) -> None: ...
 
@@ -86,7 +86,7 @@ def begin(run: GuardedRun, signals: tuple[str, ...] = ()) -> None:
     previous = current()
     _begun += 1
     if previous is not None and previous is not run and not previous.closed:
-        previous.abandon(deadline_s=EXIT_DEADLINE_S, quiet=True)  # the new run's start waits no longer
+        previous.abandon(deadline_s=EXIT_DEADLINE_S, quiet=True, superseded=True)  # the new run's start waits no longer
     with _lock:
         _current = weakref.ref(run)
     _install()

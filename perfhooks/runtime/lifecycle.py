@@ -258,9 +258,10 @@ def fail(run: ClosingRun, error: BaseException, deadline_s: float | None = None,
         run.faults.report("exception", fault)
 
 
-def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = False) -> None:
+def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = False, superseded: bool = False) -> None:
     """The run ended without its end event (a caught exception, a retry, the process exiting): close it, as
-    ``failed`` when it saw an error or its framework always ends runs explicitly."""
+    ``failed`` when it saw an error or its framework always ends runs explicitly. ``superseded``: a new run started
+    (or this one was left open): W&B gets its end only in the run it found (``wandb.run`` may be the new one's)."""
     if run.closed:
         return
     if (run.error is not None or run.ends_explicitly) and run.signal is None:
@@ -271,6 +272,9 @@ def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = Fals
                          "phase": run.open_phase}
     if quiet:
         run.console = False
+    sink = run.outputs.wandb
+    if superseded and sink is not None:
+        sink.keep_to_its_run()  # a run found now would be the next fit's
     close(run, deadline_s)
 
 
@@ -282,7 +286,7 @@ def left_open(run: ClosingRun, reason: str, deadline_s: float = SIGNAL_DEADLINE_
     if run.error is None:
         run.error = {"type": "unknown", "message": f"the run was left open: {reason}",
                      "step": run.owner.step(run.step), "phase": run.open_phase}
-    abandon(run, deadline_s, quiet=True)
+    abandon(run, deadline_s, quiet=True, superseded=True)
 
 
 def error_entry(error: BaseException, step: int, phase: str | None) -> dict[str, Any]:

@@ -87,7 +87,7 @@ class NullEngine:
     def exception(self, error: BaseException, deadline_s: float | None = None, quiet: bool = False) -> None:
         pass
 
-    def abandon(self, deadline_s: float | None = None, quiet: bool = False) -> None:
+    def abandon(self, deadline_s: float | None = None, quiet: bool = False, superseded: bool = False) -> None:
         pass
 
     def close(self, deadline_s: float | None = None) -> dict[str, Any] | None:

@@ -90,6 +90,8 @@ class WandbSink:
         self._joined_step: int | None = None
         self.failed: str | None = None
         self._open_if_missing = open_if_missing
+        #: Look for a run (False once the engine is abandoned: a run found then is the next one's)
+        self._searching = True
         self._thread = BackgroundWriter(faults, capacity=queue, name="perfhooks-wandb")
         self._last_step = -1
         self._declared = False
@@ -104,11 +106,17 @@ class WandbSink:
 
     # ------------------------------------------------------------------ training thread
     @holds_lock
+    def keep_to_its_run(self) -> None:
+        """The engine is abandoned (a new run started, or it was left open): it logs to the run it found, if any,
+        and looks for none now: ``wandb.run`` may by then be the next fit's (its logger's run), which this
+        engine's end must not write into."""
+        self._searching = False
+
     def resolve(self) -> bool:
         """Find the run (framework's, then ``wandb.run``); with ``wandb=True`` open one at the end of the search."""
         if self.run is not None:
             return True
-        if self.failed:
+        if self.failed or not self._searching:
             return False
         try:
             run = self.source.find() if self.source.find is not None else None

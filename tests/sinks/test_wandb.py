@@ -253,3 +253,32 @@ def test_with_every_default_the_window_reaches_wandb(offline_wandb: Path, tmp_pa
     assert f"step{window['first_step']}" in kinds["perf-trace"]["aliases"]
     tables = [row for row in history(records) if row.get("perf/diagnoses._type") == "table-file"]
     assert len(tables) == 2, "the window's table and the final one"
+
+
+def test_a_run_left_open_does_not_write_its_end_into_the_next_runs_wandb(offline_wandb: Path, tmp_path: Path) -> None:
+    """A loop left early (its run never closed), then the next fit opens its W&B run and its own perfhooks run:
+    the first is abandoned as the second starts, and its end goes to no W&B run (it never found one; the run there
+    now is the next fit's). Once, in the suite, the first run's end landed in the next run as a second report."""
+    import wandb
+
+    def loop(out: Path, steps: int) -> object:
+        model = torch.nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        perf = perfhooks.profile(model, optimizer, output_dir=out, console=False, schedule=None)
+        for _ in range(steps):
+            with perf.data_wait():
+                x = torch.randn(2, 4)
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return perf
+
+    loop(tmp_path / "left", 3)  # never closed: the loop was left early
+    run = wandb.init()
+    loop(tmp_path / "next", 3).close()
+    run_dir = Path(run.dir).parent
+    wandb.finish()
+    assert read_report(tmp_path / "left")["status"] == "completed"  # ended when the next run started
+    assert read_report(tmp_path / "next")["status"] == "completed"
+    pages = list((run_dir / "files" / "media" / "html" / "perf").glob("report_*.html"))
+    assert len(pages) == 1, pages  # the next run's own report only
