@@ -152,3 +152,28 @@ def test_light_steps_run_without_the_forwards_hooks_and_train_the_same(tmp_path:
     # micro-batches run without them, each detailed one's with them
     assert after.count(0) == 2 * overhead["light_steps"] and after.count(2) == len(after) - after.count(0)
     assert report["phases"]["optimizer"]["mean_ms"] > 0
+
+
+def test_a_fault_switching_the_hooks_is_reported_once_and_the_loop_goes_on(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the warm-up the first light step takes the hooks off; when that raises, the hooks stay on (gated),
+    the fault is reported once, and the loop trains the same."""
+    from perfhooks.runtime.sampling import WARMUP_STEPS
+    from perfhooks.runtime.torch_hooks import HookSwitch
+
+    steps = WARMUP_STEPS + 20
+    plain = tiny_loop(None, steps=steps)
+
+    switch, calls = HookSwitch.switch, []
+
+    def broken_once(self: HookSwitch, on: bool) -> None:  # the first time the hooks would come off
+        if not on and not calls:
+            calls.append(on)
+            raise RuntimeError("no switch")
+        switch(self, on)
+
+    monkeypatch.setattr(HookSwitch, "switch", broken_once)
+    assert tiny_loop(tmp_path, steps=steps, overhead_budget=1e-9) == plain
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [f["kind"] for f in report["faults"]] == ["hook_switch"] and report["faults"][0]["count"] == 1
+    assert report["steps"] == steps

@@ -173,12 +173,16 @@ class ProfiledLoop(LoopSession):
         compiled region sees its module's hooks is dynamo's to guard, not perfhooks' to change)."""
         started = monotonic_ns()
         light = self._gate.light
-        if light:
-            compile = self.engine.compile  # type: ignore[union-attr]
-            if compile.model_compiled or compile.compiled_in_run():
-                self._switching = False
-                return
-        self._switch.switch(not light)
+        try:
+            if light:
+                compile = self.engine.compile  # type: ignore[union-attr]
+                if compile.model_compiled or compile.compiled_in_run():
+                    self._switching = False
+                    return
+            self._switch.switch(not light)
+        except Exception as error:  # the hooks stay as they are (gated) from here on
+            self._switching = False
+            self.engine.faults.report("hook_switch", error)
         self._gate.add_own_time(monotonic_ns() - started)  # the gate is the tracker
 
     def _forward_end(self) -> None:

@@ -89,11 +89,16 @@ def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[...
             handles.add(register_post(on_after_step if with_args else _no_args(on_after_step)))
         register_pre = getattr(inner, "register_step_pre_hook", None)
         if on_before_step is not None and register_pre is not None:
-            before = on_before_step if with_args else _no_args(on_before_step)
-            if switch is not None:
-                switch.add(register_pre, before)
-            else:
-                handles.add(register_pre(before))
+            _register(register_pre, on_before_step if with_args else _no_args(on_before_step), handles, switch)
+
+
+def _register(register: Callable[..., Any], hook: Callable[..., Any], handles: HookHandles,
+              switch: HookSwitch | None) -> None:
+    """``register(hook)``, kept in ``handles``, or in ``switch`` (which takes it off and puts it back)."""
+    if switch is not None:
+        switch.add(register, hook)
+    else:
+        handles.add(register(hook))
 
 
 def _no_args(callback: Callable[[], None]) -> Callable[..., None]:
@@ -155,10 +160,7 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
         elif evaluation_forward(module):
             evaluating.append(monotonic_ns())
 
-    if switch is not None:
-        switch.add(model.register_forward_pre_hook, pre)
-    else:
-        handles.add(model.register_forward_pre_hook(pre))
+    _register(model.register_forward_pre_hook, pre, handles, switch)
     if on_end is not None or on_evaluation_forward is not None:
         def post(module: torch.nn.Module, _args: Any, _output: Any) -> None:
             if compiling() or gate.light:
@@ -169,10 +171,7 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
             elif evaluating and evaluation_forward(module):
                 on_evaluation_forward((monotonic_ns() - evaluating.pop()) / 1e6)  # type: ignore[misc]
 
-        if switch is not None:
-            switch.add(model.register_forward_hook, post)
-        else:
-            handles.add(model.register_forward_hook(post))
+        _register(model.register_forward_hook, post, handles, switch)
 
 
 def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookHandles) -> None:

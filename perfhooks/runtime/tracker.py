@@ -269,7 +269,11 @@ class StepTracker:
         device, the step's end mark is the next step's start (one event fewer a step) when the next is detailed."""
         started = monotonic_ns()
         if self.light_stepped and self._short_left and started < self._short_until_ns and self.light:
-            self._short_fetch(started)
+            try:
+                self._short_fetch(started)
+            except Exception as error:
+                self._short_left = 0  # the long path from the next step on
+                self.faults.report("fetch", error)
             return
         try:
             if self.closed:
