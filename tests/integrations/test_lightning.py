@@ -493,3 +493,25 @@ def test_callback_timing_puts_back_what_the_profiler_held_at_each_switch() -> No
     profiler.stop = replaced  # the user's, while timing is on
     timing.off()
     assert vars(profiler)["stop"] is replaced and vars(profiler)["start"] is later
+
+
+def test_light_steps_with_lightnings_defaults_on(tmp_path: Path) -> None:
+    """Past the sampler's warm-up, under a budget that affords only the floor's detailed steps: with Lightning's
+    logger, checkpointing, progress bar and a validation every 40 steps on, every training step counts, the
+    phases come from the detailed ones, validation stays out of the steps, and the fit writes what it writes
+    without perfhooks (its metrics file and checkpoint)."""
+    from perfhooks.runtime.sampling import WARMUP_STEPS
+
+    steps = WARMUP_STEPS + 70
+    callback = PerfCallback(schedule=None, console=False, overhead_budget=1e-9)
+    trainer = default_trainer(tmp_path, max_steps=steps, callbacks=[callback], val_check_interval=40,
+                              limit_val_batches=2)
+    trainer.fit(lightning_mlp(), random_loader(steps), random_loader(4))
+    report = read_report(Path(trainer.log_dir) / "perfhooks")
+    overhead = report["overhead"]
+    assert report["status"] == "completed" and report["steps"] == steps == trainer.global_step
+    assert overhead["detailed_steps"] + overhead["light_steps"] == steps and overhead["light_steps"] > 0
+    assert report["phase_steps"] == overhead["detailed_steps"] < WARMUP_STEPS + 15
+    assert report["run"]["evaluations"] == 3  # at steps 40, 80 and 120: asides, not steps
+    assert (Path(trainer.log_dir) / "metrics.csv").exists()
+    assert list((Path(trainer.log_dir) / "checkpoints").glob("*.ckpt"))
