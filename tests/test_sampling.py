@@ -131,3 +131,32 @@ def test_the_budget_setting_and_its_variable(monkeypatch: pytest.MonkeyPatch) ->
     for bad in (0, 1.5, -0.1, True, math.nan):
         with pytest.raises(ValueError, match="overhead_budget must be a share of the step in"):
             overhead_budget(bad)
+
+
+def test_drawn_detailed_steps_publish_on_the_light_steps_cadence_and_the_warm_up_every_step(tmp_path: Path) -> None:
+    """The run's state is published at each step's end in the sampler's warm-up; past it, a detailed step the sampler
+    drew publishes as a light one does, every 20 ms of the steps' clock at most (8.5 ms steps: every third), unless
+    a window's verdicts were just swapped in (the next step publishes them). There is no W&B run: no step is made
+    to publish for rows."""
+    from perfhooks.runtime.tracker import LIGHT_PUBLISH_EVERY_NS
+
+    clock = ManualClock()
+    config = PerfConfig(schedule=None, console=False, on_demand=False, memory=False)
+    engine = Engine(config, tmp_path, "test", clock=clock)
+    engine.tracker.sampler.hold(1.0)  # every step detailed, drawn (not forced)
+    warmup = engine.tracker.sampler.warmup_steps
+    published = []
+    for step in range(warmup + 40):
+        before = engine.state
+        framework_step(engine, clock)  # its fetch ends the step before
+        if engine.state is not before:
+            published.append(engine.tracker.step)
+        if step == warmup + 30:
+            engine.saving.on_verdicts()  # the writer thread swapped a window's verdicts in
+    engine.close()
+    assert LIGHT_PUBLISH_EVERY_NS == 20_000_000
+    assert published[:warmup] == list(range(1, warmup + 1))
+    later = [step for step in published if step > warmup]
+    assert later[:9] == list(range(warmup + 3, warmup + 30, 3)), later
+    assert [step for step in later if step > warmup + 29][:3] == [warmup + 30, warmup + 31, warmup + 34], later
+    assert engine.tracker.publish_at_step == 1 << 62

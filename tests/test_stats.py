@@ -96,3 +96,31 @@ def test_add_many_keeps_the_summary_add_keeps(values: list[float]) -> None:
     assert (many.count, many.maximum, many.minimum) == (one.count, one.maximum, one.minimum)
     assert many._buckets == one._buckets and many._values == one._values
     assert many.total == pytest.approx(one.total, rel=1e-12, abs=1e-9)
+
+
+def test_values_are_kept_then_bucketed_past_the_exact_limit_the_same_whichever_way_they_came() -> None:
+    """While values are kept (the run's first EXACT_VALUES), the quantiles read them and nothing is bucketed (no
+    logarithm a step); past the limit every kept value goes into the buckets, as if each had been bucketed on
+    arrival: one by one, in batches, in ns or by merging, the buckets agree."""
+    from perfhooks.report.statistics import EXACT_VALUES
+
+    values_ns = [1_000_000 + (i * 7919) % 500_000 for i in range(EXACT_VALUES + 300)]
+    one, many, in_ns, merged = StreamingStats(), StreamingStats(), StreamingStats(), StreamingStats()
+    for value in values_ns[:EXACT_VALUES]:
+        one.add(value / 1e6)
+    many.add_many([value / 1e6 for value in values_ns[:EXACT_VALUES]])
+    in_ns.add_many_ns(values_ns[:EXACT_VALUES])
+    assert one._buckets == many._buckets == in_ns._buckets == {}
+    assert one.quantile(0.5) == many.quantile(0.5) == in_ns.quantile(0.5)
+    half = StreamingStats()
+    half.add_many([value / 1e6 for value in values_ns[EXACT_VALUES // 2:]])
+    merged.add_many([value / 1e6 for value in values_ns[:EXACT_VALUES // 2]])
+    merged.merge(half)
+    for value in values_ns[EXACT_VALUES:]:
+        one.add(value / 1e6)
+    many.add_many([value / 1e6 for value in values_ns[EXACT_VALUES:]])
+    in_ns.add_many_ns(values_ns[EXACT_VALUES:])
+    for stats in (one, many, in_ns, merged):
+        assert stats._values is None and stats.count == len(values_ns)
+    assert one._buckets == many._buckets == in_ns._buckets == merged._buckets
+    assert sum(one._buckets.values()) == len(values_ns)

@@ -2,10 +2,10 @@
 :data:`EXACT_VALUES` values, within 1% beyond), one resolved step (:class:`StepTiming`), and the per-phase
 statistics a report is built from.
 
-Values also land in logarithmic buckets (each 2% wide), so memory grows with the spread of the values, never
-with the number of steps, and two histograms merge by adding bucket counts. Past :data:`EXACT_VALUES`, a
-quantile is placed inside its bucket by its rank among the bucket's values (two phases whose values share a
-bucket do not read the same number).
+Past :data:`EXACT_VALUES`, values land in logarithmic buckets (each 2% wide), so memory grows with the spread of
+the values, never with the number of steps, and two histograms merge by adding bucket counts. A quantile is then
+placed inside its bucket by its rank among the bucket's values (two phases whose values share a bucket do not read
+the same number).
 """
 
 from __future__ import annotations
@@ -42,6 +42,14 @@ def _count_into(counts: dict[int, int], keys: Iterable[int]) -> None:
 _count_elements: Callable[[dict[int, int], Iterable[int]], None] = getattr(collections, "_count_elements",
                                                                            _count_into)
 
+def _keys_ms(values_ms: list[float]) -> Iterable[int]:
+    """The buckets of non-negative values in ms (the zero bucket, -1, for those at or below the floor)."""
+    if min(values_ms) <= _FLOOR_MS:
+        return [-1 if value <= _FLOOR_MS else int(_log(value * _INV_FLOOR_MS) * _INV_LOG_RATIO)
+                for value in values_ms]
+    return map(int, map(_INV_LOG_RATIO.__mul__, map(_log, map(_INV_FLOOR_MS.__mul__, values_ms))))
+
+
 #: Values each summary keeps as they came, for exact quantiles (a run of this many steps or fewer).
 EXACT_VALUES = 4096
 #: Past ``EXACT_VALUES``, one light step in this many (a random one of each run of them) goes into the step and
@@ -65,33 +73,28 @@ class StreamingStats:
         """Add one value (ms); negative values count as 0. Runs once per phase per step: keep it lean."""
         if value_ms <= _FLOOR_MS:
             value_ms = max(0.0, float(value_ms))
-            key = -1
-        else:
-            key = int(_log(value_ms * _INV_FLOOR_MS) * _INV_LOG_RATIO)  # > 0, so int() is floor()
         self.count += 1
         self.total += value_ms
         if value_ms > self.maximum:
             self.maximum = value_ms
         if value_ms < self.minimum:
             self.minimum = value_ms
-        buckets = self._buckets
-        buckets[key] = buckets.get(key, 0) + 1
         values = self._values
         if values is not None:
             if len(values) < EXACT_VALUES:
                 values.append(value_ms)
-            else:
-                self._values = None
+                return
+            self._bucket_kept()
+        key = -1 if value_ms <= _FLOOR_MS else int(_log(value_ms * _INV_FLOOR_MS) * _INV_LOG_RATIO)
+        buckets = self._buckets
+        buckets[key] = buckets.get(key, 0) + 1
 
-    def _keep(self, values_ms: list[float]) -> None:
-        values = self._values
-        if values is not None:
-            if len(values) + len(values_ms) > EXACT_VALUES:
-                self._values = None
-            elif values_ms and min(values_ms) < 0.0:
-                values.extend(max(0.0, float(v)) for v in values_ms)
-            else:
-                values.extend(map(float, values_ms))
+    def _bucket_kept(self) -> None:
+        """The kept values go into the buckets, and are kept no more (past ``EXACT_VALUES``: while values are
+        kept, the quantiles read them and the buckets wait, so the first steps of a run cost no logarithm)."""
+        values, self._values = self._values, None
+        if values:
+            _count_elements(self._buckets, _keys_ms(values))
 
     def add_many(self, values_ms: list[float]) -> None:
         """Add a batch of values (ms): the same summary as ``add`` on each, computed by C-level maps (a fold of 64
@@ -100,41 +103,49 @@ class StreamingStats:
             return
         if min(values_ms) <= _FLOOR_MS:  # zeros (a phase a step did not have) or negatives: the zero bucket
             values_ms = [max(0.0, float(value)) for value in values_ms]
-            keys: Iterable[int] = [-1 if value <= _FLOOR_MS else int(_log(value * _INV_FLOOR_MS) * _INV_LOG_RATIO)
-                                   for value in values_ms]
-        else:
-            keys = map(int, map(_INV_LOG_RATIO.__mul__, map(_log, map(_INV_FLOOR_MS.__mul__, values_ms))))
-        _count_elements(self._buckets, keys)
         self.count += len(values_ms)
         self.total = sum(values_ms, self.total)
         self.maximum = max(self.maximum, max(values_ms))
         self.minimum = min(self.minimum, min(values_ms))
-        self._keep(values_ms)
+        values = self._values
+        if values is not None:
+            if len(values) + len(values_ms) <= EXACT_VALUES:
+                values.extend(map(float, values_ms))
+                return
+            self._bucket_kept()
+        _count_elements(self._buckets, _keys_ms(values_ms))
 
     def add_many_ns(self, values_ns: list[int], keys: list[int] | None = None, start: int = 0,
                     every: int = 1) -> list[int]:
         """Add a batch of values given in ns (integers: the light steps' times), as :meth:`add_many` does with
-        them in ms; ``keys``: their buckets, computed by an earlier call on the same values. Once more than
-        ``EXACT_VALUES`` were added, only ``values_ns[start::every]`` go into the buckets (a sample, which the
-        quantiles then read: each value costs a logarithm); the count, total, minimum and maximum take all.
-        The buckets added."""
+        them in ms; ``keys``: their buckets, computed by an earlier call on the same values (ignored while values
+        are kept). Once more than ``EXACT_VALUES`` were added, only ``values_ns[start::every]`` go into the
+        buckets (a sample, which the quantiles then read: each value costs a logarithm); the count, total,
+        minimum and maximum take all. The buckets added (none while values are kept)."""
         if not values_ns:
             return []
         if min(values_ns) <= 1:  # 1 ns is the floor (_FLOOR_MS): the zero bucket
             values_ns = [max(0, value) for value in values_ns]
+        self.count += len(values_ns)
+        self.total += sum(values_ns) / 1e6
+        self.maximum = max(self.maximum, max(values_ns) / 1e6)
+        self.minimum = min(self.minimum, min(values_ns) / 1e6)
+        values = self._values
+        bucketed = values_ns
+        if values is not None:
+            if len(values) + len(values_ns) <= EXACT_VALUES:
+                values.extend(map(_NS_TO_MS, values_ns))
+                return []
+            self._bucket_kept()  # the batch that crosses the limit goes into the buckets whole
+            keys = None
+        elif every != 1:
+            bucketed = values_ns[start::every]
         if keys is None:
-            bucketed = values_ns if self._values is not None or every == 1 else values_ns[start::every]
             if min(bucketed, default=2) <= 1:
                 keys = [-1 if value <= 1 else int(_log(value) * _INV_LOG_RATIO) for value in bucketed]
             else:
                 keys = list(map(int, map(_INV_LOG_RATIO.__mul__, map(_log, bucketed))))
         _count_elements(self._buckets, keys)
-        self.count += len(values_ns)
-        self.total += sum(values_ns) / 1e6
-        self.maximum = max(self.maximum, max(values_ns) / 1e6)
-        self.minimum = min(self.minimum, min(values_ns) / 1e6)
-        if self._values is not None:
-            self._keep(list(map(_NS_TO_MS, values_ns)))
         return keys
 
     def copy(self) -> StreamingStats:
@@ -143,16 +154,22 @@ class StreamingStats:
                               None if self._values is None else list(self._values))
 
     def merge(self, other: StreamingStats) -> None:
-        if other._values is None:
-            self._values = None
-        else:
-            self._keep(other._values)
         self.count += other.count
         self.total += other.total
         self.maximum = max(self.maximum, other.maximum)
         self.minimum = min(self.minimum, other.minimum)
+        values, theirs = self._values, other._values
+        if values is not None and theirs is not None and len(values) + len(theirs) <= EXACT_VALUES:
+            values.extend(theirs)
+            return
+        if values is not None:
+            self._bucket_kept()
+        buckets = self._buckets
+        if theirs is not None:
+            _count_elements(buckets, _keys_ms(theirs))
+            return
         for key, n in other._buckets.items():
-            self._buckets[key] = self._buckets.get(key, 0) + n
+            buckets[key] = buckets.get(key, 0) + n
 
     @property
     def mean(self) -> float:
@@ -164,8 +181,9 @@ class StreamingStats:
             raise ValueError(f"quantile q must be in [0, 1], got {q}")
         if not self.count:
             return 0.0
-        if self._values is not None and len(self._values) == self.count:
-            return sorted(self._values)[max(1, math.ceil(q * self.count)) - 1]
+        values = self._values
+        if values is not None:  # every value, as it came
+            return sorted(values)[max(1, math.ceil(q * len(values))) - 1]
         # the buckets may hold a sample of the values (:meth:`add_many_ns`): the rank is among those
         rank = max(1, math.ceil(q * sum(self._buckets.values())))
         seen = 0
@@ -224,7 +242,7 @@ class StepTiming:
 _STEP_MS, _PHASE_MS, _FETCH_MS = attrgetter("step_ms"), attrgetter("phase_ms"), attrgetter("fetch_ms")
 _MICRO_BATCHES, _SAMPLES, _TOKENS = attrgetter("micro_batches"), attrgetter("samples"), attrgetter("tokens")
 _PADDED, _OWN, _COMPILED = attrgetter("padded_tokens"), attrgetter("own"), attrgetter("compiled")
-_FIRST, _SECOND, _THIRD = itemgetter(0), itemgetter(1), itemgetter(2)
+_FIRST, _SECOND, _THIRD, _FOURTH, _FIFTH = itemgetter(0), itemgetter(1), itemgetter(2), itemgetter(3), itemgetter(4)
 _NS_TO_MS = (1e6).__rtruediv__  # ns / 1e6, exactly as a division
 
 
@@ -414,9 +432,13 @@ class PhaseStatistics:
         keys = self._step.add_many_ns(step_ns, start=start, every=LIGHT_BUCKETS_EVERY)
         self._fetch.add_many_ns(list(map(_SECOND, light)), start=start, every=LIGHT_BUCKETS_EVERY)
         self.training_ms += max(0, sum(step_ns)) / 1e6
-        self._micro_batches += sum(map(max, repeat(1), map(_THIRD, light)))  # a loop that fetches no batch: 1
-        own = sum(1 for entry in light if entry[3])
-        compiled = sum(1 for entry in light if entry[4] and not entry[3])
+        micro_batches = list(map(_THIRD, light))
+        if min(micro_batches) >= 1:
+            self._micro_batches += sum(micro_batches)
+        else:  # a loop that fetches no batch: 1
+            self._micro_batches += sum(map(max, repeat(1), micro_batches))
+        own = sum(map(_FOURTH, light))
+        compiled = sum(1 for entry in light if entry[4] and not entry[3]) if any(map(_FIFTH, light)) else 0
         self.own_steps += own
         self.compiled_steps += compiled
         if own or compiled:

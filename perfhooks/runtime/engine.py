@@ -150,7 +150,7 @@ class Engine:
                                   start_step)
         self.saving = ReportSaving(self.output_dir, config.report_every_s, config.thresholds, self.writer,  # type: ignore[arg-type]
                                    self.capture, self.outputs, self.faults, self.publish, self.build_report,
-                                   lifecycle.write_report)
+                                   lifecycle.write_report, on_verdicts=tracker.publish_soon)
         self.watch = LiveWatch(rank=facts.rank, world_size=facts.world_size, output_dir=self.output_dir,
                                stall_after_s=config.stall_after_s, console_every_s=config.console_every_s,  # type: ignore[arg-type]
                                state=lambda: self.state, beacon=lambda: self.tracker.beacon,

@@ -34,7 +34,7 @@ from perfhooks.timebase import monotonic, monotonic_ns
 #: signal's on-demand request, or dynamo loaded mid-run, waits that long at most. A schedule that is a plain
 #: function (not perfhooks' :class:`~perfhooks.capture.schedule.Schedule`) is looked at that many steps ahead.
 QUIET_STEPS = 64
-QUIET_NS = 20_000_000
+QUIET_NS = 100_000_000
 
 
 class RunParts:
@@ -174,7 +174,9 @@ class RunParts:
             if tracker.step >= outputs.next_rows_at:
                 outputs.step_closed(tracker.step, tracker.global_step, tracker.stats.recent,
                                     self.memory.latest if self.memory is not None else None)
-            tracker.publish_at_step = outputs.next_rows_at  # a light step's end publishes then too
+            # a light step's end publishes then too, once there is a run to log into (until then, each
+            # publication looks for one)
+            tracker.publish_at_step = outputs.next_rows_at if outputs.wandb.run is not None else 1 << 62
         self.published()
         saving = self.saving
         if saving.every_ns and monotonic_ns() >= saving.next_ns:  # every report_every_s, the report is rewritten

@@ -44,7 +44,7 @@ class ReportSaving:
     def __init__(self, output_dir: Path, every_s: float, thresholds: Thresholds, writer: BackgroundWriter,
                  capture: CaptureControl, outputs: RunOutputs, faults: FaultLog,
                  publish: Callable[[bool], RunState], build: Callable[[RunState], dict[str, Any]],
-                 write: Write) -> None:
+                 write: Write, on_verdicts: Callable[[], None] = lambda: None) -> None:
         self.output_dir = output_dir
         self.thresholds = thresholds
         self.writer = writer
@@ -54,6 +54,8 @@ class ReportSaving:
         self.publish = publish
         self.build = build
         self.write = write
+        #: Called (on the writer thread) when a window's verdicts were swapped in: the next step publishes them.
+        self.on_verdicts = on_verdicts
         #: The latest analysed window's verdicts (the writer thread swaps them in, as one value).
         self.trace = TraceVerdicts()
         #: A signal's handler saves the window and writes the report itself: no write follows the window.
@@ -79,6 +81,7 @@ class ReportSaving:
             return
         self.capture.windows.update(window, metrics=metrics)
         self.trace = TraceVerdicts(tuple(diagnoses), window["last_step"] - window["first_step"] + 1)
+        self.on_verdicts()
 
     def window_saved(self) -> None:
         """A window's trace was handed to the writer: the report follows it, with the window's row for W&B."""

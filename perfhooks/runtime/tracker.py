@@ -52,9 +52,10 @@ _PHASE_NAMES = frozenset(PHASES)
 #: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
 #: pathological one).
 MAX_NAMED_WORK = 256
-#: Light steps publish the run's state at most this often (ns of their clock), unless the listener asks for a
-#: step (:attr:`StepTracker.publish_at_step`): a signal's report or ``top`` may miss the last few milliseconds of
-#: steps, never more.
+#: Light steps and the detailed steps the sampler drew publish the run's state at most this often (ns of their
+#: clock), unless the listener asks for a step (:attr:`StepTracker.publish_at_step`): a signal's report or ``top``
+#: may miss the last few milliseconds of steps, never more. The run's first steps (the sampler's warm-up), steps
+#: a window or a count forced, and every step when every step is detailed (no budget) publish at their end.
 LIGHT_PUBLISH_EVERY_NS = 20_000_000
 #: Light steps in a row that may end on the short path before the long one folds them (and publishes).
 SHORT_RUN = 256
@@ -192,7 +193,8 @@ class StepTracker:
         self._light_aside_ns = 0
         self._light_aside_from = 0
         #: A light step's end publishes the run's state from then on (its clock, ns), or from the step
-        #: ``publish_at_step`` on (the listener's next W&B rows); a detailed step's always does.
+        #: ``publish_at_step`` on (the listener's next W&B rows); so does a drawn detailed step's past the warm-up
+        #: (:data:`LIGHT_PUBLISH_EVERY_NS`).
         self.publish_at_step = 1 << 62
         self._publish_at = 0
         #: The light step's data wait started then (0: not waiting).
@@ -340,6 +342,11 @@ class StepTracker:
         """The next step opens on the long path, with the listener's ``step_opening`` (a signal's handler may call
         it: it only sets two attributes)."""
         self.quiet_until_step = 0
+        self._short_left = 0
+
+    def publish_soon(self) -> None:
+        """The next step's end publishes the run's state (another thread may call it: two attribute writes)."""
+        self._publish_at = 0
         self._short_left = 0
 
     def stop(self) -> None:
@@ -627,7 +634,11 @@ class StepTracker:
             step = self.step
             self.step = step + 1
             self.pending.add(record, self.stats)
-            self.listener.step_closed()
+            sampler = self.sampler
+            if (self._forced or now >= self._publish_at or self.step >= self.publish_at_step
+                    or sampler.budget is None or step < sampler.warmup_steps):
+                self._publish_at = now + LIGHT_PUBLISH_EVERY_NS
+                self.listener.step_closed()
         except Exception as error:
             self.faults.report("step_end", error)
             return started
