@@ -116,9 +116,12 @@ class MemoryMonitor:
         self.peak = {"used_bytes": 0, "step": None, "phase": None}
         #: (step, used bytes) of recent samples, for the memory line of the report.
         self.series: deque[tuple[int, int]] = deque(maxlen=SERIES_SAMPLES)
-        #: (step, bytes in use) at the start of steps (rate-limited): the same point of each step, for the
-        #: ``memory_growth`` rule. Allocated bytes on CUDA, resident memory on the CPU.
-        self.step_samples: deque[tuple[int, int]] = deque(maxlen=SERIES_SAMPLES)
+        #: (step, bytes in use, shapes seen) at the start of steps (rate-limited): the same point of each step, for
+        #: the ``memory_growth`` rule. Allocated bytes on CUDA, resident memory on the CPU.
+        self.step_samples: deque[tuple[int, int, int]] = deque(maxlen=SERIES_SAMPLES)
+        #: The distinct batch shapes the run's steps brought so far (set by the engine; -1: not counted), taken with
+        #: each step-start sample: growth that comes only with new shapes is their caches', not a leak.
+        self.shapes_seen: Callable[[], int] = lambda: -1
         #: ``monotonic_ns()`` before which a step's start takes no sample (compared in place at each step's open).
         self.next_step_ns = 0
         self.census: dict[str, Any] | None = None
@@ -189,10 +192,8 @@ class MemoryMonitor:
         if now < self.next_step_ns or (self.cuda and not self.room.free()):
             return
         self.next_step_ns = now + self.poll_ns
-        if self.cuda:
-            self.step_samples.append((step, self.room.memory().allocated_bytes))
-        else:
-            self.step_samples.append((step, cpu_usage()["rss_bytes"]))
+        used = self.room.memory().allocated_bytes if self.cuda else cpu_usage()["rss_bytes"]
+        self.step_samples.append((step, used, self.shapes_seen()))
 
     def arm(self, step: int, signal: str) -> None:
         """Memory is approaching the limit: start the allocation history (CUDA) so a later capture has stacks."""

@@ -3,6 +3,7 @@ use at the same point of each step, rising on a sustained linear trend); the fix
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, NamedTuple
 
 from perfhooks.rules.thresholds import Thresholds
@@ -28,46 +29,68 @@ def linear_fit(points: list[tuple[int, int]]) -> tuple[float, float]:
     return slope, r2
 
 
-def diagnose_memory_growth(samples: list[tuple[int, int]], limit_bytes: int | None, what: str,
+def diagnose_memory_growth(samples: list[tuple[int, ...]], limit_bytes: int | None, what: str,
                            t: Thresholds = Thresholds()) -> list[Diagnosis]:
-    """``memory_growth`` when the bytes in use at each step's start (``samples``: ``(step, bytes)``) keep rising.
+    """``memory_growth`` when the bytes in use at each step's start (``samples``: ``(step, bytes)``, or
+    ``(step, bytes, shapes)`` with the distinct batch shapes seen by then) keep rising.
 
     The first half of the samples is warm-up (caches filling, the optimizer's state appearing) and is not fitted.
     The rest must rise on a straight line (R² >= ``memory_growth_r2``) by at least ``memory_growth_bytes`` or
     ``memory_growth_share`` of the limit, whichever is smaller: a plateau, or noise around one, never fires.
+    Where new batch shapes arrived in that span, only the growth between samples that saw no new shape counts:
+    per-shape caches (the allocator's blocks, oneDNN's and cuDNN's plans) fill as shapes arrive and hold on
+    repeats, which is ``shape_churn``'s business, not something kept from every step.
     ``what``: ``allocated`` (CUDA) or ``resident`` (CPU).
     """
     steady = samples[len(samples) // 2:]
     if len(steady) < MIN_SAMPLES or not limit_bytes:
         return []
-    slope, r2 = linear_fit(steady)
+    points = [(sample[0], sample[1]) for sample in steady]
+    shapes = [sample[2] for sample in steady] if all(len(sample) > 2 for sample in steady) else None
+    new_shapes = shapes[-1] - shapes[0] if shapes is not None else 0
+    repeats = len(points) - 1
+    if new_shapes > 0:  # the growth on repeated shapes only: the intervals with no new shape, end to end
+        x = y = 0
+        points = [(0, 0)]
+        for before, after in itertools.pairwise(steady):
+            if after[2] == before[2]:
+                x += after[0] - before[0]
+                y += after[1] - before[1]
+                points.append((x, y))
+        repeats = len(points) - 1
+        if repeats < MIN_SAMPLES:  # too few intervals without a new shape to tell a leak from the shapes' caches
+            return []
+    slope, r2 = linear_fit(points)
     first_step, last_step = steady[0][0], steady[-1][0]
-    growth = slope * (last_step - first_step)
+    growth = slope * (points[-1][0] - points[0][0])
     needed = min(t.memory_growth_bytes, t.memory_growth_share * limit_bytes)
     if slope <= 0 or r2 < t.memory_growth_r2 or growth < needed:
         return []
     now = steady[-1][1]
     fill_step = last_step + max(0.0, limit_bytes - now) / slope
     per_step_mib = slope / MIB
+    on_repeats = (f"; counted only between the {repeats} samples that saw no new batch shape ({new_shapes} new "
+                  f"shape(s) arrived in that span, whose growth is the shapes' own)") if new_shapes > 0 else ""
     return [make(
         "memory_growth", "warning", "Memory in use grows every step",
         f"{what} memory at the start of each step rises {per_step_mib:.2f} MiB per step (R² {r2:.2f}, steps "
-        f"{first_step}-{last_step}, +{growth / MIB:.0f} MiB after warm-up); at this rate the limit of "
+        f"{first_step}-{last_step}, +{growth / MIB:.0f} MiB after warm-up{on_repeats}); at this rate the limit of "
         f"{limit_bytes / 2**30:.2f} GiB is reached near step {fill_step:.0f}. Thresholds: R² {t.memory_growth_r2}, "
         f"growth {needed / MIB:.0f} MiB",
         0.0,
         "Something is kept from every step. Usual causes: a loss or output kept with its graph (accumulate "
-        "loss.item() or loss.detach(), not loss), a list that collects tensors each step, a cache keyed by step or "
-        "by shape. Record the allocation history (memory_history=True) and read the stacks of the allocations that "
+        "loss.item() or loss.detach(), not loss), a list that collects tensors each step, a cache keyed by step. "
+        "Record the allocation history (memory_history=True) and read the stacks of the allocations that "
         "stay alive in the capture's snapshot.",
-        growth_mib_per_step=per_step_mib, r2=r2, fill_step=fill_step, first_step=first_step, last_step=last_step)]
+        growth_mib_per_step=per_step_mib, r2=r2, fill_step=fill_step, first_step=first_step, last_step=last_step,
+        new_shapes=new_shapes)]
 
 
 class MemoryFigures(NamedTuple):
     """What the memory verdicts read, copied out of the monitor on the training thread (never mutated after)."""
 
-    #: ``(step, bytes in use)`` at steps' starts.
-    step_samples: tuple[tuple[int, int], ...]
+    #: ``(step, bytes in use, distinct batch shapes seen by then)`` at steps' starts (the shapes -1: not counted).
+    step_samples: tuple[tuple[int, ...], ...]
     #: The limit the used bytes count against (bytes), or None when unknown.
     capacity_bytes: int | None
     #: True on CUDA (allocated bytes are sampled), False on the CPU (resident bytes).
