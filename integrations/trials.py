@@ -194,6 +194,8 @@ def _hf_arguments(module: Any, trial: Trial) -> Any:
             arguments["dataloader_pin_memory"] = True
         if trial.knobs.get("bf16"):
             arguments.update(bf16=True, fp16=False)
+            if trial.knobs.get("use_cpu"):  # a CPU run: TrainingArguments raises on bf16 without it
+                arguments["use_cpu"] = True
         if trial.knobs.get("compile"):
             arguments["torch_compile"] = True
 

@@ -55,3 +55,25 @@ def test_the_analysis_page_counts_the_calibration_traces_there_are() -> None:
     traces = json.loads((ROOT / "tests" / "data" / "calibration.json").read_text())["traces"]
     said = re.search(r"for each of the (\d+) shared traces", (ROOT / "docs" / "analysis.md").read_text())
     assert said is not None and int(said.group(1)) == len(traces)
+
+
+def test_the_tested_framework_ranges_in_the_docs_are_the_codes() -> None:
+    """Issue 67, item 6: the docs said the tested transformers range ends at 5.23 where the code said 5.24."""
+    from perfhooks.integrations.versions import TESTED
+
+    text = (ROOT / "docs" / "usage.md").read_text()
+    for name, shown in (("lightning", "Lightning"), ("transformers", "transformers"), ("accelerate", "accelerate")):
+        (low_major, low_minor), (high_major, high_minor) = TESTED[name]
+        assert f"{shown} {low_major}.{low_minor}–{high_major}.{high_minor}" in text, name
+        assert f"{shown} {high_major}.{high_minor}" in text, name
+
+
+def test_tunes_help_names_its_own_output_folder(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tune --help`` named a run's default output folder where tune writes to perfhooks_tune (docs/tune.md)."""
+    from perfhooks.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "(default: perfhooks_tune)" in shown
+    assert "default `perfhooks_tune`" in " ".join((ROOT / "docs" / "tune.md").read_text().split())

@@ -103,3 +103,13 @@ def test_a_bad_price_names_its_source(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PERFHOOKS_DEVICE_HOUR_COST", "two dollars")
     with pytest.raises(ValueError, match="PERFHOOKS_DEVICE_HOUR_COST must be a price"):
         perfhooks.PerfConfig()
+
+
+def test_a_cpu_verdict_without_a_price_says_no_process_hours() -> None:
+    """Issue 67, item 6: "about 0.004 of 0.0052 process-hours" on every CPU verdict said nothing; the views say a
+    CPU cost only with a price, a GPU's always. The JSON keeps the hours either way."""
+    cpu = {"estimated_gain": 0.5, "cost": {"device_hours": 0.004, "of_device_hours": 0.0052, "unit": "process-hours"}}
+    assert cost_phrase(cpu) == ""
+    assert cost_phrase({**cpu, "cost": {**cpu["cost"], "money": 0.01}}).startswith("about 0.004 of 0.0052")
+    gpu = {**cpu, "cost": {**cpu["cost"], "unit": "GPU-hours"}}
+    assert cost_phrase(gpu) == "about 0.004 of 0.0052 GPU-hours"

@@ -192,5 +192,6 @@ def test_measured_flops_scale_with_the_steps_tokens(tmp_path: Path) -> None:
     throughput = read_report(tmp_path)["throughput"]
     per_token = 3 * 2 * 32 * 64  # the Linear: 2 x in x out a token forward, twice that backward (no mm in Embedding)
     mean_tokens = 8 * sum(lengths) / len(lengths)
-    assert "scaled by the run's 256 tokens per step against the measured step's 128" in throughput["flops_source"]
+    assert ("scaled by the run's 256 token slots per step (padding included: the model runs on it) against the "
+            "measured step's 128") in throughput["flops_source"]
     assert throughput["flops_per_step"] == pytest.approx(per_token * mean_tokens, rel=0.05)

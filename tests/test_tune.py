@@ -82,6 +82,18 @@ def test_tune_on_an_hf_trainer_script_reporting_to_wandb(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+def test_bf16_runs_on_a_cpu_hf_script_that_does_not_set_use_cpu(tmp_path: Path) -> None:
+    """Issue 67, item 6: the bf16 trial crashed on the CPU ("Your setup doesn't support bf16/gpu ... use_cpu")
+    where the script left ``use_cpu`` out; the trial sets it beside ``bf16`` and says so."""
+    done, cwd = tune(tmp_path, "hf_slow_data.py", "--only", "bf16", USE_CPU="0")
+    bf16 = trial(json.loads(done.stdout), "bf16")
+    assert bf16["status"] == "measured", bf16.get("error")
+    assert bf16["change"] == "TrainingArguments(bf16=True, use_cpu=True)"
+    assert "against both baseline runs: bf16 " in done.stderr
+    assert_left_alone(tmp_path, cwd)
+
+
+@pytest.mark.slow
 def test_tune_on_an_accelerate_loop(tmp_path: Path) -> None:
     done, cwd = tune(tmp_path, "accelerate_slow_data.py", "--only", "dataloader_workers,sdpa")
     result = json.loads(done.stdout)
@@ -258,3 +270,32 @@ def test_a_failed_baseline_quotes_its_log_and_keeps_it(tmp_path: Path) -> None:
     assert f"(the whole log: {kept})" in done.stderr
     assert "about to fail" in kept.read_text()
     assert (tmp_path / "tuned" / "tune.json").is_file()
+
+
+def test_a_drift_of_a_tenth_is_flagged_even_where_noise_hides_it_and_the_untried_diagnoses_are_listed() -> None:
+    """Issue 67, item 6: a baseline 11% slower after the trials was not flagged, its steps too noisy for the
+    intervals to part; and the table read as all the run could gain, where the baseline's padding_waste (the
+    largest gain) had no knob. A CPU run of transformers gets its bf16 trial spelled so that it runs there."""
+    from perfhooks.offline.tune import flags, format_table, measure, untried
+
+    noisy = {"data_wait": [1.0, 39.0] * 20, "forward": [6.0] * 40}  # 26 ms a step on average, half of it noise
+    slower = {"data_wait": [3.86, 41.86] * 20, "forward": [6.0] * 40}  # 11% slower
+    before, after = {"report": _report(noisy), "losses": {}}, {"report": _report(slower), "losses": {}}
+    trial_run = {"report": _report({"data_wait": [0.0] * 40, "forward": [6.0] * 40}), "losses": {}}
+    said = flags("dataloader_workers", measure([before, after], trial_run), [], {},
+                 [before["report"], after["report"]], trial_run["report"], "cuda")
+    assert [f["id"] for f in said] == ["machine_changed"] and "(+11%)" in said[0]["text"]
+    report = {"diagnoses": [
+        {"id": "dataloader_bound", "estimated_gain": 0.4, "recommendation": "workers"},
+        {"id": "padding_waste", "estimated_gain": 0.6, "recommendation": "pad each batch to its longest sample"},
+        {"id": "memory_growth", "estimated_gain": 0.0, "recommendation": "find what is kept"}]}
+    trials, _ = plan({"framework": "lightning", "loader_workers": [0], "precision": "32-true"}, "cpu",
+                     ["dataloader_bound"], cores=2)
+    assert [d["id"] for d in untried(report, trials)] == ["padding_waste"]
+    table = format_table({"trials": [], "skipped": [], "untried": untried(report, trials)})
+    assert "padding_waste (at most 60% of the step): pad each batch to its longest sample" in table
+    hf = {"framework": "transformers", "loader_workers": [0], "precision": "fp32", "attn_implementation": "sdpa"}
+    bf16 = next(t for t in plan(hf, "cpu", [], cores=2)[0] if t["knob"] == "bf16")
+    assert bf16["knobs"] == {"bf16": True, "use_cpu": True}
+    assert bf16["change"] == "TrainingArguments(bf16=True, use_cpu=True)"
+    assert next(t for t in plan(hf, "cuda", [], cores=2)[0] if t["knob"] == "bf16")["knobs"] == {"bf16": True}

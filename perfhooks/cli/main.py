@@ -204,6 +204,9 @@ def _add_job_commands(commands: Any) -> None:
         "framework's own seam, and reports each one's measured steady-step speedup and loss difference. The "
         "script's checkpoints, logs and W&B runs are left alone: trials write into temporary folders.")
     add_setting_options(tune)
+    for action in tune._actions:  # tune's own folder: tune.json and each trial's report (not a run's output)
+        if action.dest == "output_dir":
+            action.help = "folder for tune.json and each trial's report and log under trials/ (default: perfhooks_tune)"
     tune.add_argument("--steps", type=int, default=40, help="steady steps measured per trial, after 3 warm-up "
                       "steps (default 40)")
     tune.add_argument("--only", default=None, metavar="KNOBS", help="comma-separated knobs to try, among "

@@ -27,7 +27,7 @@ from typing import Any
 from perfhooks.cli.machine import out
 from perfhooks.files.atomic import read_json_object
 from perfhooks.offline.gate import WARMUP_STEPS, bootstrap_interval, steady_steps_ms
-from perfhooks.offline.tune import KNOB_NAMES, ceilings, flags, format_table, measure, plan, ranked
+from perfhooks.offline.tune import KNOB_NAMES, ceilings, flags, format_table, measure, plan, ranked, untried
 
 #: The variables a trial's process gets on top of the user's environment.
 TRIAL_ENVIRONMENT = {"PERFHOOKS_SCHEDULE": "none", "PERFHOOKS_CONSOLE": "0", "PERFHOOKS_WANDB": "0",
@@ -117,6 +117,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
         device = ((base["report"] or {}).get("device") or {}).get("type")
         diagnoses = [d["id"] for d in (base["report"] or {}).get("diagnoses") or []]
         trials, result["skipped"] = plan(base["facts"], device, diagnoses, cores, only)
+        result["untried"] = untried(base["report"] or {}, trials)
         _say(f"{len(trials)} trial(s) of about {base['wall_s']:.0f} s each: "
              f"{', '.join(t['knob'] for t in trials) or 'none'}"
              + (f"; skipped: {', '.join(s['knob'] for s in result['skipped'])}" if result["skipped"] else ""))
@@ -129,7 +130,8 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
             done.append((candidate, outcome))
             result["trials"].append(entry)
             _say(f"trial {index}/{len(trials)} {candidate['knob']}: " + (
-                f"{entry['speedup']:.2f}x ({outcome['wall_s']:.0f} s)" if entry["status"] == "measured"
+                f"{entry['speedup']:.2f}x against the first baseline run ({outcome['wall_s']:.0f} s; the table "
+                "takes the baseline run again after the trials too)" if entry["status"] == "measured"
                 and entry["speedup"] is not None else f"{entry['status']}: {entry.get('error')}"))
         if any(outcome["status"] == "measured" for _, outcome in done):
             # the baseline again: a machine that changed while the trials ran widens every interval
@@ -143,6 +145,10 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
                 _say(f"the second baseline {after['status']}: the intervals are against the first alone")
             result["baseline"]["blocks"] = [_block(entry) for entry in bases]
             _baseline_drift(result["baseline"])
+            if len(bases) > 1:  # the figures the table gives, said where the progress lines said the first ones
+                _say("against both baseline runs: " + ", ".join(
+                    f"{entry['knob']} {entry['speedup']:.2f}x" for entry in result["trials"]
+                    if entry["status"] == "measured" and entry["speedup"] is not None))
     except KeyboardInterrupt:
         _say(f"interrupted during the {running} trial: the trials done so far")
         result["interrupted"] = {"during": running}

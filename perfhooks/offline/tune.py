@@ -74,6 +74,18 @@ def plan(facts: dict[str, Any], device: str, diagnoses: list[str], cores: int,
     return trials, skipped
 
 
+def untried(report: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The baseline's diagnoses with a gain that no trial's knob answers (``padding_waste``, ``memory_growth``,
+    a fix in the user's code): ``{id, title, estimated_gain, recommendation}``, largest gain first. The tune says
+    them, so that its table is not read as everything the run could gain."""
+    answered = {name for trial in trials for name in trial.get("named_by") or []}
+    out = [{"id": d["id"], "title": d.get("title"), "estimated_gain": d.get("estimated_gain"),
+            "recommendation": d.get("recommendation")}
+           for d in report.get("diagnoses") or []
+           if d.get("id") not in answered and (d.get("estimated_gain") or 0) > 0]
+    return sorted(out, key=lambda d: -(d["estimated_gain"] or 0))
+
+
 def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerator: bool, cores: int
              ) -> tuple[tuple[dict[str, Any], str], str | None]:
     """``((knobs, the change to make in the user's code), None)``, or ``(_, why it is skipped)``."""
@@ -89,6 +101,8 @@ def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerato
     if name == "bf16":
         if str(facts.get("precision") or "") not in ("32-true", "32", "fp32", "no", "None"):
             return none, f"the run already uses {facts.get('precision')} precision"
+        if framework == "transformers" and not accelerator:  # transformers refuses bf16 without a GPU unless told
+            return ({"bf16": True, "use_cpu": True}, "TrainingArguments(bf16=True, use_cpu=True)"), None
         return ({"bf16": True}, {"lightning": 'Trainer(precision="bf16-mixed")',
                                  "transformers": "TrainingArguments(bf16=True)",
                                  "accelerate": 'Accelerator(mixed_precision="bf16")'}[framework]), None
@@ -142,6 +156,9 @@ UNTOUCHED_ON_CPU = ("data_wait",)
 #: :data:`MOVED_SHARE` of the baseline's step (a move too small to change the speedup is not a doubt on it).
 MOVED_FACTOR = 1.2
 MOVED_SHARE = 0.05
+#: The baseline's two runs differ by at least this share of the step: every trial is flagged, even where their
+#: intervals overlap (a noisy step widens them; an 11% drift is still the machine's, not a change's).
+DRIFT_SHARE = 0.10
 #: A speedup is flagged when it passes the ceiling of the diagnosis that named the knob by more than this factor.
 CEILING_SLACK = 1.05
 
@@ -234,7 +251,8 @@ def _machine_changed(base_reports: list[dict[str, Any]]) -> str | None:
     (first, first_low, first_high), (last, last_low, last_high) = (
         bootstrap_interval(block, statistics.fmean) for block in blocks)
     gap = max(last_low - first_high, first_low - last_high)
-    if gap <= 0 or abs(last - first) < MOVED_SHARE * first:
+    drifted = abs(last - first) >= DRIFT_SHARE * first  # beyond any trial's doubt, whatever the spread
+    if not drifted and (gap <= 0 or abs(last - first) < MOVED_SHARE * first):
         return None
     return (f"the baseline's step was {first:.2f} ms before the trials and {last:.2f} ms after them "
             f"({100 * (last / first - 1):+.0f}%): the machine changed while the trials ran, so this figure may be "
@@ -310,6 +328,17 @@ def format_table(result: dict[str, Any]) -> str:
         notes += [f"* {trial['knob']}: {flag['text']}" for flag in trial.get("flags") or []]
     for skip in result.get("skipped") or []:
         lines.append(f"{skip['knob']:<28}{'skipped':>9}  {skip['reason']}")
+    for trial in result.get("trials") or []:
+        if trial.get("status") == "measured" and _loss(trial).endswith("!"):
+            notes.append(f"! {trial['knob']}: the loss moved (max {trial['loss_delta']['max_abs']:.2g}) where this "
+                         "change should leave it identical: something in the data path differs with worker "
+                         "processes (random draws in the dataset, its transforms or its collate; per-worker "
+                         "state). Compare a few batches with num_workers=0 and with workers")
+    untried_ = result.get("untried") or []
+    if untried_:
+        notes.append("not tried (no knob of tune's answers them; the baseline's own diagnoses, largest gain first):")
+        notes += [f"  {d['id']} (at most {100 * (d['estimated_gain'] or 0):.0f}% of the step): "
+                  f"{d['recommendation']}" for d in untried_]
     return "\n".join(lines + notes)
 
 

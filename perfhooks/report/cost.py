@@ -83,9 +83,12 @@ def price_merged(diagnosis: dict[str, Any], rank_costs: list[dict[str, Any]], se
 
 
 def cost_phrase(diagnosis: dict[str, Any]) -> str:
-    """``about 128 of 412 GPU-hours`` (and ``, 320.00 at 2.5 a GPU-hour`` with a price); empty without a cost."""
+    """``about 128 of 412 GPU-hours`` (and ``, 320.00 at 2.5 a GPU-hour`` with a price); empty without a cost,
+    and on the CPU without a price (a share of a laptop's process-hours says nothing the gain does not)."""
     cost = diagnosis.get("cost")
     if not cost or not cost.get("of_device_hours"):
+        return ""
+    if cost.get("unit") == "process-hours" and cost.get("money") is None:
         return ""
     hours, of = float(cost["device_hours"]), float(cost["of_device_hours"])
     text = f"about {_hours(hours)} of {_hours(of)} {cost['unit']}"

@@ -149,8 +149,8 @@ class FlopArming:
             per_step = meter.flops_per_step
             if self.measured_tokens and tokens and steps:  # a step's FLOPs follow its tokens (padding, lengths)
                 per_step *= tokens / steps / self.measured_tokens
-                source += (f", scaled by the run's {tokens / steps:.0f} tokens per step against the measured "
-                           f"step's {self.measured_tokens}")
+                source += (f", scaled by the run's {tokens / steps:.0f} token slots per step (padding included: "
+                           f"the model runs on it) against the measured step's {self.measured_tokens}")
             return {"per_step": per_step, "source": source, **beside}
         if self.framework_flops is not None:
             return {"per_step": self.framework_flops[0], "source": self.framework_flops[1], **beside}

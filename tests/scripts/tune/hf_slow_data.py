@@ -1,6 +1,7 @@
 """An unmodified HF Trainer script, transformers' defaults on (logging, tqdm, a save each epoch and at the end;
 ``report_to`` from ``REPORT_TO``),
 on a tiny GPT-2 built from a config, whose dataset takes 4 ms a sample with batch 8 and no loader workers.
+``USE_CPU=0`` leaves ``use_cpu`` out, as a user's script on a machine without a GPU may.
 
     python hf_slow_data.py OUTPUT_DIR
 """
@@ -31,7 +32,7 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(vocab_size=256, n_positions=32, n_embd=32, n_layer=1, n_head=2))
     args = TrainingArguments(output_dir=sys.argv[1], per_device_train_batch_size=8, num_train_epochs=1,
-                             use_cpu=True, logging_steps=10, save_strategy="epoch",
+                             use_cpu=os.environ.get("USE_CPU", "1") == "1", logging_steps=10, save_strategy="epoch",
                              report_to=os.environ.get("REPORT_TO", "none"))
     trainer = Trainer(model=model, args=args, train_dataset=SlowTokens())
     trainer.train()
