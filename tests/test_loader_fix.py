@@ -73,3 +73,32 @@ def test_length_grouping_is_spelled_for_the_installed_transformers(version: str 
     assert spelling in _length_fix("transformers", version)
     fixed = _length_fix("transformers", version, fixed_width=True)  # samples padded before batching: pad per batch
     assert fixed.index("DataCollatorWithPadding") < fixed.index(spelling)
+
+
+@pytest.mark.parametrize("spelling", [FIVE, "TrainingArguments(group_by_length=True)"])
+def test_a_length_fix_does_not_ask_again_for_grouping_that_is_on(spelling: str) -> None:
+    """Issue 67, item 3: step_time_variance repeated group_by_length=True where grouping was already on."""
+    from perfhooks.rules.live import _length_fix
+
+    said = _length_fix("transformers", "5.24.0", grouped=spelling)
+    assert said.startswith(f"Samples are already grouped by length ({spelling})")
+    assert "train_sampling_strategy=" not in said.replace(spelling, "") and "group_by_length=True" not in \
+        said.replace(spelling, "")
+    assert "SFTConfig(packing=True)" in said and "pad_to_multiple_of=64" in said
+    fixed = _length_fix("transformers", "5.24.0", fixed_width=True, grouped=spelling)
+    assert "DataCollatorWithPadding" in fixed and fixed.count("group_by_length") == spelling.count("group_by_length")
+
+
+def test_the_hf_integration_reads_length_grouping_in_either_spelling() -> None:
+    from types import SimpleNamespace
+
+    from transformers import TrainingArguments
+
+    from perfhooks.integrations.transformers import length_grouping
+
+    assert length_grouping(SimpleNamespace(train_sampling_strategy="group_by_length")) == FIVE
+    assert length_grouping(SimpleNamespace(group_by_length=True)) == "TrainingArguments(group_by_length=True)"
+    assert length_grouping(SimpleNamespace(train_sampling_strategy="random", group_by_length=False)) is None
+    args = TrainingArguments(output_dir="unused", use_cpu=True, train_sampling_strategy="group_by_length",
+                             report_to="none")
+    assert length_grouping(args) == FIVE

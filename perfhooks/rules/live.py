@@ -14,7 +14,8 @@ from perfhooks.rules.verdicts import TITLES, make, pct
 def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10, compiled: bool = False,
                   run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None,
                   framework: str | None = None, accelerator: bool = True,
-                  cpus: int | None = None, framework_version: str | None = None) -> list[dict[str, Any]]:
+                  cpus: int | None = None, framework_version: str | None = None,
+                  length_grouped: str | None = None) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
@@ -49,11 +50,12 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if other is not None:
         out.append(other)
     recent = list(stats.recent)
-    padding = _padding_waste(recent, stats, t, framework, framework_version)
+    padding = _padding_waste(recent, stats, t, framework, framework_version, length_grouped)
     if padding is not None:
         out.append(padding)
     churn = _shape_churn(recent, t, framework, compiled)
-    variance = _step_time_variance(recent, t, min_steps, framework, framework_version) if churn is None else None
+    variance = (_step_time_variance(recent, t, min_steps, framework, framework_version, length_grouped)
+                if churn is None else None)
     out.extend(verdict for verdict in (churn, variance) if verdict is not None)
     if compiled and len(recent) >= min_steps:
         first = [timing.step_ms for timing in recent[:3]]
@@ -75,7 +77,8 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
 
 
 def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framework: str | None,
-                        framework_version: str | None = None) -> dict[str, Any] | None:
+                        framework_version: str | None = None, length_grouped: str | None = None
+                        ) -> dict[str, Any] | None:
     """``step_time_variance`` over the steady steps (after the first 3, perfhooks' own left out); said as the
     batches' lengths when the step time follows them."""
     own = sum(1 for timing in recent if timing.own)
@@ -92,7 +95,7 @@ def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framew
             f"{t.length_correlation:g}): longer batches take longer, which is not a stall; threshold "
             f"{t.step_p95_over_p50:g}×",
             0.0,
-            _length_fix(framework, framework_version),
+            _length_fix(framework, framework_version, grouped=length_grouped),
             p95_over_p50=p95 / p50, length_correlation=follows[0])
     if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
         return make(
@@ -157,7 +160,8 @@ def _shape_fix(framework: str | None, compiled: bool) -> str:
 
 
 def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str | None,
-                   framework_version: str | None = None) -> dict[str, Any] | None:
+                   framework_version: str | None = None, length_grouped: str | None = None
+                   ) -> dict[str, Any] | None:
     """``padding_waste``: the share of the steady steps' token slots that are padding (from each batch's
     ``attention_mask``); the most it can save is that share of the forward and backward time."""
     steady = [timing for timing in recent[3:] if not timing.own and not timing.compiled and timing.padded_tokens]
@@ -187,7 +191,7 @@ def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str 
         f"attention's, which grows with its square, up to {pct(quadratic)}: the most it saves is "
         f"{pct(quadratic)} of the forward and backward; threshold {pct(t.padding_share)}",
         quadratic * compute_share,
-        _length_fix(framework, framework_version, fixed),
+        _length_fix(framework, framework_version, fixed, length_grouped),
         padding_share=share, fixed_width=fixed)
 
 
@@ -200,17 +204,27 @@ def group_by_length(framework_version: str | None) -> str:
     return 'TrainingArguments(train_sampling_strategy="group_by_length")'
 
 
-def _length_fix(framework: str | None, framework_version: str | None = None, fixed_width: bool = False) -> str:
+def _length_fix(framework: str | None, framework_version: str | None = None, fixed_width: bool = False,
+                grouped: str | None = None) -> str:
     """The padding fix: pad each batch to its own longest sample where samples arrive padded to a fixed width
-    (grouping by length changes nothing then), else group samples of similar length."""
+    (grouping by length changes nothing then), else group samples of similar length; where the framework already
+    groups them (``grouped``: its setting), not that again."""
     per_batch = ("Pad each batch, not each sample: drop padding=\"max_length\" from the tokenizer (or the Dataset's "
                  "own padding) and let the collator pad a batch to its longest sample (DataCollatorWithPadding"
                  "(tokenizer), or torch.nn.utils.rnn.pad_sequence in a collate_fn)")
+    if grouped:
+        already = f"Samples are already grouped by length ({grouped}): "
+        if fixed_width:
+            return already + per_batch + "."
+        return (already + "what is left is the spread of the lengths themselves. Pack samples into fixed-length rows"
+                + (" (SFTConfig(packing=True) with TRL's SFTTrainer)" if framework == "transformers" else "")
+                + ", or pad each batch to a multiple of 64 (pad_to_multiple_of=64 in the collator: fewer distinct "
+                "shapes).")
     if framework == "transformers":
-        grouped = (f"{group_by_length(framework_version)} then puts samples of similar length in a batch"
-                   if fixed_width else
-                   f"Batch samples of similar length together: {group_by_length(framework_version)}")
-        return ((per_batch + "; " + grouped if fixed_width else grouped)
+        grouping_fix = (f"{group_by_length(framework_version)} then puts samples of similar length in a batch"
+                        if fixed_width else
+                        f"Batch samples of similar length together: {group_by_length(framework_version)}")
+        return ((per_batch + "; " + grouping_fix if fixed_width else grouping_fix)
                 + "; with TRL's SFTTrainer, SFTConfig(packing=True) packs samples with no padding at all.")
     grouping = ("a length-bucketing batch sampler (sort indices by length within chunks of ~100 batches, then "
                 "shuffle the batches), or pack sequences into fixed-length rows")

@@ -265,6 +265,11 @@ class Engine:
         or (``ran``) from what a step ran in (autocast at the forward), which no setting overrides."""
         self.flops.note_precision(dtype, source, ran)
 
+    def note_length_grouped(self, setting: str) -> None:
+        """The framework already batches samples of similar length (``setting``, as the user wrote it): the length
+        fixes do not ask for it again."""
+        self.parts.length_grouped = setting
+
     @guarded("watch_model")
     def watch_model(self, model: torch.nn.Module) -> None:
         """The model whose parameters the memory census attributes; per-module NVTX ranges when asked."""

@@ -47,6 +47,9 @@ class NullEngine:
     def note_precision(self, dtype: str, source: str) -> None:
         pass
 
+    def note_length_grouped(self, setting: str) -> None:
+        pass
+
     def fetched(self, batches: int) -> None:
         pass
 

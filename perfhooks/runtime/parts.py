@@ -56,6 +56,8 @@ class RunParts:
         self.saving = saving
         #: A CUDA error ended the run: no device call from here on (the context may be broken).
         self.device_broken = False
+        #: The framework's setting that already groups samples by length (see :meth:`Engine.note_length_grouped`).
+        self.length_grouped: str | None = None
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
         self.tag_allocations = memory is not None and memory.cuda and cuda_extras.tags_supported()
         self._writer_seen = self._captures_seen = 0
@@ -230,7 +232,7 @@ class RunParts:
             faults=tuple(self.faults.as_list()), error=dict(error) if error else None,
             unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()),
             trace=trace, missed_windows=tuple(dict(m) for m in self.capture.missed),
-            overhead=self._guarded("overhead_report", tracker.sampler.section))
+            overhead=self._guarded("overhead_report", tracker.sampler.section), length_grouped=self.length_grouped)
 
     def _guarded(self, kind: str, fn: Callable[[], Any]) -> Any:
         try:

@@ -33,7 +33,7 @@ def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thres
     trace's). ``cpus``: the CPUs this process may use; ``framework_version``: the framework's installed version."""
     return [*diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
                            named_work=parts.named_work, framework=framework, accelerator=accelerator, cpus=cpus,
-                           framework_version=framework_version),
+                           framework_version=framework_version, length_grouped=parts.length_grouped),
             *diagnose_compile(parts.compile, parts.run, thresholds),
             *(diagnose_memory(parts.memory_figures, thresholds) if parts.memory_figures is not None else [])]
 

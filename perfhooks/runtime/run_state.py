@@ -74,6 +74,9 @@ class ReportParts(NamedTuple):
     missed_windows: tuple[dict[str, int], ...] = ()
     #: The report's ``overhead`` section: the budget, the detailed and light steps, perfhooks' own cost.
     overhead: dict[str, Any] | None = None
+    #: The framework's setting that already batches samples of similar length, as the user wrote it
+    #: (``TrainingArguments(group_by_length=True)``), or None.
+    length_grouped: str | None = None
 
 
 class RunState(NamedTuple):
