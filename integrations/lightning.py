@@ -45,10 +45,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.profilers import PyTorchProfiler
-from lightning.pytorch.trainer.states import TrainerFn
+from perfhooks.integrations import missing_framework
+
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+    from lightning.pytorch.loggers import WandbLogger
+    from lightning.pytorch.profilers import PyTorchProfiler
+    from lightning.pytorch.trainer.states import TrainerFn
+except ModuleNotFoundError as error:
+    if error.name is None or not error.name.startswith("lightning"):
+        raise
+    raise missing_framework("lightning", "lightning", "lightning") from error
 
 from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER

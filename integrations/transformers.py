@@ -58,7 +58,14 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from perfhooks.integrations import missing_framework
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ModuleNotFoundError as error:
+    if error.name is None or not error.name.startswith("transformers"):
+        raise
+    raise missing_framework("transformers", "transformers", "transformers") from error
 
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, NUM_ITEMS_GATHER, OPTIMIZER

@@ -65,3 +65,34 @@ def test_analyze_and_diff_run_where_torch_is_not_installed(tmp_path: Path) -> No
                             capture_output=True, text=True, env=env, timeout=300)
     assert diffed.returncode == 0, diffed.stderr
     assert "data_wait" in diffed.stdout or "dataloader" in diffed.stdout
+
+
+@pytest.mark.parametrize(("integration", "framework", "name"), [
+    ("lightning", "lightning", "PerfCallback"),
+    ("transformers", "transformers", "PerfTrainerCallback"),
+])
+def test_an_integration_without_its_framework_names_the_extra_that_installs_it(integration: str, framework: str,
+                                                                                name: str) -> None:
+    """Issue 68, item 5: a bare ``No module named 'lightning'`` said nothing of perfhooks' extras. The framework is
+    hidden from a fresh interpreter as if it were not installed (``sys.modules[name] = None``)."""
+    done = subprocess.run([sys.executable, "-c", f"import sys; sys.modules[{framework!r}] = None\n"
+                           f"from perfhooks.integrations.{integration} import {name}"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f"ModuleNotFoundError: perfhooks.integrations.{integration} needs {framework}, which is not "
+                    f'installed: pip install "perfhooks[{integration}]"'), done.stderr[-2000:]
+
+
+def test_the_accelerate_hooks_import_without_accelerate_and_the_cli_says_its_version() -> None:
+    """``attach`` takes the Accelerator a script built, so its module needs no accelerate of its own; and
+    ``perfhooks --version`` answers as every CLI of this ecosystem does."""
+    import perfhooks
+
+    done = subprocess.run([sys.executable, "-c", "import sys; sys.modules['accelerate'] = None\n"
+                           "from perfhooks.integrations.accelerate import attach"], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    version = subprocess.run([sys.executable, "-m", "perfhooks", "--version"], capture_output=True, text=True,
+                             timeout=120)
+    assert (version.returncode, version.stdout.strip()) == (0, f"perfhooks {perfhooks.__version__}")

@@ -111,6 +111,9 @@ def _report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="perfhooks", description="Make a PyTorch training run explain its "
                                      "own performance.")
+    from perfhooks import __version__
+
+    parser.add_argument("--version", action="version", version=f"perfhooks {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     analyze = commands.add_parser("analyze", help="analyse torch.profiler traces (files or folders)")
     analyze.add_argument("paths", nargs="+", help="trace files (.json, .json.gz) or folders; a folder of per-rank "
