@@ -128,8 +128,8 @@ def perfhooks_settings(settings: dict[str, Any] | None) -> Iterator[dict[str, An
         return
     import perfhooks.runtime.engine as engine
     from perfhooks.device.room import DeviceRoom
-    from perfhooks.runtime.steps import PendingSteps
-    from perfhooks.runtime.timing_reader import TimingReader
+    from perfhooks.runtime.step.steps import PendingSteps
+    from perfhooks.runtime.step.timing_reader import TimingReader
 
     with contextlib.ExitStack() as patches:
         if settings.get(HOST_CLOCK):
@@ -381,7 +381,7 @@ def in_place_gpt(steps: int, device: str, dry: bool, out: str, rounds: int, dead
     the tracker's fetch. The callback timing's profiler wrappers (a step in 16) are not in it. Its share of the step
     bounds the ratio that the alternation cannot resolve on a GPU (±5 ms a run on a 35 ms step)."""
     from perfhooks.integrations.lightning import PerfCallback
-    from perfhooks.runtime.tracker import StepTracker
+    from perfhooks.runtime.step.tracker import StepTracker
 
     return metered_rounds(
         [(PerfCallback, name) for name in LIGHTNING_ENTRIES] + [(StepTracker, "fetch")],

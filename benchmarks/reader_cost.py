@@ -30,7 +30,7 @@ PHASES = ("data_wait", "forward", "backward", "optimizer")
 def queued_steps(clock: object, steps: int) -> object:
     """``steps`` step records as a plain loop makes them: a data wait whose end is apart from the forward's start,
     then forward, backward and optimizer, each step's end the next one's start."""
-    from perfhooks.runtime.steps import PendingSteps, StepRecord
+    from perfhooks.runtime.step.steps import PendingSteps, StepRecord
 
     pending = PendingSteps(clock, limit=10 * steps)  # type: ignore[arg-type]
     pending.background = True

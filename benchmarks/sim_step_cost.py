@@ -299,7 +299,7 @@ def metered(more_entries: Sequence[tuple[type, str]] = (), simulation: bool = Tr
     after. Without it (a real GPU) the device calls are timed as part of the entry points, at their real cost."""
     from simulated_gpu import SimEvent
 
-    import perfhooks.runtime.plain_loop as plain
+    import perfhooks.runtime.loops.plain_loop as plain
 
     meter = InPlace()
     entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS] + list(more_entries)
@@ -394,8 +394,8 @@ def _bookkeeping_cuts() -> dict[str, list[tuple[type, str, Any]]]:
     """Each piece of a step's bookkeeping, knocked out: ``(class, method, stand-in)``. Only for a measurement: the
     run's figures are wrong while one is out (the statistics miss steps, other threads see an old state)."""
     from perfhooks.runtime.engine import Engine
-    from perfhooks.runtime.parts import RunParts
-    from perfhooks.runtime.steps import PendingSteps
+    from perfhooks.runtime.step.steps import PendingSteps
+    from perfhooks.runtime.step_listener import RunParts
 
     publish = Engine.publish
 

@@ -60,10 +60,10 @@ from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWAR
 from perfhooks.faults import FaultLog
 from perfhooks.integrations.versions import note_versions
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
-from perfhooks.runtime.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
-from perfhooks.runtime.precision import matmul_dtype
-from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
-from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
+from perfhooks.runtime.hooks.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
+from perfhooks.runtime.hooks.torch_hooks import HookHandles, watch_training_forward
+from perfhooks.runtime.loops.session import LoopSession, check_models_and_optimizers, listed
+from perfhooks.runtime.throughput.precision import matmul_dtype
 from perfhooks.sinks.wandb import RunSource
 
 

@@ -61,9 +61,9 @@ from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.integrations.versions import note_versions
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
-from perfhooks.runtime.patches import InstancePatches, timed_aside, wrap_construction
-from perfhooks.runtime.precision import matmul_dtype
-from perfhooks.runtime.torch_hooks import HookHandles, watch_optimizer_steps
+from perfhooks.runtime.hooks.patches import InstancePatches, timed_aside, wrap_construction
+from perfhooks.runtime.hooks.torch_hooks import HookHandles, watch_optimizer_steps
+from perfhooks.runtime.throughput.precision import matmul_dtype
 from perfhooks.sinks.wandb import RunSource
 from perfhooks.timebase import monotonic_ns
 

@@ -72,8 +72,8 @@ from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWAR
 from perfhooks.integrations.versions import note_versions
 from perfhooks.report.build import interval_metrics
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
-from perfhooks.runtime.patches import InstancePatches, named_work, noting_errors, timed_aside, wrap_construction
-from perfhooks.runtime.torch_hooks import HookHandles, watch_training_forward
+from perfhooks.runtime.hooks.patches import InstancePatches, named_work, noting_errors, timed_aside, wrap_construction
+from perfhooks.runtime.hooks.torch_hooks import HookHandles, watch_training_forward
 from perfhooks.sinks.wandb import RunSource, current_run
 
 #: The step metric transformers' WandbCallback logs with every row.
@@ -175,7 +175,7 @@ class PerfTrainerCallback(TrainerCallback):
                 self._run_before_reporting_callbacks(trainer)
             self._wrap_trainer(trainer, self.engine)
             # a train() that is not Trainer.train (a subclass's own) may raise past on_train_end: the run then
-            # ends when the Trainer is collected, or goes idle after the error (perfhooks.runtime.orphans)
+            # ends when the Trainer is collected, or goes idle after the error (perfhooks.runtime.ending.orphans)
             self.engine.owner.follow(trainer, "Trainer", lambda owner: owner.state.global_step)
             self.engine.on_release.append(self._detach)
         else:

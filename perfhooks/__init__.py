@@ -18,7 +18,7 @@ _EXPORTS = {
     "PerfhooksWarning": "perfhooks.faults",
     "PHASES": "perfhooks.events",
     "Thresholds": "perfhooks.rules",
-    "profile": "perfhooks.runtime.plain_loop",
+    "profile": "perfhooks.runtime.loops.plain_loop",
 }
 __all__ = [*sorted(_EXPORTS), "__version__"]
 

@@ -9,7 +9,7 @@ import pytest
 from helpers import ManualClock, framework_step
 from perfhooks import Engine, PerfConfig
 from perfhooks.report.schema import validate_report
-from perfhooks.runtime.run_account import RunAccount
+from perfhooks.runtime.step.run_account import RunAccount
 
 
 def make_engine(tmp_path: Path) -> tuple[Engine, ManualClock]:

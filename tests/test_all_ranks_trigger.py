@@ -18,7 +18,7 @@ from perfhooks.distributed import ranks
 from perfhooks.distributed import store as rank_store
 from perfhooks.distributed.all_ranks import AllRanksTrigger, StepRate, Target, choose_target, margin_steps
 from perfhooks.faults import Once
-from perfhooks.runtime import lifecycle
+from perfhooks.runtime.ending import lifecycle
 
 
 class ManualClock:

@@ -1,6 +1,6 @@
 """A ``torch.compile``'d model gets the FLOPs of a step as the eager model does: its original module's forward and
-backward are counted on meta tensors (perfhooks.runtime.compiled_flops), outside the compiled frame. The count
-matches eager's, the compiled graph is not recompiled, and the user's parameters end as they do without
+backward are counted on meta tensors (perfhooks.runtime.throughput.compiled_flops), outside the compiled frame. The
+count matches eager's, the compiled graph is not recompiled, and the user's parameters end as they do without
 perfhooks. Backend ``aot_eager`` on the CPU."""
 
 from __future__ import annotations

@@ -42,6 +42,14 @@ def test_the_engine_is_a_small_facade() -> None:
     assert lines <= MAX_ENGINE_LINES, f"runtime/engine.py has {lines} lines"
 
 
+def test_no_folder_holds_more_than_15_modules() -> None:
+    """Issue 68: ``runtime/`` had 29 flat files; each room a newcomer can name holds a few."""
+    crowded = {str(folder.relative_to(ROOT)): count for folder in [ROOT / "perfhooks", *(ROOT / "perfhooks").rglob("*")]
+               if folder.is_dir() and folder.name != "__pycache__"
+               and (count := len([path for path in folder.glob("*.py") if path.name != "__init__.py"])) > 15}
+    assert crowded == {}
+
+
 def test_no_function_is_longer_than_80_lines() -> None:
     long = []
     for path in _sources():
@@ -61,11 +69,12 @@ def test_report_imports_neither_sinks_nor_analysis() -> None:
 
 def test_the_lifecycle_and_the_exit_guard_import_no_engine() -> None:
     for name in ("lifecycle.py", "exit_guard.py"):
-        imported = _imports(ROOT / "perfhooks" / "runtime" / name)
+        imported = _imports(ROOT / "perfhooks" / "runtime" / "ending" / name)
         assert not {m for m in imported if m.startswith("perfhooks.runtime.engine")}, name
-    guard = {m for m in _imports(ROOT / "perfhooks" / "runtime" / "exit_guard.py") if m.startswith("perfhooks")}
-    assert guard <= {"perfhooks.runtime.signals", "perfhooks.runtime.signals.SignalChain",
-                     "perfhooks.runtime.signals.SignalHelper", "perfhooks.locks",
+    guard = {m for m in _imports(ROOT / "perfhooks" / "runtime" / "ending" / "exit_guard.py")
+             if m.startswith("perfhooks")}
+    assert guard <= {"perfhooks.runtime.ending.signals", "perfhooks.runtime.ending.signals.SignalChain",
+                     "perfhooks.runtime.ending.signals.SignalHelper", "perfhooks.locks",
                      "perfhooks.locks.interrupted_inside"}, guard
 
 

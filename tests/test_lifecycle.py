@@ -364,7 +364,7 @@ def test_a_new_run_waits_a_bounded_time_for_the_one_it_abandons(tmp_path: Path) 
     slow disk): the next run starts once the exit deadline has passed, not after the writer's own 60 s."""
     import threading
 
-    from perfhooks.runtime.exit_guard import EXIT_DEADLINE_S
+    from perfhooks.runtime.ending.exit_guard import EXIT_DEADLINE_S
 
     first = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path / "first", "test")
     stuck = threading.Event()

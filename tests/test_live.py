@@ -18,8 +18,8 @@ from perfhooks.cli.main import main
 from perfhooks.cli.top import read_frame, render, summary
 from perfhooks.report.statistics import PhaseStatistics, StepTiming
 from perfhooks.rules.stalls import diagnose_stalls
-from perfhooks.runtime.live_watch import LiveWatch
-from perfhooks.runtime.run_state import ReportParts, RunState
+from perfhooks.runtime.state.live_watch import LiveWatch
+from perfhooks.runtime.state.run_state import ReportParts, RunState
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

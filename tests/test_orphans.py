@@ -1,4 +1,4 @@
-"""When a run is taken as left open (perfhooks.runtime.orphans), with a manual clock: its owner collected, the
+"""When a run is taken as left open (perfhooks.runtime.ending.orphans), with a manual clock: its owner collected, the
 user's error followed by a long silence, its folder removed; and the watch that closes it, on its own thread."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from perfhooks.faults import FaultLog
-from perfhooks.runtime.live_watch import LiveWatch
-from perfhooks.runtime.orphans import AFTER_ERROR_LIMITS, OwnerWatch
+from perfhooks.runtime.ending.orphans import AFTER_ERROR_LIMITS, OwnerWatch
+from perfhooks.runtime.state.live_watch import LiveWatch
 
 
 class Owner:

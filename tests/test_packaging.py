@@ -21,7 +21,7 @@ def test_wheel_holds_core_and_integrations(tmp_path: Path) -> None:
     adapters = {f"perfhooks/{path.relative_to(REPO).as_posix()}" for path in (REPO / "integrations").glob("*.py")}
     missing = (sources | adapters) - names
     assert not missing, f"modules left out of the wheel (pyproject's package list): {sorted(missing)}"
-    assert {"perfhooks/runtime/engine.py", "perfhooks/runtime/lifecycle.py", "perfhooks/cli/main.py",
+    assert {"perfhooks/runtime/engine.py", "perfhooks/runtime/ending/lifecycle.py", "perfhooks/cli/main.py",
             "perfhooks/integrations/lightning.py"} <= names
     assert not any(name.startswith(("tests/", "examples/", "integrations/")) for name in names)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from perfhooks.runtime.plain_loop import profile
+from perfhooks.runtime.loops.plain_loop import profile
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -134,7 +134,7 @@ def test_light_steps_run_without_the_forwards_hooks_and_train_the_same(tmp_path:
     """Past the sampler's warm-up, under a budget that affords only the floor's detailed steps (about 1 in 64), a
     light step's forward has none of perfhooks' hooks (torch's call of them is the cost), a detailed one has them
     back; the losses are the same to the last bit, every step counts, and the phases come from the detailed ones."""
-    from perfhooks.runtime.sampling import WARMUP_STEPS
+    from perfhooks.runtime.step.sampling import WARMUP_STEPS
 
     steps = WARMUP_STEPS + 150
     plain = tiny_loop(None, steps=steps)
@@ -158,8 +158,8 @@ def test_a_fault_switching_the_hooks_is_reported_once_and_the_loop_goes_on(tmp_p
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the warm-up the first light step takes the hooks off; when that raises, the hooks stay on (gated),
     the fault is reported once, and the loop trains the same."""
-    from perfhooks.runtime.sampling import WARMUP_STEPS
-    from perfhooks.runtime.torch_hooks import HookSwitch
+    from perfhooks.runtime.hooks.torch_hooks import HookSwitch
+    from perfhooks.runtime.step.sampling import WARMUP_STEPS
 
     steps = WARMUP_STEPS + 20
     plain = tiny_loop(None, steps=steps)

@@ -30,7 +30,7 @@ def test_a_users_patch_on_the_trainer_is_put_back(tmp_path: Path) -> None:
 
 
 def test_restoring_puts_back_what_the_instance_held() -> None:
-    from perfhooks.runtime.patches import InstancePatches
+    from perfhooks.runtime.hooks.patches import InstancePatches
 
     class Owner:
         def method(self) -> str:
@@ -160,7 +160,7 @@ def test_a_caught_error_in_train_ends_the_run_there(tmp_path: Path) -> None:
         hook.remove()
         trainer.train()  # the retry: a run of its own, completed
         assert read_report(Path(folder) / "_perfhooks")["status"] == "completed"
-    from perfhooks.runtime import exit_guard
+    from perfhooks.runtime.ending import exit_guard
 
     exit_guard._at_exit()
     assert not Path(folder).exists()
@@ -481,7 +481,7 @@ def test_a_window_verdict_the_runs_many_steps_contradict_is_dropped(tmp_path: Pa
     from helpers import mlp, train_steps
     from perfhooks import Engine, PerfConfig
     from perfhooks.rules.verdicts import make
-    from perfhooks.runtime.run_state import TraceVerdicts
+    from perfhooks.runtime.state.run_state import TraceVerdicts
 
     window_verdict = make("dataloader_bound", "warning", "Input pipeline holds the step back",
                           "DataLoader takes 30.0% of the step; threshold 10.0%", 0.3, "num_workers", step=5)

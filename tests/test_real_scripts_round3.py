@@ -94,7 +94,7 @@ def test_fused_cpu_sdpa_counts_the_math_paths_flops() -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from perfhooks.runtime.flops import FlopMeter
+    from perfhooks.runtime.throughput.flops import FlopMeter
 
     class Block(torch.nn.Module):
         def __init__(self) -> None:

@@ -63,8 +63,8 @@ INJECTIONS = [
     ("export", "torch.autograd.profiler.profile.export_chrome_trace", {"trace_export"}),
     ("analysis", "perfhooks.capture.window_job.analyze_in_process", {"window_analysis"}),
     ("memory", "perfhooks.memory.monitor.MemoryMonitor.sample", {"memory_sample", "memory_report"}),
-    ("report", "perfhooks.runtime.lifecycle.write_report", {"report_write"}),
-    ("diagnoses", "perfhooks.runtime.reporting.diagnose_live", {"live_diagnoses"}),
+    ("report", "perfhooks.runtime.ending.lifecycle.write_report", {"report_write"}),
+    ("diagnoses", "perfhooks.runtime.state.reporting.diagnose_live", {"live_diagnoses"}),
     ("trigger", "perfhooks.capture.trigger.OnDemandTrigger.poll", {"trigger"}),
 ]
 

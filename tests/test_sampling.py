@@ -14,7 +14,7 @@ from helpers import ManualClock, framework_step
 from perfhooks import Engine, PerfConfig
 from perfhooks.config import overhead_budget
 from perfhooks.report.schema import validate_report
-from perfhooks.runtime.sampling import MAX_GAP, StepSampler
+from perfhooks.runtime.step.sampling import MAX_GAP, StepSampler
 
 STEPS = 20_000
 #: The optimizer step is slow every 50th step (the shape of periodic logging).
@@ -138,7 +138,7 @@ def test_drawn_detailed_steps_publish_on_the_light_steps_cadence_and_the_warm_up
     drew publishes as a light one does, every 20 ms of the steps' clock at most (8.5 ms steps: every third), unless
     a window's verdicts were just swapped in (the next step publishes them). There is no W&B run: no step is made
     to publish for rows."""
-    from perfhooks.runtime.tracker import LIGHT_PUBLISH_EVERY_NS
+    from perfhooks.runtime.step.tracker import LIGHT_PUBLISH_EVERY_NS
 
     clock = ManualClock()
     config = PerfConfig(schedule=None, console=False, on_demand=False, memory=False)

@@ -121,7 +121,7 @@ def test_a_report_the_writer_is_writing_when_the_signal_comes_never_replaces_the
 
     import perfhooks
     from perfhooks.report import write
-    from perfhooks.runtime import lifecycle
+    from perfhooks.runtime.ending import lifecycle
 
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -99,7 +99,7 @@ def test_a_batch_of_plain_tensors_counts_samples_and_no_tokens(tmp_path: Path) -
 
 
 def test_a_mask_on_an_accelerator_is_not_read() -> None:
-    from perfhooks.runtime.batches import FROM_IDS_MASK_ON_DEVICE, count_batch
+    from perfhooks.runtime.step.batches import FROM_IDS_MASK_ON_DEVICE, count_batch
 
     batch = {"input_ids": torch.zeros(2, 8, dtype=torch.long),
              "attention_mask": torch.ones(2, 8, dtype=torch.long, device="meta")}

@@ -36,7 +36,7 @@ from typing import Any
 from perfhooks.capture.schedule import Schedule
 from perfhooks.config import DEFAULT_OVERHEAD_BUDGET, PerfConfig, overhead_budget, signal_names
 from perfhooks.rules.thresholds import Thresholds
-from perfhooks.runtime import exit_guard
+from perfhooks.runtime.ending import exit_guard
 
 #: Settings that are not command-line material (objects built in code).
 _NOT_OPTIONS = ("wandb_run", "thresholds", "schedule", "output_dir", "wandb")

@@ -1,6 +1,6 @@
 """``perfhooks top [DIR ...]``: a live view of a running job, from the live files its ranks write.
 
-Each rank writes ``live.rank<R>.json`` beside its report every few seconds (:mod:`perfhooks.runtime.live_watch`),
+Each rank writes ``live.rank<R>.json`` beside its report every few seconds (:mod:`perfhooks.runtime.state.live_watch`),
 so the view works on node-local folders (one DIR per node, gathered however the cluster allows) and on a shared
 folder. Stalled ranks come first, then the slowest; a rank whose file has not changed for :data:`STALE_S` seconds
 while it was running is marked stale (its process may have died). The time in phase is as of the file's write; the

@@ -284,7 +284,7 @@ class PhaseStatistics:
     """Streaming per-phase and per-step statistics over every resolved step, in bounded memory.
 
     Step times, fetches, micro-batches and the steady steps count every step; phases, samples and tokens count the
-    detailed steps (:mod:`~perfhooks.runtime.sampling`), and each phase's share is of the detailed steps' time.
+    detailed steps (:mod:`~perfhooks.runtime.step.sampling`), and each phase's share is of the detailed steps' time.
 
     Steps are folded into the histograms in batches of ``fold_every`` (one tight loop per
     series instead of six method calls per step); every read folds what is waiting first.

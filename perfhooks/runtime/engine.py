@@ -6,11 +6,11 @@ asks its loader for a training batch: ``data_wait`` starts, a step whose optimiz
 counted an optimizer step), ``aside`` (evaluation or a checkpoint, timed apart), ``idle`` (an epoch ended),
 ``step_end`` (loops that know their step boundary) and ``exception`` (the user's error is on its way out).
 
-The parts, each in its own file: the phase and step tracker (:mod:`~perfhooks.runtime.tracker`), the capture
+The parts, each in its own file: the phase and step tracker (:mod:`~perfhooks.runtime.step.tracker`), the capture
 controller, FLOP arming, compile tracking, memory and the outputs, routed at each step's moments by
-:class:`~perfhooks.runtime.parts.RunParts`. At each step boundary the engine publishes one immutable
-:class:`~perfhooks.runtime.run_state.RunState` (:attr:`Engine.state`): every other thread reads that, never the
-parts. The run's end is :mod:`~perfhooks.runtime.lifecycle`'s, through the public methods at the bottom.
+:class:`~perfhooks.runtime.step_listener.RunParts`. At each step boundary the engine publishes one immutable
+:class:`~perfhooks.runtime.state.run_state.RunState` (:attr:`Engine.state`): every other thread reads that, never the
+parts. The run's end is :mod:`~perfhooks.runtime.ending.lifecycle`'s, through the public methods at the bottom.
 
 Every event is guarded: a fault inside perfhooks is reported once per kind and training goes on. Nothing here
 synchronizes the host with the GPU except :meth:`Engine.close`.
@@ -36,23 +36,24 @@ from perfhooks.faults import FaultLog, Once, guarded, is_device_error
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.memory.monitor import MemoryMonitor
 from perfhooks.report.schema import new_run_id
-from perfhooks.runtime import exit_guard, host_batches, lifecycle
 from perfhooks.runtime.capture_control import CaptureControl
-from perfhooks.runtime.compile_tracking import CompileTracking
-from perfhooks.runtime.flop_arming import FlopArming
-from perfhooks.runtime.live_watch import LiveWatch
+from perfhooks.runtime.ending import exit_guard, lifecycle
+from perfhooks.runtime.ending.orphans import OwnerWatch
+from perfhooks.runtime.hooks import host_batches
+from perfhooks.runtime.hooks.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.runtime.null_engine import NullEngine
-from perfhooks.runtime.orphans import OwnerWatch
-from perfhooks.runtime.outputs import RunOutputs, existing_ancestor
-from perfhooks.runtime.parts import RunParts
-from perfhooks.runtime.reporting import build_run_report
-from perfhooks.runtime.run_account import RunAccount
-from perfhooks.runtime.run_state import RunFacts, RunState
-from perfhooks.runtime.sampling import StepSampler
-from perfhooks.runtime.saving import ReportSaving
-from perfhooks.runtime.timing_reader import TimingReader
-from perfhooks.runtime.torch_hooks import HookHandles, add_module_ranges
-from perfhooks.runtime.tracker import StepTracker
+from perfhooks.runtime.state.live_watch import LiveWatch
+from perfhooks.runtime.state.outputs import RunOutputs, existing_ancestor
+from perfhooks.runtime.state.reporting import build_run_report
+from perfhooks.runtime.state.run_state import RunFacts, RunState
+from perfhooks.runtime.state.saving import ReportSaving
+from perfhooks.runtime.step.run_account import RunAccount
+from perfhooks.runtime.step.sampling import StepSampler
+from perfhooks.runtime.step.timing_reader import TimingReader
+from perfhooks.runtime.step.tracker import StepTracker
+from perfhooks.runtime.step_listener import RunParts
+from perfhooks.runtime.throughput.flop_arming import FlopArming
+from perfhooks.runtime.torch_compile import CompileTracking
 from perfhooks.sinks.wandb import RunSource
 from perfhooks.timebase import monotonic_ns
 
@@ -266,8 +267,7 @@ class Engine:
         self.flops.note_precision(dtype, source, ran)
 
     def note_length_grouped(self, setting: str) -> None:
-        """The framework already batches samples of similar length (``setting``, as the user wrote it): the length
-        fixes do not ask for it again."""
+        """The framework already batches samples of similar length (``setting``): no fix asks for it again."""
         self.parts.length_grouped = setting
 
     @guarded("watch_model")

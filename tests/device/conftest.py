@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from simulated_gpu import simulated_cuda
 
-from perfhooks.runtime import timing_reader
 from perfhooks.runtime.engine import Engine
+from perfhooks.runtime.step import timing_reader
 
 
 @pytest.fixture

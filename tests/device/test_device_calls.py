@@ -187,7 +187,7 @@ def test_a_run_that_is_never_quiet_holds_at_most_the_limit_of_pending_steps(tmp_
     """A capture seen at every step's open (CUDAGraph.capture_begin called directly) keeps the timing reader from
     asking the device; the steps it cannot read are still dropped past the limit, so a days-long run holds no
     more than that."""
-    from perfhooks.runtime.steps import PendingSteps, StepRecord
+    from perfhooks.runtime.step.steps import PendingSteps, StepRecord
 
     engine = Engine(__import__("perfhooks").PerfConfig(**SETTINGS), tmp_path, "test", device="cuda:0")
     clock = engine.clock

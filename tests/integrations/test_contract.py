@@ -55,7 +55,7 @@ def test_light_steps_past_the_warm_up_keep_every_step_counted(runner, tmp_path: 
     """Past the sampler's warm-up, under a budget that affords only the floor's detailed steps (about 1 in 64), most
     steps are light, with the framework's defaults on: every step still counts (steps, micro-batches, the run's
     training time), the phases come from the detailed ones, and the report says how many of them there are."""
-    from perfhooks.runtime.sampling import WARMUP_STEPS
+    from perfhooks.runtime.step.sampling import WARMUP_STEPS
 
     steps = WARMUP_STEPS + 70
     runner.run(tmp_path, steps=steps, accumulate=2, schedule=None, overhead_budget=1e-9)

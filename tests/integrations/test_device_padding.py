@@ -1,6 +1,6 @@
 """``padding_waste`` when the framework moves each batch before perfhooks sees it: the mask is then on the device,
 where summing it would sync. perfhooks reads it on the host, as the DataLoader hands the batch over
-(perfhooks.runtime.host_batches), and pairs it with the moved batch in order.
+(perfhooks.runtime.hooks.host_batches), and pairs it with the moved batch in order.
 
 On this CPU machine the move is made to the ``meta`` device, which like a GPU holds no value the host can read
 without a transfer; each test runs with perfhooks on the CPU and on the simulated GPU (``cuda:0``: device-timed
@@ -18,8 +18,8 @@ import pytest
 import torch
 from simulated_gpu import simulated_cuda
 
-from perfhooks.runtime import timing_reader
 from perfhooks.runtime.engine import Engine
+from perfhooks.runtime.step import timing_reader
 
 SHARE = 0.40
 LENGTHS = (100, 60, 50, 30)

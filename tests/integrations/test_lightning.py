@@ -500,7 +500,7 @@ def test_light_steps_with_lightnings_defaults_on(tmp_path: Path) -> None:
     logger, checkpointing, progress bar and a validation every 40 steps on, every training step counts, the
     phases come from the detailed ones, validation stays out of the steps, and the fit writes what it writes
     without perfhooks (its metrics file and checkpoint)."""
-    from perfhooks.runtime.sampling import WARMUP_STEPS
+    from perfhooks.runtime.step.sampling import WARMUP_STEPS
 
     steps = WARMUP_STEPS + 70
     callback = PerfCallback(schedule=None, console=False, overhead_budget=1e-9)

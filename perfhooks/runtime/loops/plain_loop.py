@@ -28,9 +28,15 @@ import torch
 from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, EVALUATION_FORWARDS, FORWARD, OPTIMIZER
 from perfhooks.runtime.engine import Engine, NullEngine
-from perfhooks.runtime.precision import autocast_dtype, autocast_probe
-from perfhooks.runtime.session import LoopSession, check_models_and_optimizers, listed
-from perfhooks.runtime.torch_hooks import HookHandles, HookSwitch, NoGate, watch_optimizer_steps, watch_training_forward
+from perfhooks.runtime.hooks.torch_hooks import (
+    HookHandles,
+    HookSwitch,
+    NoGate,
+    watch_optimizer_steps,
+    watch_training_forward,
+)
+from perfhooks.runtime.loops.session import LoopSession, check_models_and_optimizers, listed
+from perfhooks.runtime.throughput.precision import autocast_dtype, autocast_probe
 from perfhooks.timebase import monotonic_ns
 
 

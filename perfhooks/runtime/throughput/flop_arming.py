@@ -1,7 +1,7 @@
 """FLOP arming and throughput's inputs: where a step's FLOPs come from, and the dtype whose peak applies.
 
 The count is the user's (``flops_per_step``, ``flops_per_sample``), the framework's (``note_flops``), or one step
-measured with ``FlopCounterMode`` (:class:`~perfhooks.runtime.flops.FlopMeter`): the first capture window's
+measured with ``FlopCounterMode`` (:class:`~perfhooks.runtime.throughput.flops.FlopMeter`): the first capture window's
 warm-up step is armed, the meter starts at that step's first forward and stops at its optimizer.
 
 Threading: the training thread only.
@@ -17,9 +17,9 @@ from perfhooks.analysis.peaks import find_peak
 from perfhooks.config import PerfConfig
 from perfhooks.events import FORWARD, OPTIMIZER
 from perfhooks.faults import FaultLog
-from perfhooks.runtime import flops as flops_sources
-from perfhooks.runtime.compiled_flops import compiled_wrappers, count_on_meta, hook_wrappers
-from perfhooks.runtime.flops import FlopMeter, fused_attention_formulas
+from perfhooks.runtime.throughput import flops as flops_sources
+from perfhooks.runtime.throughput.compiled_flops import compiled_wrappers, count_on_meta, hook_wrappers
+from perfhooks.runtime.throughput.flops import FlopMeter, fused_attention_formulas
 
 #: Share 0..1 of the measured step's matmul work one dtype must hold to name the run's dtype.
 MEASURED_DTYPE_SHARE = 0.8

@@ -1,5 +1,5 @@
 """The parts of a run and what each does at a step's moments (the tracker's
-:class:`~perfhooks.runtime.tracker.StepListener`).
+:class:`~perfhooks.runtime.step.tracker.StepListener`).
 
 At a step's start the capture controller drives its window, compile tracking looks for dynamo, memory takes a
 sample and FLOP arming decides whether to count the step; at a phase start FLOP arming watches for the forward
@@ -22,12 +22,12 @@ from perfhooks.faults import FaultLog
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.memory.monitor import MemoryMonitor
 from perfhooks.runtime.capture_control import CaptureControl
-from perfhooks.runtime.compile_tracking import CompileTracking
-from perfhooks.runtime.flop_arming import FlopArming, device_peak
-from perfhooks.runtime.outputs import RunOutputs
-from perfhooks.runtime.run_state import ReportParts, TraceVerdicts
-from perfhooks.runtime.saving import ReportSaving
-from perfhooks.runtime.tracker import StepTracker
+from perfhooks.runtime.state.outputs import RunOutputs
+from perfhooks.runtime.state.run_state import ReportParts, TraceVerdicts
+from perfhooks.runtime.state.saving import ReportSaving
+from perfhooks.runtime.step.tracker import StepTracker
+from perfhooks.runtime.throughput.flop_arming import FlopArming, device_peak
+from perfhooks.runtime.torch_compile import CompileTracking
 from perfhooks.timebase import monotonic, monotonic_ns
 
 #: At most this many steps, and this long (ns), pass without a step's opening (:meth:`RunParts._quiet`): a

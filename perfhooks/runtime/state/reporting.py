@@ -1,4 +1,4 @@
-"""A run's report from a published :class:`~perfhooks.runtime.run_state.RunState`, on any thread.
+"""A run's report from a published :class:`~perfhooks.runtime.state.run_state.RunState`, on any thread.
 
 The reader thaws the state's statistics into a copy of its own, runs the rules on it through the one pipeline
 (:func:`perfhooks.rules.pipeline.merge_verdicts`) and hands everything to the one builder
@@ -20,7 +20,7 @@ from perfhooks.rules.pipeline import merge_verdicts
 from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis
-from perfhooks.runtime.run_state import ReportParts, RunFacts, RunState
+from perfhooks.runtime.state.run_state import ReportParts, RunFacts, RunState
 
 #: Steady steps the run needs before its median step judges a window's utilization (more than a window holds).
 MIN_STEADY_STEPS = 8

@@ -128,7 +128,7 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
     ``torch.compiler.is_compiling()``, which dynamo folds to True, so it adds no graph break and no error under
     ``fullgraph=True`` (and then it does not fire: the caller must get its event elsewhere).
 
-    ``gate``: while ``gate.light`` (a light step, :mod:`~perfhooks.runtime.sampling`), the hooks do nothing after
+    ``gate``: while ``gate.light`` (a light step, :mod:`~perfhooks.runtime.step.sampling`), the hooks do nothing after
     that first check but call ``on_light_start(module, args)`` at a forward's start. ``switch``: the hooks are
     registered through it, so that a loop can take them off for its light steps.
     """

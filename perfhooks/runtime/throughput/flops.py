@@ -4,7 +4,7 @@ The measurement counts what the dispatcher runs between the step's first forward
 backward of every micro-batch), once per run, in the first capture window's warm-up step: the profiler records
 nothing there, and the step is perfhooks' own work either way. For a ``torch.compile``'d model (entering a dispatch
 mode would recompile its graphs) the step's forwards are counted on the original module with meta tensors
-(:mod:`perfhooks.runtime.compiled_flops`). Nothing is measured without a window.
+(:mod:`perfhooks.runtime.throughput.compiled_flops`). Nothing is measured without a window.
 """
 
 from __future__ import annotations

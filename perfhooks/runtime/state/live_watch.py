@@ -32,7 +32,7 @@ from perfhooks.events import OTHER, PHASES
 from perfhooks.faults import FaultLog
 from perfhooks.files.atomic import atomic_write_json
 from perfhooks.locks import bounded, holds_lock
-from perfhooks.runtime.run_state import RunState
+from perfhooks.runtime.state.run_state import RunState
 from perfhooks.timebase import monotonic
 
 #: Seconds between two looks, and between two writes of the live file.
@@ -71,7 +71,7 @@ class LiveWatch:
         self.console_every_s = console_every_s
         self.state, self.beacon, self.device, self.on_stall = state, beacon, device, on_stall
         #: Why the run is taken as left open, given the seconds since its last step and the stall limit
-        #: (:mod:`perfhooks.runtime.orphans`), and what closes it then (on this thread).
+        #: (:mod:`perfhooks.runtime.ending.orphans`), and what closes it then (on this thread).
         self.left_open, self.on_left_open = left_open, on_left_open
         #: The latest analysed window's verdicts, read straight from where the writer swaps them in (the
         #: published state carries them from the next step on): the live file has them within one look.

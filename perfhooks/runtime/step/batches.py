@@ -6,7 +6,7 @@
   CPU; else the element count of a 2-D ``input_ids`` (padding included); else, with no mapping, the element count
   of a first tensor that is 2-D and of an integer dtype (token ids: nanoGPT's ``x``). A mask on an accelerator is
   not read: its sum is a device op whose value the host would have to wait for. The tracker reads it instead as the
-  DataLoader handed the batch over, on the host (:mod:`~perfhooks.runtime.host_batches`).
+  DataLoader handed the batch over, on the host (:mod:`~perfhooks.runtime.hooks.host_batches`).
 """
 
 from __future__ import annotations

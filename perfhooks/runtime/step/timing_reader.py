@@ -4,7 +4,7 @@ A step's phases are timed by events recorded on the device's stream. Reading the
 calls a step costs: a query to know they completed, then one ``elapsed_time`` per mark, and torch's
 ``elapsed_time`` queries both events again before it reads them. On the training thread of a host-bound step
 each call is time taken from the step, so they are made here, every :data:`READ_EVERY_S`, by
-:meth:`PendingSteps.resolve <perfhooks.runtime.steps.PendingSteps.resolve>`; the training thread only collects
+:meth:`PendingSteps.resolve <perfhooks.runtime.step.steps.PendingSteps.resolve>`; the training thread only collects
 the resolved timings at each step's end. Nothing is asked while a CUDA graph capture may be under way.
 
 It wakes :data:`READ_EVERY_S` apart and reads the steps since the last wake. On CUDA each interval is one
@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 
 from perfhooks.faults import FaultLog
-from perfhooks.runtime.steps import PendingSteps
+from perfhooks.runtime.step.steps import PendingSteps
 
 #: Seconds between two reads of the pending steps. Waking every 0.05 s cost a launch-bound loop on the simulation
 #: no less than every 0.2 s (16 paired rounds: a median 7 µs a step less, in 9 of 16), and its reader more CPU.

@@ -5,7 +5,7 @@
 - At interpreter exit a run still open is abandoned within the same deadline (with its table when it saw no
   error and its framework does not end runs explicitly: an accelerate session never closed).
 
-- On a signal that ends the run (:mod:`perfhooks.runtime.signals`), the current run saves its report as
+- On a signal that ends the run (:mod:`perfhooks.runtime.ending.signals`), the current run saves its report as
   ``terminated``, then the handler that was there before runs, or the signal's default action.
 
 The traceback, exit status and last stderr line are the program's own. The guard knows a run only through the
@@ -23,7 +23,7 @@ from types import FrameType, TracebackType
 from typing import Any, Protocol
 
 from perfhooks.locks import interrupted_inside
-from perfhooks.runtime.signals import SignalChain, SignalHelper
+from perfhooks.runtime.ending.signals import SignalChain, SignalHelper
 
 #: Seconds perfhooks' exit work may take in total (an uncaught error or interpreter exit).
 EXIT_DEADLINE_S = 5.0

@@ -11,7 +11,7 @@ this file holds only the state machine of a step:
 - an aside (evaluation, a checkpoint, compiling) is timed apart and taken out of the step it interrupts;
 - a step is *detailed* (its phases get device marks, its batch is counted, the listener hears its phases) or
   *light* (its start and end, and its data wait, on the host clock; nothing else), as the
-  :class:`~perfhooks.runtime.sampling.StepSampler` decides at its start. A light step's whole path is the first
+  :class:`~perfhooks.runtime.step.sampling.StepSampler` decides at its start. A light step's whole path is the first
   lines of :meth:`StepTracker.fetch`, :meth:`StepTracker.phase_end` and :meth:`StepTracker.stepped`; most light
   steps end on the short path (:meth:`StepTracker._short_fetch`: three appends and the next step's start), and
   :meth:`StepTracker._fold_short` gives their figures to the statistics and the sampler together, at the next
@@ -35,7 +35,7 @@ from perfhooks.device.clock import HostClock
 from perfhooks.events import ASIDES, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog
 from perfhooks.report.statistics import PhaseStatistics
-from perfhooks.runtime.batches import (
+from perfhooks.runtime.step.batches import (
     FROM_HOST_MASK,
     FROM_IDS_MASK_ON_DEVICE,
     BatchCount,
@@ -43,9 +43,9 @@ from perfhooks.runtime.batches import (
     count_batch,
     host_mask,
 )
-from perfhooks.runtime.run_account import RunAccount
-from perfhooks.runtime.sampling import StepSampler
-from perfhooks.runtime.steps import PendingSteps, StepRecord
+from perfhooks.runtime.step.run_account import RunAccount
+from perfhooks.runtime.step.sampling import StepSampler
+from perfhooks.runtime.step.steps import PendingSteps, StepRecord
 from perfhooks.timebase import monotonic_ns
 
 _PHASE_NAMES = frozenset(PHASES)
@@ -146,7 +146,7 @@ class StepTracker:
         #: counted once.
         self._tensor_batches: dict[tuple[Any, ...], tuple[BatchCount | None, Any]] = {}
         #: The training batches' masks as the DataLoader gave them, on the host, before the framework moved them
-        #: (:mod:`~perfhooks.runtime.host_batches`), in order: each batch seen on the device takes the oldest and
+        #: (:mod:`~perfhooks.runtime.hooks.host_batches`), in order: each batch seen on the device takes the oldest and
         #: sums it only when its own mask is off the host. Bounded: a prefetching loader is a batch or two ahead.
         self.host_masks: deque[Any] = deque(maxlen=8)
         #: No event is taken any more (the run closed).
@@ -180,7 +180,7 @@ class StepTracker:
         self._init_light_steps()
 
     def _init_light_steps(self) -> None:
-        """The state of light steps, the short path and perfhooks' meter (see :mod:`~perfhooks.runtime.sampling`)."""
+        """The state of light steps, the short path and perfhooks' meter (:mod:`~perfhooks.runtime.step.sampling`)."""
         #: The open step is light (``record`` is None then): its fields below, on the host clock (ns).
         self.light = False
         self.light_stepped = False

@@ -46,7 +46,7 @@ class PendingSteps:
     """Steps whose marks may still be in flight on the device; resolved in order, without blocking.
 
     On the host (:class:`~perfhooks.device.clock.HostClock`) a step is resolved when it ends. On a device, its
-    marks are read by :meth:`resolve` on the timing reader's thread (:mod:`~perfhooks.runtime.timing_reader`):
+    marks are read by :meth:`resolve` on the timing reader's thread (:mod:`~perfhooks.runtime.step.timing_reader`):
     the queries and ``elapsed_time`` calls (each of which queries both events again inside torch) cost the
     training thread nothing; the training thread only moves the resolved timings into the statistics
     (:meth:`collect`). The two threads share two deques, each written at one end by one thread, and the clock's

@@ -29,8 +29,8 @@ from perfhooks.faults import FaultLog
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.runtime.capture_control import CaptureControl
-from perfhooks.runtime.outputs import RunOutputs
-from perfhooks.runtime.run_state import RunState, TraceVerdicts
+from perfhooks.runtime.state.outputs import RunOutputs
+from perfhooks.runtime.state.run_state import RunState, TraceVerdicts
 from perfhooks.timebase import monotonic_ns
 
 Write = Callable[[Path, dict[str, Any]], Any]

@@ -38,8 +38,8 @@ from perfhooks.distributed import store as rank_store
 from perfhooks.distributed.gather import gather_ranks, merge_rank_traces
 from perfhooks.faults import FaultLog, Once
 from perfhooks.report import write
-from perfhooks.runtime.outputs import RunOutputs
-from perfhooks.runtime.run_state import RunFacts, RunState
+from perfhooks.runtime.state.outputs import RunOutputs
+from perfhooks.runtime.state.run_state import RunFacts, RunState
 from perfhooks.sinks.html import render_html
 from perfhooks.timebase import monotonic
 
@@ -80,7 +80,7 @@ class ClosingRun(Protocol):
     final_report: dict[str, Any] | None
     #: The memory monitor (``latest``: the last sample), or None.
     memory: Any
-    #: The run's owner (:class:`~perfhooks.runtime.orphans.OwnerWatch`): its step counter, whether it is gone.
+    #: The run's owner (:class:`~perfhooks.runtime.ending.orphans.OwnerWatch`): its step counter, whether it is gone.
     owner: Any
 
     @property
@@ -279,7 +279,7 @@ def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = Fals
 
 
 def left_open(run: ClosingRun, reason: str, deadline_s: float = SIGNAL_DEADLINE_S) -> None:
-    """The run was left open (:mod:`perfhooks.runtime.orphans`; ``reason``: why it is taken so), on the watch
+    """The run was left open (:mod:`perfhooks.runtime.ending.orphans`; ``reason``: why it is taken so), on the watch
     thread: it closes quietly, as ``failed`` with the error it saw (or one that says why), within ``deadline_s``."""
     if run.closed:
         return

@@ -50,7 +50,7 @@ _ABSENT = object()
 
 def _weak(owner: Any) -> Callable[[], Any]:
     """A reference to a patched object that does not keep it alive (a Trainer the caller dropped is collected,
-    and its run with it: :mod:`perfhooks.runtime.orphans`), where one can be made."""
+    and its run with it: :mod:`perfhooks.runtime.ending.orphans`), where one can be made."""
     try:
         return weakref.ref(owner)
     except TypeError:

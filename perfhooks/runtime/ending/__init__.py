@@ -1,0 +1,1 @@
+"""How a run ends: the close, the exit guard, signals, and runs left open."""

@@ -1,0 +1,1 @@
+"""Loops without a framework: ``perfhooks.profile`` and the session it shares with the integrations."""
