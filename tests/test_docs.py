@@ -77,3 +77,16 @@ def test_tunes_help_names_its_own_output_folder(capsys: pytest.CaptureFixture[st
     shown = " ".join(capsys.readouterr().out.split())
     assert "(default: perfhooks_tune)" in shown
     assert "default `perfhooks_tune`" in " ".join((ROOT / "docs" / "tune.md").read_text().split())
+
+
+def test_the_performance_page_is_a_short_reference_whose_figures_link_their_files() -> None:
+    """Issue 68, item 4: docs/performance.md had 216 lines, some of 2,400 characters, and cited a folder outside the
+    repository. Now: at most 100 lines of at most 400 characters, and every results file it names exists."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 100 and max(map(len, lines)) <= 400
+    assert "shared/measurements" not in text
+    named = set(re.findall(r"`((?:benchmarks/results/)?(?:[\w.-]+/)*[\w.-]+\.(?:json|txt|md))`", text))
+    results = ROOT / "benchmarks" / "results"
+    missing = [name for name in named - {"report.json"} if not (ROOT / name).exists() and not (results / name).exists()]
+    assert named and missing == []
