@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine
+from common import describe_machine
 
 CALLS = 200_000
 PUBLISHED = {"nvtx_push_pop": "~500 ns (bare range_push/pop)", "nvtx_context": "1100-1700 ns (context managers)"}

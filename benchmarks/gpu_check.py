@@ -1,6 +1,7 @@
 """The overhead figures of a lent GPU, in one run (``benchmarks/gpu_check.sh`` calls it).
 
     python benchmarks/gpu_check.py --out DIR [--rounds 5] [--dry-run | --simulated]
+    python benchmarks/gpu_check.py --isolate --out DIR [--rounds 5] [--budget-s 300] [--dry-run] [--loops ...]
 
 1. **A launch-bound loop** (4 x Linear(1024), batch 64, fused Adam: a ~1-2 ms step of small kernels), bare and under
    ``perfhooks.profile`` without windows, then with each of its parts switched off in turn from there (NVTX, the
@@ -11,7 +12,7 @@
    time a step of the training thread, of the other threads and of each named one (perfhooks' are
    ``perfhooks-*``), and the garbage collector's time a step; each variant, its difference from bare in the same
    round, of the step (``paired_added_us``) and of the training thread's CPU (``paired_cpu_added_us``). Target,
-   for the defaults (``gpu_isolate.py``): at most +50 µs a step. Before the alternation, **in place**
+   for the defaults (``--isolate``): at most +50 µs a step. Before the alternation, **in place**
    (:func:`in_place`): perfhooks' own time a step inside its entry points, its device calls at their real cost
    included, beside the floor's, with its share of the run's own step.
 2. **A host-bound Lightning GPT** (12 layers, d 768, 12 heads, T 512, vocab 32768, batch 16: the 135M shape of the
@@ -25,7 +26,7 @@
 
 Each figure is the median steady step of the script's own clock (a synchronize at the ends of the measured
 span). The variants share one process, which is fair only while none leaves CUPTI attached: no variant opens a
-window (what a window leaves behind is ``gpu_isolate.py``'s, a fresh process per run), the warm-up opens none,
+window (what a window leaves behind is ``--isolate``'s, a fresh process per run), the warm-up opens none,
 and the API-call count runs last.
 
 ``--dry-run`` (no GPU, or asked for) runs every part on the CPU at a tiny size, one round, to show the script
@@ -44,6 +45,7 @@ import gc
 import json
 import pstats
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -58,11 +60,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from machine import describe_machine  # noqa: E402
+from common import describe_machine  # noqa: E402
 
 #: perfhooks' parts, each switched off in turn from perfhooks without windows (the settings that do it). No
 #: variant opens a window, so the variants can share one process whatever a window leaves behind (CUPTI);
-#: ``gpu_isolate.py`` measures the defaults, window included, each run in a fresh process.
+#: ``--isolate`` measures the defaults, window included, each run in a fresh process.
 #: The upper-case names are the benchmark's own switches, not settings (:func:`perfhooks_settings`):
 #: ``HOST_CLOCK``, steps timed on the host (no device event at all); ``TORCH_TIMER``, the timing reader reads
 #: intervals through torch's ``elapsed_time`` (which holds the GIL) rather than its own GIL-free timer;
@@ -72,7 +74,7 @@ from machine import describe_machine  # noqa: E402
 #: thread reads the finished steps at each step's end, through the same GIL-free timer (uncontended there);
 #: ``READS_NONE``, the events recorded and never read (no reader, each step's marks returned at its end, no
 #: timings): what the records cost alone, the reading being the difference from ``no_window``. ``FLOOR``, no
-#: perfhooks: ``sim_step_cost.Floor``, the least any design does at the loop's six boundaries through the same
+#: perfhooks: ``common.Floor``, the least any design does at the loop's six boundaries through the same
 #: torch hooks (take the time, record a pooled event where CUDA is, append; one capture check a step): what
 #: perfhooks' target can be measured against on the same card.
 HOST_CLOCK = "host_clock"
@@ -278,7 +280,7 @@ def launch_bound_ms(job: Any, settings: dict[str, Any] | None, steps: int, devic
 
 def _launch_bound(job: Any, settings: dict[str, Any] | None, steps: int, device: str, out: str, raw_window: bool,
                   span: Span, floor: bool = False) -> dict[str, Any]:
-    from sim_step_cost import Floor
+    from common import Floor
 
     import perfhooks
 
@@ -317,7 +319,7 @@ def _overhead(engine: Any) -> dict[str, Any] | None:
 
 
 class MeteredSpan(Span):
-    """A :class:`Span` that also reads an in-place meter (``sim_step_cost.InPlace``) at its marks."""
+    """A :class:`Span` that also reads an in-place meter (``common.InPlace``) at its marks."""
 
     def __init__(self, meter: Any) -> None:
         super().__init__()
@@ -335,10 +337,10 @@ class MeteredSpan(Span):
 
 def metered_rounds(entries: list[tuple[type, str]], runs: dict[str, Callable[[Span], Any]], rounds: int,
                    deadline: float) -> dict[str, Any]:
-    """Each run's time a timed step inside ``entries`` (µs, ``sim_step_cost.metered`` without the simulation: the
+    """Each run's time a timed step inside ``entries`` (µs, ``common.metered`` without the simulation: the
     device calls at their real cost), ``runs[name](span)`` in :func:`rotate_rounds` (``deadline`` on
     ``time.monotonic()``), with each run's step (µs) and that time's share of it."""
-    from sim_step_cost import metered
+    from common import metered
 
     with metered(entries, simulation=False) as meter:
         def inside_us(name: str) -> tuple[float, float]:
@@ -357,11 +359,11 @@ def metered_rounds(entries: list[tuple[type, str]], runs: dict[str, Callable[[Sp
 
 def in_place(job: Any, device: str, out: str, steps: int, rounds: int, deadline: float) -> dict[str, Any]:
     """perfhooks' own time a steady step of the launch-bound loop on the training thread, in place (µs): the time
-    inside its entry points (``sim_step_cost.ENTRY_POINTS``), its device calls at their real cost included, and the
+    inside its entry points (``common.ENTRY_POINTS``), its device calls at their real cost included, and the
     same meters around the floor's (``FLOOR``), alternating. Torch's own cost of calling a hook and what perfhooks
     does to the caches are not in it (the wall clock has them); its noise is a few µs where the wall clock's is
     hundreds on a GPU's host."""
-    from sim_step_cost import Floor
+    from common import Floor
 
     return metered_rounds(
         [(Floor, "mark"), (Floor, "__enter__"), (Floor, "__exit__")],
@@ -593,7 +595,7 @@ def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> 
     each device call its host cost on an H100. The same figures as on a GPU, so that a part's cost can be placed
     here first and checked on the next lent GPU. Writes ``DIR/gpu_check_simulated.json``."""
     sys.path.insert(0, str(REPO / "tests"))
-    from sim_step_cost import bind_to_the_simulation, one_torch_thread
+    from common import bind_to_the_simulation, one_torch_thread
     from simulated_gpu import simulated_cuda
 
     bind_to_the_simulation()
@@ -700,5 +702,170 @@ def main() -> None:
           f"{args.out}/gpu_check.json, {result['seconds']} s")
 
 
+# ----------------------------------------------------------------------------- each run in a fresh process
+# ``--isolate``:
+# A ``torch.profiler`` window with CUDA activity attaches CUPTI to the process, and Kineto leaves it attached after
+# the window unless ``TEARDOWN_CUPTI=1`` (perfhooks sets it for its windows: ``detach_cupti``). An attached CUPTI
+# slows every later kernel launch of the process, so variants that share one process (the default mode) are
+# comparable only while no window leaves it attached. Here each run is a child process of its own, and each figure
+# is what a user's run of that kind pays:
+#
+# - ``bare``; ``bare_window`` (with ``--window-alone`` only): the same loop with a plain ``torch.profiler`` window
+#   over steps 10-12, no perfhooks (what any profiler window leaves behind);
+# - ``no_window``: perfhooks without windows (its own per-step cost);
+# - ``floor`` (the launch-bound loop): no perfhooks, the least any design does at the six step boundaries
+#   (``common.Floor``: take the time, record a pooled event, append; one capture check a step), so that
+#   ``no_window`` less ``floor`` is what perfhooks costs beyond it, and ``floor`` says whether +50 µs is reachable
+#   on that card at all;
+# - ``defaults``: perfhooks as it comes (its window lets CUPTI go); ``defaults_attached`` (with ``--attached``
+#   only): the same with ``detach_cupti=False`` (CUPTI left attached after the window, as before 2026-11-27; an H100
+#   and an H200 showed it, +480 µs a launch-bound step on the H200).
+#
+# On the H200 (2026-11-28) one round in fresh processes read perfhooks without windows at +24 µs a launch-bound
+# step, where 18 alternating rounds in one process read +252: the fresh-process rounds come first now, and the
+# budget gives them the most.
+#
+# Each child reports, per timed step (after the default window: steps 80-399 of 400, or 20-59 of 60 for the GPT),
+# the wall clock, the training thread's CPU time, the CPU time of every other thread and of each named Python
+# thread among them (perfhooks' are ``perfhooks-*``) (ms); the launch-bound
+# loop runs 3 times in its child (a later run of a window variant starts with CUPTI as the first left it), and the
+# child reports their medians. Rounds rotate the
+# variants' order and stop early, never below one, when ``--budget-s`` would be overrun; the JSON is saved after
+# each round. ``--dry-run`` (no GPU, or asked for) runs tiny on the CPU to show the script works.
+# Every figure measured so far is in benchmarks/results/ (gpu_isolate.json in each GPU's folder).
+
+#: Each variant: perfhooks' settings (None: not used) and whether a plain profiler window runs (no perfhooks).
+IsolateVariant = tuple[dict[str, Any] | None, bool]
+ISOLATE_VARIANTS: dict[str, dict[str, IsolateVariant]] = {
+    "launch_bound": {"bare": (None, False), "no_window": ({"schedule": None}, False),
+                     "floor": ({"floor": True}, False), "defaults": ({}, False)},  # FLOOR
+    #: a child process here takes about 24 s on an H100 machine
+    "lightning_gpt": {"bare": (None, False), "no_window": ({"schedule": None}, False), "defaults": ({}, False)},
+}
+#: Not run by default (known since 2026-11-27: any window leaves CUPTI attached): ``--window-alone``.
+ISOLATE_BARE_WINDOW: IsolateVariant = (None, True)
+#: Not run by default (known since 2026-11-27, and ``detach_cupti`` is on by default): ``--attached``.
+ISOLATE_ATTACHED: IsolateVariant = ({"detach_cupti": False}, False)
+
+
+#: Runs of the launch-bound loop in each child process (one starts in about 12 s on an H100 machine; a run: 1 s).
+ISOLATE_LAUNCH_BOUND_RUNS = 3
+
+
+def isolate_child(loop: str, name: str, dry: bool) -> dict[str, Any]:
+    """Run ``loop`` under variant ``name`` in this process; its per-step figures (the median of its runs)."""
+    import torch
+
+    extra = {"bare_window": ISOLATE_BARE_WINDOW, "defaults_attached": ISOLATE_ATTACHED}
+    settings, raw_window = extra[name] if name in extra else ISOLATE_VARIANTS[loop][name]
+    device = "cpu" if dry or not torch.cuda.is_available() else "cuda"
+    spans: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as out:
+        if loop == "launch_bound":
+            job = launch_bound_job(device, dry)
+            launch_bound_ms(job, None, 20, device, out)  # warm-up, bare: no window, no CUPTI
+            for _ in range(ISOLATE_LAUNCH_BOUND_RUNS):
+                span = Span()
+                launch_bound_ms(job, settings, 60 if dry else 400, device, out, raw_window, span)
+                spans.append(span.per_step())
+        else:
+            span = Span()
+            lightning_gpt_ms(settings, FIRST_TIMED_STEP + (4 if dry else 40), device, dry, out,
+                                       raw_window, span)
+            spans.append(span.per_step())
+    figures: dict[str, Any] = isolate_medians(spans)
+    names = {name for run in spans for name in run["threads_cpu_ms"]}
+    figures["threads_cpu_ms"] = {name: round(statistics.median(run["threads_cpu_ms"].get(name, 0.0) for run in spans),
+                                             4) for name in sorted(names)}
+    return figures
+
+
+def isolate_medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """The median over ``runs`` of the step time and the two CPU times (ms)."""
+    return {key: round(statistics.median(run[key] for run in runs), 4)
+            for key in ("step_ms", "main_cpu_ms", "other_cpu_ms")}
+
+
+def isolate_run_child(loop: str, name: str, dry: bool) -> dict[str, Any]:
+    """``isolate_child`` in a fresh interpreter."""
+    command = [sys.executable, __file__, "--isolate-child", loop, name] + (["--dry-run"] if dry else [])
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        return {"error": f"exit {done.returncode}: {done.stderr.strip()[-600:]}"}
+    return {**json.loads(lines[-1]), "process_s": round(time.monotonic() - started, 1)}
+
+
+def isolate_summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Medians of each variant's runs, and each median's step time against bare's (µs added)."""
+    median: dict[str, dict[str, float]] = {}
+    for name, results in runs.items():
+        good = [result for result in results if "error" not in result]
+        if good:
+            median[name] = isolate_medians(good)
+    bare = median.get("bare", {}).get("step_ms")
+    added = {name: round((m["step_ms"] - bare) * 1e3, 1) for name, m in median.items()} if bare else {}
+    return {"rounds": len(runs.get("bare", [])), "runs": runs, "median": median, "added_us_per_step": added}
+
+
+def isolate_alternate(loop: str, rounds: int, deadline: float, dry: bool, save: Any, window_alone: bool = False,
+              attached: bool = False) -> dict[str, Any]:
+    """Every variant of ``loop``, each in a child process of its own, round after round (``rotate_rounds``)."""
+    names = list(ISOLATE_VARIANTS[loop]) + (["bare_window"] if window_alone else []) + (
+        ["defaults_attached"] if attached else [])
+    runs = rotate_rounds(names, lambda name: isolate_run_child(loop, name, dry), rounds, deadline,
+                                   after_round=lambda so_far: save(loop, isolate_summary(so_far)))
+    return isolate_summary(runs)
+
+
+def isolate_main() -> None:
+    parser = argparse.ArgumentParser(description="perfhooks' cost on a GPU with each run in a fresh process")
+    parser.add_argument("--out", help="folder for gpu_isolate.json")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--budget-s", type=float, default=300.0, help="seconds for the whole script (default 300)")
+    parser.add_argument("--dry-run", action="store_true", help="tiny, on the CPU, one round")
+    parser.add_argument("--loops", nargs="+", default=list(ISOLATE_VARIANTS), choices=list(ISOLATE_VARIANTS))
+    parser.add_argument("--window-alone", action="store_true",
+                        help="also a plain torch.profiler window without perfhooks (bare_window)")
+    parser.add_argument("--attached", action="store_true",
+                        help="also perfhooks' defaults with CUPTI left attached after the window (defaults_attached)")
+    parser.add_argument("--isolate", action="store_true", help="each run in a fresh process (this mode)")
+    parser.add_argument("--isolate-child", nargs=2, metavar=("LOOP", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.isolate_child:
+        print(json.dumps(isolate_child(*args.isolate_child, args.dry_run)))
+        return
+    if not args.out:
+        parser.error("--out is required: the folder for gpu_isolate.json")
+    import torch
+    from common import describe_machine
+
+    dry = args.dry_run or not torch.cuda.is_available()
+    result: dict[str, Any] = {"machine": describe_machine(), "dry_run": dry, "torch": torch.__version__,
+                              "card": None if dry else torch.cuda.get_device_name(0)}
+    saved = Path(args.out) / "gpu_isolate.json"
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def save(loop: str, so_far: dict[str, Any]) -> None:
+        result[loop] = so_far
+        result["seconds"] = round(time.monotonic() - started, 1)
+        saved.write_text(json.dumps(result, indent=1))
+
+    shares = {"launch_bound": 0.5, "lightning_gpt": 1.0}  # two rounds of four on an H200 machine, then the GPT
+    for loop in args.loops:
+        deadline = started + shares[loop] * args.budget_s if len(args.loops) > 1 else started + args.budget_s
+        save(loop, isolate_alternate(loop, 1 if dry else args.rounds, deadline, dry, save, args.window_alone,
+                             args.attached))
+        print(f"{loop}: µs added a step {result[loop]['added_us_per_step']}")
+        for name, median in result[loop]["median"].items():
+            print(f"  {name:22s} {median}")
+    print(f"{'DRY RUN: figures mean nothing; ' if dry else ''}{saved}, {result['seconds']} s")
+
+
 if __name__ == "__main__":
-    main()
+    if "--isolate" in sys.argv or "--isolate-child" in sys.argv:
+        isolate_main()
+    else:
+        main()

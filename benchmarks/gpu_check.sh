@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh [OUT]        # OUT defaults to gpu_check_out; PYTHON picks the interpreter
 #
-# 1. the CUDA tests (pytest -m cuda), 2. `perfhooks doctor --format json`, 3. benchmarks/gpu_isolate.py (55% of
+# 1. the CUDA tests (pytest -m cuda), 2. `perfhooks doctor --format json`, 3. benchmarks/gpu_check.py --isolate (55% of
 # the time left: on the H200 one round in fresh processes read +24 µs a launch-bound step where 18 rounds in one
 # process read +252, so the fresh-process rounds get the most): bare, perfhooks without windows, the floor (no
 # perfhooks: the least any design does at the six boundaries; the launch-bound loop) and perfhooks' defaults,
@@ -39,7 +39,7 @@ if [ -n "$GPU" ]; then DRY=(); else DRY=(--dry-run); fi
 LEFT=$(( 450 - SECONDS ))  # the 8 minutes less what the tests and doctor took, and 30 s to pack
 ISOLATE=$(( LEFT * 55 / 100 ))
 [ "$ISOLATE" -lt 60 ] && ISOLATE=60
-timeout $(( ISOLATE + 40 )) "$PY" benchmarks/gpu_isolate.py --out "$OUT" --budget-s "$ISOLATE" "${DRY[@]}" 2>&1 \
+timeout $(( ISOLATE + 40 )) "$PY" benchmarks/gpu_check.py --isolate --out "$OUT" --budget-s "$ISOLATE" "${DRY[@]}" 2>&1 \
     | grep -v Warning | tail -12
 BUDGET=$(( 450 - SECONDS ))
 [ "$BUDGET" -lt 90 ] && BUDGET=90

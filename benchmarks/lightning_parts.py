@@ -35,8 +35,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from machine import describe_machine  # noqa: E402
-from sim_step_cost import bind_to_the_simulation, one_torch_thread  # noqa: E402
+from common import (  # noqa: E402
+    bind_to_the_simulation,
+    describe_machine,
+    one_torch_thread,
+)
 from simulated_gpu import SimulatedGpu, simulated_cuda  # noqa: E402
 
 #: Each variant: the PerfCallback settings (None: the bare fit), and whether callback hooks are timed.

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from machine import describe_machine  # noqa: E402
+from common import describe_machine  # noqa: E402
 
 #: The settings of a perfhooks window, used for the bare torch.profiler and ProfileKwargs too.
 WINDOW_SETTINGS = {"record_shapes": True, "profile_memory": True, "with_stack": False}

@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "benchmarks")]
 
-from machine import describe_machine  # noqa: E402
+from common import describe_machine  # noqa: E402
 
 from helpers import ManualClock  # noqa: E402
 from perfhooks import Engine, PerfConfig  # noqa: E402

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from machine import describe_machine  # noqa: E402
+from common import describe_machine  # noqa: E402
 from simulated_gpu import simulated_cuda  # noqa: E402
 
 STEPS = 400

@@ -27,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from machine import describe_machine  # noqa: E402
+from common import describe_machine  # noqa: E402
 
 CLOSE_TARGET_S = 0.15
 OVERLAP_TARGET = 0.10

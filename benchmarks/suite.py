@@ -36,7 +36,7 @@ import analysis_speed  # noqa: E402
 import annotation_cost  # noqa: E402
 import overhead  # noqa: E402
 import synthetic  # noqa: E402
-from machine import describe_machine, machine_info  # noqa: E402
+from common import describe_machine, machine_info  # noqa: E402
 
 TARGETS = {
     "telemetry_overhead": ("perfhooks (outside windows) / none", 1.01, "max"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine
+from common import describe_machine
 
 TARGET_S = 1.0
 

@@ -126,7 +126,7 @@ def test_the_gate_on_framework_runs(framework: str, batch: int, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     """Three 150-step runs against a base, gated at 10%: 20 ms slower a step, about +40% (exit 1), a rerun
     (exit 0), another batch size (exit 2). With both cores busy the rerun read -4..+1% from the base in 5 tries,
-    and the slower run +36..+42% (``busy_suite.py``'s load, 2026-11-27)."""
+    and the slower run +36..+42% (``.ci/busy_suite.py``'s load, 2026-11-27)."""
     runs = side_by_side(tmp_path, framework, {"base": (0.040, batch), "slower": (0.060, batch),
                                               "rerun": (0.040, batch), "batch": (0.040, batch * 2)})
     status, result = diff(runs["base"], runs["slower"], capsys, "--gate", "10")

@@ -1,5 +1,5 @@
-"""``benchmarks/gpu_check.py`` and ``gpu_isolate.py`` work without a GPU: a dry run on the CPU writes its one JSON
-file and says so; ``sim_step_cost.py --bookkeeping`` still finds what it knocks out."""
+"""``benchmarks/gpu_check.py`` (and its ``--isolate`` mode) works without a GPU: a dry run on the CPU writes its one
+JSON file and says so; ``sim_step_cost.py --bookkeeping`` still finds what it knocks out."""
 
 import json
 import subprocess
@@ -120,8 +120,8 @@ def test_the_training_threads_cpu_is_paired_like_the_step() -> None:
 
 @pytest.mark.slow
 def test_the_isolated_dry_run_runs_each_variant_in_a_process_of_its_own(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_isolate.py"), "--out", str(tmp_path),
-                           "--dry-run", "--loops", "launch_bound", "--window-alone", "--attached"],
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--isolate", "--out",
+                           str(tmp_path), "--dry-run", "--loops", "launch_bound", "--window-alone", "--attached"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((tmp_path / "gpu_isolate.json").read_text())

@@ -2,8 +2,8 @@
 
 A ``torch.profiler`` window with CUDA activity attaches CUPTI to the process. Unless ``TEARDOWN_CUPTI=1`` is in the
 environment when the window stops, Kineto leaves it attached, and every kernel launch after the window pays for
-it. On an H100 (torch 2.11, CUDA 13.0), the 135M GPT of ``benchmarks/gpu_isolate.py`` under Lightning ran its steady
-steps at 48.4 ms after perfhooks' default window, 35.9 ms with the variable set and 34.3 ms bare. A bare
+it. On an H100 (torch 2.11, CUDA 13.0), the 135M GPT of ``benchmarks/gpu_check.py --isolate`` under Lightning ran
+its steady steps at 48.4 ms after perfhooks' default window, 35.9 ms with the variable set and 34.3 ms bare. A bare
 ``torch.profiler`` window left 41.8 ms behind (pytorch/pytorch#144455; kineto#1264, for CUDA 12.6 and newer,
 and the open kineto#1539 propose teardown as Kineto's default).
 

@@ -1,6 +1,6 @@
 """The test suite on a busy machine: the whole suite while other processes keep every core busy.
 
-    .venv/bin/python benchmarks/busy_suite.py [--busy 2] [--runs 1] [-- PYTEST ARGS...]
+    .venv/bin/python .ci/busy_suite.py [--busy 2] [--runs 1] [-- PYTEST ARGS...]
 
 Starts ``--busy`` processes that spin (``while True: pass``), runs ``pytest`` ``--runs`` times in a row, stops
 the spinners (also on Ctrl-C), and prints one line per run: passed/failed/skipped counts and the wall time.
