@@ -79,6 +79,14 @@ class FaultLog:
         if first:
             emit(f"perfhooks: {kind} failed and was skipped ({message}); training goes on")
 
+    def call(self, kind: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``, or None after reporting its ``Exception`` under ``kind`` (once; training goes on)."""
+        try:
+            return fn()
+        except Exception as error:
+            self.report(kind, error)
+            return None
+
     def note(self, kind: str, message: str) -> None:
         """A fault entry kept without taking the lock or printing: a signal's handler's (one assignment)."""
         self._notes[kind] = {"kind": kind, "count": 1, "message": message}
@@ -95,11 +103,7 @@ def guarded(kind: str) -> Callable[[F], F]:
     def decorate(method: F) -> F:
         @functools.wraps(method)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return method(self, *args, **kwargs)
-            except Exception as error:
-                self.faults.report(kind, error)
-                return None
+            return self.faults.call(kind, functools.partial(method, self, *args, **kwargs))
 
         return wrapper  # type: ignore[return-value]
 

@@ -27,7 +27,7 @@ from perfhooks.files.writer import BackgroundWriter
 class CaptureControl:
     """Schedule, on-demand and all-ranks windows for one run."""
 
-    def __init__(self, config: PerfConfig, output_dir: Path, rank: int, world_size: int, cuda: bool,
+    def __init__(self, config: PerfConfig, *, output_dir: Path, rank: int, world_size: int, cuda: bool,
                  writer: BackgroundWriter, faults: FaultLog, once: Once, current_step: Callable[[], int],
                  on_saved: Callable[[], None], on_written: Callable[[Path, dict[str, Any]], None] | None) -> None:
         self.config = config

@@ -138,8 +138,9 @@ class Engine:
         self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (
             tracker.phase_start, tracker.phase_end, tracker.step_end, tracker.batch, tracker.fetch, tracker.stepped,
             tracker.named)
-        self.capture = CaptureControl(config, self.output_dir, facts.rank, facts.world_size, self.room.is_cuda,
-                                      self.writer, self.faults, self.once, lambda: self.tracker.step,
+        self.capture = CaptureControl(config, output_dir=self.output_dir, rank=facts.rank,
+                                      world_size=facts.world_size, cuda=self.room.is_cuda, writer=self.writer,
+                                      faults=self.faults, once=self.once, current_step=lambda: self.tracker.step,
                                       on_saved=lambda: self.saving.window_saved(),
                                       on_written=(lambda path, window: self.saving.window_written(path, window))
                                       if config.analyze_windows else None)
@@ -386,17 +387,17 @@ class Engine:
         """The close's first pass: the open step ends and the run's clock stops; the device gets until
         ``device_deadline`` (``time.monotonic()``) to finish its queued work (``query()`` polled, never a blocking
         sync), then the window stops and pending timings are read; hooks, triggers and the writer end."""
-        self.guarded_call("close_step", self.end_open_step)
+        self.faults.call("close_step", self.end_open_step)
         self.tracker.account.close()
         self.timings.stop()  # the close reads what is left, on this thread
         if not self.cuda_broken:
             self.parts.settle_device(self.room, device_deadline, self.once)
         else:  # no device call: the window is let go of (a CPU-only one is stopped)
-            self.parts._guarded("window_abandon", self.capture.windows.abandon)
+            self.faults.call("window_abandon", self.capture.windows.abandon)
         self.hooks.remove()
         self.watch.close()
         self.capture.stop_triggers()
-        self.guarded_call("trigger_unreached", lambda: self.capture.unreached(self.step))
+        self.faults.call("trigger_unreached", lambda: self.capture.unreached(self.step))
         self.writer.close(writer_timeout_s)
 
     def stop_window(self, device_deadline: float) -> Any:
@@ -414,7 +415,7 @@ class Engine:
     def stop_memory(self) -> None:
         """End of training: stop the allocation history perfhooks started."""
         if self.memory is not None and not self.cuda_broken:
-            self.guarded_call("memory_stop", self.memory.stop)
+            self.faults.call("memory_stop", self.memory.stop)
 
     def release(self) -> None:
         """Let go of everything that refers to the user's objects and of process-wide state."""
@@ -435,14 +436,6 @@ class Engine:
             self.faults.report("release", error)
         finally:
             exit_guard.end(self)
-
-    def guarded_call(self, kind: str, fn: Any) -> Any:
-        """``fn()``, or None after reporting its fault once."""
-        try:
-            return fn()
-        except Exception as error:
-            self.faults.report(kind, error)
-            return None
 
 
 #: What an integration holds: a live engine, or the null one.

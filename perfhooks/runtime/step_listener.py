@@ -190,15 +190,15 @@ class RunParts:
         (``query()`` polled, never a blocking sync); then the window stops (``profiler.stop()`` syncs, so not
         before) and the pending step timings are read. What the device did not finish is said, not waited for."""
         budget_s = max(0.0, deadline - monotonic())
-        if self._guarded("device_drain", lambda: room.drained(deadline)):
-            self._guarded("window_close", self.capture.windows.close)
+        if self.faults.call("device_drain", lambda: room.drained(deadline)):
+            self.faults.call("window_close", self.capture.windows.close)
         else:
             once.warn("device_busy", f"the device did not finish its queued work within {budget_s:.0f} s of the "
                       "close (a hung kernel, or a collective waiting for a peer): the open capture window is not "
                       "saved")
-            self._guarded("window_abandon", self.capture.windows.abandon)
+            self.faults.call("window_abandon", self.capture.windows.abandon)
         pending, stats = self.tracker.pending, self.tracker.stats
-        self._guarded("flush_timings", lambda: pending.drain(stats, deadline=deadline))
+        self.faults.call("flush_timings", lambda: pending.drain(stats, deadline=deadline))
         if pending.unfinished:
             once.warn("steps_unfinished", f"{pending.unfinished} step(s) had not finished on the device by the "
                       "close's deadline: not counted")
@@ -222,21 +222,15 @@ class RunParts:
         dtype = self.flops.matmul_dtype(cuda)
         return ReportParts(
             run=tracker.account.section(stats.training_ms), named_work=tracker.named_work_per_step(),
-            compile=self._guarded("compile_report", self.compile.section),
+            compile=self.faults.call("compile_report", self.compile.section),
             compiled_in_run=self.compile.compiled_in_run(),
-            memory=self._guarded("memory_report", memory.section) if memory is not None else None,
-            memory_figures=self._guarded("memory_report", memory.figures) if memory is not None else None,
+            memory=self.faults.call("memory_report", memory.section) if memory is not None else None,
+            memory_figures=self.faults.call("memory_report", memory.figures) if memory is not None else None,
             flops=self.flops.flops(stats.sampled_steps if steps else 0, stats.samples,
                                    stats.padded_tokens or stats.tokens), matmul_dtype=dtype,
             device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
             faults=tuple(self.faults.as_list()), error=dict(error) if error else None,
             unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()),
             trace=trace, missed_windows=tuple(dict(m) for m in self.capture.missed),
-            overhead=self._guarded("overhead_report", tracker.sampler.section), length_grouped=self.length_grouped)
+            overhead=self.faults.call("overhead_report", tracker.sampler.section), length_grouped=self.length_grouped)
 
-    def _guarded(self, kind: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception as error:
-            self.faults.report(kind, error)
-            return None

@@ -103,7 +103,6 @@ class ClosingRun(Protocol):
     @property
     def window_open(self) -> bool: ...
     def output_removed(self) -> bool: ...
-    def guarded_call(self, kind: str, fn: Any) -> Any: ...
     def release(self) -> None: ...
 
 
@@ -142,11 +141,11 @@ def _finish(run: ClosingRun, deadline: Deadline) -> dict[str, Any]:
     run.settle(monotonic() + deadline.left(DEVICE_WAIT_S), deadline.left(WRITER_WAIT_S))
     state = run.publish(full=True)
     report = run.build_report(state)
-    run.guarded_call("live_file", lambda: run.last_live(state))  # perfhooks top: ended, not stale
+    run.faults.call("live_file", lambda: run.last_live(state))  # perfhooks top: ended, not stale
     run.stop_memory()
     run_report, store = _ranks(run, report, deadline)
     if run.outputs.wandb is not None:  # W&B first: it adds its section to the report that is written
-        run.guarded_call("wandb_close", lambda: run.outputs.close(
+        run.faults.call("wandb_close", lambda: run.outputs.close(
             run.global_step, report, run_report, list(state.stats.thaw().recent),
             run.memory.latest if run.memory is not None else None, deadline.left(WANDB_WAIT_S)))
         report["faults"] = run.faults.as_list()  # a fault of W&B's last rows (its first log call) is the run's too
@@ -165,21 +164,21 @@ def _ranks(run: ClosingRun, report: dict[str, Any], deadline: Deadline) -> tuple
     facts = run.facts
     if facts.world_size <= 1:
         return None, None
-    store = run.guarded_call("rank_store", rank_store.default_store)
+    store = run.faults.call("rank_store", rank_store.default_store)
     wandb = run.outputs.wandb
-    run_report = run.guarded_call("rank_merge", lambda: gather_ranks(
+    run_report = run.faults.call("rank_merge", lambda: gather_ranks(
         report, rank=facts.rank, world_size=facts.world_size, output_dir=run.output_dir,
         thresholds=run.config.thresholds, store=store, wait_s=deadline.left(RANK_WAIT_S), once=run.once,
         logs_to_wandb=lambda: wandb is not None and bool(wandb.resolve())))
     if run_report is not None:
-        run_report["merged_trace"] = run.guarded_call("trace_merge", lambda: merge_rank_traces(
+        run_report["merged_trace"] = run.faults.call("trace_merge", lambda: merge_rank_traces(
             report, output_dir=run.output_dir, world_size=facts.world_size,
             max_trace_bytes=run.config.max_trace_bytes))
     return run_report, store
 
 
 def _write_reports(run: ClosingRun, report: dict[str, Any], store: Any, run_report: dict[str, Any] | None) -> None:
-    guarded = run.guarded_call
+    guarded = run.faults.call
     guarded("report_write", lambda: write_report(run.output_dir, report))
     if store is not None:  # rank 0 merged the store's summaries
         if run_report is not None:

@@ -9,9 +9,9 @@ the resolved timings at each step's end. Nothing is asked while a CUDA graph cap
 
 It wakes :data:`READ_EVERY_S` apart and reads the steps since the last wake. On CUDA each interval is one
 ``cudaEventElapsedTime`` that releases the GIL (:meth:`DeviceClock.bind_reader
-<perfhooks.device.clock.DeviceClock.bind_reader>`): on an H100, torch's ``elapsed_time`` (which holds the GIL for
-three runtime calls) had this thread run 0.12 ms for each 2 ms step of a launch-bound loop. Its share of each
-second is measured by ``benchmarks/sim_step_cost.py`` on the simulation and ``benchmarks/gpu_check.py`` on a GPU.
+<perfhooks.device.clock.DeviceClock.bind_reader>`), where torch's ``elapsed_time`` holds it for three runtime calls.
+Its share of each second is measured by ``benchmarks/sim_step_cost.py`` on the simulation and
+``benchmarks/gpu_check.py`` on a GPU (the figures: ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import threading
 from perfhooks.faults import FaultLog
 from perfhooks.runtime.step.steps import PendingSteps
 
-#: Seconds between two reads of the pending steps. Waking every 0.05 s cost a launch-bound loop on the simulation
-#: no less than every 0.2 s (16 paired rounds: a median 7 µs a step less, in 9 of 16), and its reader more CPU.
+#: Seconds between two reads of the pending steps: waking more often cost a launch-bound loop more, and its reader
+#: more CPU, for figures no one reads sooner.
 READ_EVERY_S = 0.2
 
 
