@@ -44,7 +44,7 @@ from perfhooks.runtime.hooks.torch_hooks import HookHandles, add_module_ranges
 from perfhooks.runtime.null_engine import NullEngine
 from perfhooks.runtime.state.live_watch import LiveWatch
 from perfhooks.runtime.state.outputs import RunOutputs, existing_ancestor
-from perfhooks.runtime.state.reporting import build_run_report
+from perfhooks.runtime.state.reporting import build_run_report, report_parts
 from perfhooks.runtime.state.run_state import RunFacts, RunState
 from perfhooks.runtime.state.saving import ReportSaving
 from perfhooks.runtime.step.run_account import RunAccount
@@ -297,7 +297,7 @@ class Engine:
         """Publish the run's state now (training thread): the steps and phase fresh, the report's slower parts
         taken anew when ``full`` (a window's end, the close), else carried from the last full publication."""
         tracker = self.tracker
-        parts = (self.parts.report_parts(self.facts.device, self.room.is_cuda, self.error, self.saving.trace)
+        parts = (report_parts(self.parts, self.facts.device, self.room.is_cuda, self.error, self.saving.trace)
                  if full or not hasattr(self, "state") else self.state.parts)
         if parts.trace is not self.saving.trace:  # a window's analysis ended since: its verdicts at once
             parts = parts._replace(trace=self.saving.trace)
@@ -391,7 +391,7 @@ class Engine:
         self.tracker.account.close()
         self.timings.stop()  # the close reads what is left, on this thread
         if not self.cuda_broken:
-            self.parts.settle_device(self.room, device_deadline, self.once)
+            lifecycle.settle_device(self.capture, self.tracker, self.room, device_deadline, self.once, self.faults)
         else:  # no device call: the window is let go of (a CPU-only one is stopped)
             self.faults.call("window_abandon", self.capture.windows.abandon)
         self.hooks.remove()
@@ -402,7 +402,8 @@ class Engine:
 
     def stop_window(self, device_deadline: float) -> Any:
         """A signal: stop the open window, no lock taken; the job that exports its partial trace, or None."""
-        return self.parts.stop_window(self.room, device_deadline)
+        return lifecycle.stop_window_for_signal(self.capture, self.saving, self.room, device_deadline,
+                                                self.parts.device_broken)
 
     def _stalled(self) -> None:
         self.saving.write_now(self.state)  # a stall opened or ended (the watch's thread): the report now, W&B

@@ -5,7 +5,9 @@ At a step's start the capture controller drives its window, compile tracking loo
 sample and FLOP arming decides whether to count the step; at a phase start FLOP arming watches for the forward
 and the optimizer and CUDA allocations are tagged; at a phase end memory samples; at a step's end W&B gets its
 rows and the engine publishes the run's state. The tracker is told of phase moments only while a part needs them
-(:meth:`RunParts.watch_phases`), so the hot path skips the others.
+(:meth:`RunParts.watch_phases`), so the hot path skips the others. The close's device drain and a signal's window
+stop are the lifecycle's (:mod:`perfhooks.runtime.ending.lifecycle`); the report's slower parts are taken by
+:func:`perfhooks.runtime.state.reporting.report_parts`.
 
 Threading: the training thread only.
 """
@@ -23,12 +25,11 @@ from perfhooks.files.writer import BackgroundWriter
 from perfhooks.memory.monitor import MemoryMonitor
 from perfhooks.runtime.capture_control import CaptureControl
 from perfhooks.runtime.state.outputs import RunOutputs
-from perfhooks.runtime.state.run_state import ReportParts, TraceVerdicts
 from perfhooks.runtime.state.saving import ReportSaving
 from perfhooks.runtime.step.tracker import StepTracker
-from perfhooks.runtime.throughput.flop_arming import FlopArming, device_peak
+from perfhooks.runtime.throughput.flop_arming import FlopArming
 from perfhooks.runtime.torch_compile import CompileTracking
-from perfhooks.timebase import monotonic, monotonic_ns
+from perfhooks.timebase import monotonic_ns
 
 #: At most this many steps, and this long (ns), pass without a step's opening (:meth:`RunParts._quiet`): a
 #: signal's on-demand request, or dynamo loaded mid-run, waits that long at most. A schedule that is a plain
@@ -183,54 +184,3 @@ class RunParts:
         saving = self.saving
         if saving.every_ns and monotonic_ns() >= saving.next_ns:  # every report_every_s, the report is rewritten
             saving.save(window=False)
-
-    # ----------------------------------------------------------------- the close
-    def settle_device(self, room: Any, deadline: float, once: Any) -> None:
-        """The close: the device gets until ``deadline`` (``time.monotonic()``) to finish its queued work
-        (``query()`` polled, never a blocking sync); then the window stops (``profiler.stop()`` syncs, so not
-        before) and the pending step timings are read. What the device did not finish is said, not waited for."""
-        budget_s = max(0.0, deadline - monotonic())
-        if self.faults.call("device_drain", lambda: room.drained(deadline)):
-            self.faults.call("window_close", self.capture.windows.close)
-        else:
-            once.warn("device_busy", f"the device did not finish its queued work within {budget_s:.0f} s of the "
-                      "close (a hung kernel, or a collective waiting for a peer): the open capture window is not "
-                      "saved")
-            self.faults.call("window_abandon", self.capture.windows.abandon)
-        pending, stats = self.tracker.pending, self.tracker.stats
-        self.faults.call("flush_timings", lambda: pending.drain(stats, deadline=deadline))
-        if pending.unfinished:
-            once.warn("steps_unfinished", f"{pending.unfinished} step(s) had not finished on the device by the "
-                      "close's deadline: not counted")
-
-    def stop_window(self, room: Any, device_deadline: float) -> Callable[[], None] | None:
-        """A signal, in its handler: stop the open window once the device is done (by ``device_deadline``), taking
-        no lock; the job that exports its partial trace (on the signal helper's thread), or None. A device that
-        does not drain in time leaves the window open (``stop()`` would wait on it). Raises what the stop raised."""
-        if not self.capture.is_open or self.device_broken or not room.drained(device_deadline):
-            return None
-        self.saving.suspended = True  # the signal's own report stands: no window report follows it
-        return self.capture.windows.stop_for_signal()
-
-    # ----------------------------------------------------------------- the report's slower parts
-    def report_parts(self, device: dict[str, Any], cuda: bool, error: dict[str, Any] | None,
-                     trace: TraceVerdicts) -> ReportParts:
-        """The report's slower-changing parts, taken now (training thread), each guarded."""
-        tracker, memory = self.tracker, self.memory
-        stats = tracker.stats
-        steps = stats.steps  # folds the steps waiting: the totals below are read after
-        dtype = self.flops.matmul_dtype(cuda)
-        return ReportParts(
-            run=tracker.account.section(stats.training_ms), named_work=tracker.named_work_per_step(),
-            compile=self.faults.call("compile_report", self.compile.section),
-            compiled_in_run=self.compile.compiled_in_run(),
-            memory=self.faults.call("memory_report", memory.section) if memory is not None else None,
-            memory_figures=self.faults.call("memory_report", memory.figures) if memory is not None else None,
-            flops=self.flops.flops(stats.sampled_steps if steps else 0, stats.samples,
-                                   stats.padded_tokens or stats.tokens), matmul_dtype=dtype,
-            device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
-            faults=tuple(self.faults.as_list()), error=dict(error) if error else None,
-            unfinished_steps=tracker.pending.unfinished, windows=tuple(self.capture.windows.snapshot()),
-            trace=trace, missed_windows=tuple(dict(m) for m in self.capture.missed),
-            overhead=self.faults.call("overhead_report", tracker.sampler.section), length_grouped=self.length_grouped)
-

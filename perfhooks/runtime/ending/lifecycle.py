@@ -106,6 +106,36 @@ class ClosingRun(Protocol):
     def release(self) -> None: ...
 
 
+
+def settle_device(capture: Any, tracker: Any, room: Any, deadline: float, once: Once, faults: FaultLog) -> None:
+    """The close: the device gets until ``deadline`` (``time.monotonic()``) to finish its queued work
+    (``query()`` polled, never a blocking sync); then the window stops (``profiler.stop()`` syncs, so not
+    before) and the pending step timings are read. What the device did not finish is said, not waited for."""
+    budget_s = max(0.0, deadline - monotonic())
+    if faults.call("device_drain", lambda: room.drained(deadline)):
+        faults.call("window_close", capture.windows.close)
+    else:
+        once.warn("device_busy", f"the device did not finish its queued work within {budget_s:.0f} s of the "
+                  "close (a hung kernel, or a collective waiting for a peer): the open capture window is not saved")
+        faults.call("window_abandon", capture.windows.abandon)
+    pending, stats = tracker.pending, tracker.stats
+    faults.call("flush_timings", lambda: pending.drain(stats, deadline=deadline))
+    if pending.unfinished:
+        once.warn("steps_unfinished", f"{pending.unfinished} step(s) had not finished on the device by the "
+                  "close's deadline: not counted")
+
+
+def stop_window_for_signal(capture: Any, saving: Any, room: Any, device_deadline: float, device_broken: bool
+                           ) -> Callable[[], None] | None:
+    """A signal, in its handler: stop the open window once the device is done (by ``device_deadline``), taking
+    no lock; the job that exports its partial trace (on the signal helper's thread), or None. A device that
+    does not drain in time leaves the window open (``stop()`` would wait on it). Raises what the stop raised."""
+    if not capture.is_open or device_broken or not room.drained(device_deadline):
+        return None
+    saving.suspended = True  # the signal's own report stands: no window report follows it
+    return capture.windows.stop_for_signal()
+
+
 class Deadline:
     """Seconds left of an optional total budget."""
 

@@ -20,7 +20,8 @@ from perfhooks.rules.pipeline import merge_verdicts
 from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis
-from perfhooks.runtime.state.run_state import ReportParts, RunFacts, RunState
+from perfhooks.runtime.state.run_state import ReportParts, RunFacts, RunState, TraceVerdicts
+from perfhooks.runtime.throughput.flop_arming import device_peak
 
 #: Steady steps the run needs before its median step judges a window's utilization (more than a window holds).
 MIN_STEADY_STEPS = 8
@@ -101,3 +102,26 @@ def overhead_section(overhead: dict[str, Any], sampled_steps: int) -> dict[str, 
 def _copy(section: dict[str, Any] | None) -> dict[str, Any] | None:
     """A report's own copy of a published section (the report may be changed; the state never is)."""
     return dict(section) if section is not None else None
+
+
+def report_parts(listener: Any, device: dict[str, Any], cuda: bool, error: dict[str, Any] | None,
+                 trace: TraceVerdicts) -> ReportParts:
+    """The report's slower-changing parts, taken now from the run's parts (``listener``: the step listener, which
+    holds them; training thread), each guarded."""
+    tracker, memory, faults, flops, capture = (listener.tracker, listener.memory, listener.faults, listener.flops,
+                                               listener.capture)
+    stats = tracker.stats
+    steps = stats.steps  # folds the steps waiting: the totals below are read after
+    dtype = flops.matmul_dtype(cuda)
+    return ReportParts(
+        run=tracker.account.section(stats.training_ms), named_work=tracker.named_work_per_step(),
+        compile=faults.call("compile_report", listener.compile.section),
+        compiled_in_run=listener.compile.compiled_in_run(),
+        memory=faults.call("memory_report", memory.section) if memory is not None else None,
+        memory_figures=faults.call("memory_report", memory.figures) if memory is not None else None,
+        flops=flops.flops(stats.sampled_steps if steps else 0, stats.samples, stats.padded_tokens or stats.tokens),
+        matmul_dtype=dtype, device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
+        faults=tuple(faults.as_list()), error=dict(error) if error else None,
+        unfinished_steps=tracker.pending.unfinished, windows=tuple(capture.windows.snapshot()), trace=trace,
+        missed_windows=tuple(dict(m) for m in capture.missed),
+        overhead=faults.call("overhead_report", tracker.sampler.section), length_grouped=listener.length_grouped)
