@@ -147,7 +147,7 @@ class Engine:
         self.tracker.end_step_label = self.capture.windows.end_step_label  # closes ProfilerStep#N (one frame)
         self.memory: MemoryMonitor | None = self._start_memory() if config.memory else None
         if self.memory is not None:
-            shapes = self.tracker.shapes
+            shapes = self.tracker.batches.shapes
             self.memory.shapes_seen = shapes.__len__  # the batch shapes the detailed steps saw
         self.flops = FlopArming(config, self.faults)
         self.compile = CompileTracking(self.tracker, self.faults)

@@ -120,7 +120,7 @@ def report_parts(listener: Any, device: dict[str, Any], cuda: bool, error: dict[
         memory=faults.call("memory_report", memory.section) if memory is not None else None,
         memory_figures=faults.call("memory_report", memory.figures) if memory is not None else None,
         flops=flops.flops(stats.sampled_steps if steps else 0, stats.samples, stats.padded_tokens or stats.tokens),
-        matmul_dtype=dtype, device_peak=device_peak(device, dtype[0]), token_source=tracker.token_source,
+        matmul_dtype=dtype, device_peak=device_peak(device, dtype[0]), token_source=tracker.batches.token_source,
         faults=tuple(faults.as_list()), error=dict(error) if error else None,
         unfinished_steps=tracker.pending.unfinished, windows=tuple(capture.windows.snapshot()), trace=trace,
         missed_windows=tuple(dict(m) for m in capture.missed),

@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
 
 #: Where a step's token count came from (the report's ``throughput.token_source``).
 FROM_MASK = "attention_mask"
@@ -102,3 +104,97 @@ def _first_tensor(value: Any, depth: int = 0) -> torch.Tensor | None:
         if found is not None:
             return found
     return None
+
+
+#: Distinct batch shapes remembered: past it, no shape counts as new (a run with a fresh shape every step).
+MAX_SHAPES = 4096
+
+
+#: Tensors in a tuple or list batch that is looked up by its shapes (a longer one is counted each time).
+MAX_KEYED_ITEMS = 8
+
+
+def _tensor_batch_key(batch: Any) -> tuple[Any, ...] | None:
+    """The shapes and dtypes of a batch that is a tensor, or a tuple or list of tensors (``x``, ``(x, y)``): all
+    its count and shape depend on, so one count serves every batch with the same key. None for anything else (a
+    mapping's count may read its attention mask's values)."""
+    kind = type(batch)
+    if kind is Tensor:
+        return (batch.shape, batch.dtype)
+    if (kind is tuple or kind is list) and 0 < len(batch) <= MAX_KEYED_ITEMS:
+        key: list[Any] = [kind]
+        for item in batch:
+            if type(item) is not Tensor:
+                return None
+            key.append(item.shape)
+            key.append(item.dtype)
+        return tuple(key)
+    return None
+
+
+class BatchCounter:
+    """What a run's batches hold, counted on its detailed steps: samples, tokens and padded slots into the open
+    step's record, the token count's source, and the distinct shapes seen (a step that meets a new one may pay for
+    it: shape churn). A batch of tensors is counted once per shapes and dtypes, then looked up."""
+
+    def __init__(self) -> None:
+        #: The batch's token count's source, once a batch was counted.
+        self.token_source: str | None = None
+        #: The batch shapes seen so far (bounded).
+        self.shapes: set[tuple[Any, ...]] = set()
+        #: A tensor batch's count and shape by its shapes and dtypes (:func:`_tensor_batch_key`).
+        self._tensor_batches: dict[tuple[Any, ...], tuple[BatchCount | None, Any]] = {}
+        #: The training batches' masks as the DataLoader gave them, on the host, before the framework moved them
+        #: (:mod:`~perfhooks.runtime.hooks.host_batches`), in order: each batch seen on the device takes the oldest
+        #: and sums it only when its own mask is off the host. Bounded: a prefetching loader is a batch or two ahead.
+        self.host_masks: deque[Any] = deque(maxlen=8)
+
+    def host_batch(self, batch: Any) -> None:
+        """A batch as the DataLoader handed it over on the host: its mask, for the device batch that follows."""
+        self.host_masks.append(host_mask(batch))
+
+    def count(self, record: Any, batch: Any) -> None:
+        """Add ``batch``'s samples, tokens, padded slots and shape to the open step's ``record``."""
+        key = _tensor_batch_key(batch)
+        if key is not None:  # ``x`` or ``(x, y)``: counted once per shapes and dtypes, then looked up
+            known = self._tensor_batches.get(key)
+            if known is None:
+                known = self._count_tensor_batch(record, key, batch)
+            counted, shape = known
+            if counted is None:
+                return
+        else:
+            counted, shape = count_batch(batch), None
+            if counted is None:
+                return
+        if self.host_masks:  # the same batch as the DataLoader gave it, in order
+            mask = self.host_masks.popleft()
+            if counted.token_source != FROM_IDS_MASK_ON_DEVICE:
+                self.host_masks.clear()  # a mask readable here (a CPU run): the host's are not needed
+            elif mask is not None and int(mask.shape[0]) == counted.samples:
+                counted = BatchCount(counted.samples, int(mask.sum()), FROM_HOST_MASK, int(mask.numel()))
+        record.samples += counted.samples
+        record.tokens += counted.tokens
+        record.padded_tokens += counted.padded
+        if shape is None:
+            shape = batch_shape(batch)
+            self._note_shape(record, shape)
+        record.shape = hash((record.shape, shape))
+        if counted.token_source is not None:
+            self.token_source = counted.token_source
+
+    def _count_tensor_batch(self, record: Any, key: tuple[Any, ...], batch: Any) -> tuple[BatchCount | None, Any]:
+        """Count a batch of tensors whose shapes and dtypes were not seen before, and note its shape: what
+        :meth:`count` looks up for every later batch like it (bounded, as the shapes are)."""
+        counted = count_batch(batch)
+        shape = batch_shape(batch)
+        if counted is not None:
+            self._note_shape(record, shape)
+        if len(self._tensor_batches) < MAX_SHAPES:
+            self._tensor_batches[key] = (counted, shape)
+        return counted, shape
+
+    def _note_shape(self, record: Any, shape: tuple[Any, ...]) -> None:
+        if shape not in self.shapes and len(self.shapes) < MAX_SHAPES:
+            self.shapes.add(shape)
+            record.new_shape = True

@@ -18,16 +18,17 @@ this file holds only the state machine of a step:
   step that ends on the long path (:meth:`StepTracker._end_light`, then :meth:`StepTracker.open_step`). Every
   other event returns at its first check.
 
+A detailed step's batch is counted by :class:`~perfhooks.runtime.step.batches.BatchCounter`, which the tracker
+hands the open record.
+
 Threading: the training thread only. Other threads read the engine's published state.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any, Protocol
 
 import torch.autograd.profiler as autograd_profiler
-from torch import Tensor
 
 from perfhooks.capture.labels import ProfilerLabels
 from perfhooks.capture.nvtx import NvtxRanges
@@ -35,14 +36,7 @@ from perfhooks.device.clock import HostClock
 from perfhooks.events import ASIDES, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog
 from perfhooks.report.statistics import PhaseStatistics
-from perfhooks.runtime.step.batches import (
-    FROM_HOST_MASK,
-    FROM_IDS_MASK_ON_DEVICE,
-    BatchCount,
-    batch_shape,
-    count_batch,
-    host_mask,
-)
+from perfhooks.runtime.step.batches import BatchCounter
 from perfhooks.runtime.step.run_account import RunAccount
 from perfhooks.runtime.step.sampling import StepSampler
 from perfhooks.runtime.step.steps import PendingSteps, StepRecord
@@ -59,32 +53,6 @@ MAX_NAMED_WORK = 256
 LIGHT_PUBLISH_EVERY_NS = 20_000_000
 #: Light steps in a row that may end on the short path before the long one folds them (and publishes).
 SHORT_RUN = 256
-#: Distinct batch shapes remembered: past it, no shape counts as new (a run with a fresh shape every step).
-MAX_SHAPES = 4096
-
-
-#: Tensors in a tuple or list batch that is looked up by its shapes (a longer one is counted each time).
-MAX_KEYED_ITEMS = 8
-
-
-def _tensor_batch_key(batch: Any) -> tuple[Any, ...] | None:
-    """The shapes and dtypes of a batch that is a tensor, or a tuple or list of tensors (``x``, ``(x, y)``): all
-    its count and shape depend on, so one count serves every batch with the same key. None for anything else (a
-    mapping's count may read its attention mask's values)."""
-    kind = type(batch)
-    if kind is Tensor:
-        return (batch.shape, batch.dtype)
-    if (kind is tuple or kind is list) and 0 < len(batch) <= MAX_KEYED_ITEMS:
-        key: list[Any] = [kind]
-        for item in batch:
-            if type(item) is not Tensor:
-                return None
-            key.append(item.shape)
-            key.append(item.dtype)
-        return tuple(key)
-    return None
-
-
 class StepListener(Protocol):
     """What the rest of a run does at a step's moments (the engine routes each to its part)."""
 
@@ -138,17 +106,8 @@ class StepTracker:
         #: the steps it leaves out are counted in :attr:`unnamed_steps`, out of the per-step figure).
         self.naming = True
         self.unnamed_steps = 0
-        #: The batch's token count's source, once a batch was counted.
-        self.token_source: str | None = None
-        #: The batch shapes seen so far (bounded): a step that meets a new one may pay for it (shape churn).
-        self.shapes: set[tuple[Any, ...]] = set()
-        #: A tensor batch's count and shape by its shapes and dtypes (:func:`_tensor_batch_key`): each kind is
-        #: counted once.
-        self._tensor_batches: dict[tuple[Any, ...], tuple[BatchCount | None, Any]] = {}
-        #: The training batches' masks as the DataLoader gave them, on the host, before the framework moved them
-        #: (:mod:`~perfhooks.runtime.hooks.host_batches`), in order: each batch seen on the device takes the oldest and
-        #: sums it only when its own mask is off the host. Bounded: a prefetching loader is a batch or two ahead.
-        self.host_masks: deque[Any] = deque(maxlen=8)
+        #: What the step's batches hold: samples, tokens, padding, shapes (counted on detailed steps).
+        self.batches = BatchCounter()
         #: No event is taken any more (the run closed).
         self.closed = False
         #: Tell the listener of each phase start / phase end (set by the engine while a part needs it).
@@ -408,61 +367,19 @@ class StepTracker:
         if self.closed or self.phase is None or self.phase[0] != DATA_WAIT:
             return
         try:
-            self.host_masks.append(host_mask(batch))
+            self.batches.host_batch(batch)
         except Exception as error:
             self.faults.report("host_batch", error)
 
     def batch(self, batch: Any) -> None:
         """A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync)."""
+        record = self.record
+        if record is None or self.closed:
+            return
         try:
-            record = self.record
-            if record is None or self.closed:
-                return
-            key = _tensor_batch_key(batch)
-            if key is not None:  # ``x`` or ``(x, y)``: counted once per shapes and dtypes, then looked up
-                known = self._tensor_batches.get(key)
-                if known is None:
-                    known = self._count_tensor_batch(key, batch)
-                counted, shape = known
-                if counted is None:
-                    return
-            else:
-                counted, shape = count_batch(batch), None
-                if counted is None:
-                    return
-            if self.host_masks:  # the same batch as the DataLoader gave it, in order
-                mask = self.host_masks.popleft()
-                if counted.token_source != FROM_IDS_MASK_ON_DEVICE:
-                    self.host_masks.clear()  # a mask readable here (a CPU run): the host's are not needed
-                elif mask is not None and int(mask.shape[0]) == counted.samples:
-                    counted = BatchCount(counted.samples, int(mask.sum()), FROM_HOST_MASK, int(mask.numel()))
-            record.samples += counted.samples
-            record.tokens += counted.tokens
-            record.padded_tokens += counted.padded
-            if shape is None:
-                shape = batch_shape(batch)
-                self._note_shape(record, shape)
-            record.shape = hash((record.shape, shape))
-            if counted.token_source is not None:
-                self.token_source = counted.token_source
+            self.batches.count(record, batch)
         except Exception as error:
             self.faults.report("batch", error)
-
-    def _count_tensor_batch(self, key: tuple[Any, ...], batch: Any) -> tuple[BatchCount | None, Any]:
-        """Count a batch of tensors whose shapes and dtypes were not seen before, and note its shape: what
-        :meth:`batch` looks up for every later batch like it (bounded, as the shapes are)."""
-        counted = count_batch(batch)
-        shape = batch_shape(batch)
-        if counted is not None:
-            self._note_shape(self.record, shape)  # type: ignore[arg-type]
-        if len(self._tensor_batches) < MAX_SHAPES:
-            self._tensor_batches[key] = (counted, shape)
-        return counted, shape
-
-    def _note_shape(self, record: StepRecord, shape: tuple[Any, ...]) -> None:
-        if shape not in self.shapes and len(self.shapes) < MAX_SHAPES:
-            self.shapes.add(shape)
-            record.new_shape = True
 
     def named(self, name: str, ms: float) -> None:
         """Host work the framework named took ``ms`` while a training step was open (not in an aside). A Lightning
