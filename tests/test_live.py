@@ -39,14 +39,14 @@ class Clock:
         return self.now
 
 
-def _watch(tmp_path: Path, beacon: list[Any], clock: Clock, stall_after_s: float | None = None,
+def _watch(tmp_path: Path, phase_now: list[Any], clock: Clock, stall_after_s: float | None = None,
            console_every_s: float = 0.0, state: RunState | None = None) -> tuple[LiveWatch, list[int]]:
     saved: list[int] = []
     from perfhooks.faults import FaultLog
 
     watch = LiveWatch(rank=0, world_size=1, output_dir=tmp_path, stall_after_s=stall_after_s,
                       console_every_s=console_every_s, state=lambda: state or _state(30),
-                      beacon=lambda: tuple(beacon), device=lambda: "none", on_stall=lambda: saved.append(1),
+                      phase_now=lambda: tuple(phase_now), device=lambda: "none", on_stall=lambda: saved.append(1),
                       faults=FaultLog(), clock=clock)
     return watch, saved
 
@@ -54,8 +54,8 @@ def _watch(tmp_path: Path, beacon: list[Any], clock: Clock, stall_after_s: float
 def test_a_phase_longer_than_the_bound_is_a_stall_with_the_stack_and_its_length_when_it_ends(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     clock = Clock()
-    beacon: list[Any] = ["data_wait", clock.now, 30]
-    watch, saved = _watch(tmp_path, beacon, clock, stall_after_s=3.0)
+    phase_now: list[Any] = ["data_wait", clock.now, 30]
+    watch, saved = _watch(tmp_path, phase_now, clock, stall_after_s=3.0)
     clock.now += 2.9
     watch.tick()
     assert watch.records() == [] and saved == []
@@ -73,7 +73,7 @@ def test_a_phase_longer_than_the_bound_is_a_stall_with_the_stack_and_its_length_
     clock.now += 7.0
     watch.tick()
     assert watch.records()[0]["seconds"] == 10.1 and not watch.records()[0]["ended"]
-    beacon[:] = ["forward", clock.now + 0.5, 30]  # the fetch returned half a second ago... as the beacon says
+    phase_now[:] = ["forward", clock.now + 0.5, 30]  # the fetch returned half a second ago... as the phase_now says
     watch.tick()
     assert watch.records()[0] | {} == {**stall, "seconds": 10.6, "ended": True}
     assert not json.loads((tmp_path / "live.rank0.json").read_text())["stalled"] and saved == [1, 1]

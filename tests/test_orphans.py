@@ -43,7 +43,7 @@ def test_the_watch_closes_a_run_left_open_once_and_then_stops(tmp_path: Path, mo
     step = [5]
     closed: list[str] = []
     watch = LiveWatch(rank=0, world_size=1, output_dir=tmp_path, stall_after_s=10.0, console_every_s=0.0,
-                      state=lambda: None, beacon=lambda: (None, None, step[0]), device=lambda: "none",  # type: ignore[arg-type,return-value]
+                      state=lambda: None, phase_now=lambda: (None, None, step[0]), device=lambda: "none",  # type: ignore[arg-type,return-value]
                       on_stall=lambda: None, faults=FaultLog(), clock=lambda: now[0],
                       left_open=lambda idle_s, limit_s: "silence" if idle_s > 3 * limit_s else None,
                       on_left_open=closed.append)

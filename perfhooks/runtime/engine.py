@@ -158,7 +158,7 @@ class Engine:
                                    lifecycle.write_report, on_verdicts=tracker.publish_soon)
         self.watch = LiveWatch(rank=facts.rank, world_size=facts.world_size, output_dir=self.output_dir,
                                stall_after_s=config.stall_after_s, console_every_s=config.console_every_s,  # type: ignore[arg-type]
-                               state=lambda: self.state, beacon=lambda: self.tracker.beacon,
+                               state=lambda: self.state, phase_now=lambda: self.tracker.phase_now,
                                trace=lambda: self.saving.trace,  # a window's verdicts, as soon as analysed
                                device=self.room.queue_state, on_stall=self._stalled, faults=self.faults,
                                left_open=lambda idle_s, limit_s: self.owner.left_open(
@@ -301,7 +301,7 @@ class Engine:
                  if full or not hasattr(self, "state") else self.state.parts)
         if parts.trace is not self.saving.trace:  # a window's analysis ended since: its verdicts at once
             parts = parts._replace(trace=self.saving.trace)
-        phase, since, _ = tracker.beacon  # the open phase and when it started (one read: they agree)
+        phase, since, _ = tracker.phase_now  # the open phase and when it started (one read: they agree)
         sampler = tracker.sampler
         state = RunState(tracker.step, tracker.global_step, self.status, phase, since if phase is not None else None,
                          monotonic_ns() / 1e9, tracker.stats.snapshot(), parts, self.signal,

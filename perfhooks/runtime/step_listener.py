@@ -5,7 +5,7 @@ At a step's start the capture controller drives its window, compile tracking loo
 sample and FLOP arming decides whether to count the step; at a phase start FLOP arming watches for the forward
 and the optimizer and CUDA allocations are tagged; at a phase end memory samples; at a step's end W&B gets its
 rows and the engine publishes the run's state. The tracker is told of phase moments only while a part needs them
-(:meth:`RunParts.watch_phases`), so the hot path skips the others. The close's device drain and a signal's window
+(:meth:`RunParts.set_phase_notices`), so the hot path skips the others. The close's device drain and a signal's window
 stop are the lifecycle's (:mod:`perfhooks.runtime.ending.lifecycle`); the report's slower parts are taken by
 :func:`perfhooks.runtime.state.reporting.report_parts`.
 
@@ -69,9 +69,9 @@ class RunParts:
         tracker.listener = self
         if capture.trigger is not None:  # a signal's request is looked at from the next step on
             capture.trigger.on_request = tracker.wake  # type: ignore[method-assign]
-        self.watch_phases()
+        self.set_phase_notices()
 
-    def watch_phases(self) -> None:
+    def set_phase_notices(self) -> None:
         """Tell the tracker which phase moments a part needs now."""
         tagging = self.tag_allocations and self.memory.history  # type: ignore[union-attr]
         self.tracker.notify_phases = self.flops.watching or tagging
@@ -80,14 +80,14 @@ class RunParts:
     def stop_flop_count(self, keep: bool) -> None:
         if self.flops.watching:
             self.flops.stop(keep)
-            self.watch_phases()
+            self.set_phase_notices()
 
     # ----------------------------------------------------------------- StepListener
     def device_lost(self) -> None:
         """The device raised a CUDA error (the user's, or seen first by perfhooks' call): no device call from here
         on; no window opens, memory is not sampled."""
         self.device_broken = True
-        self.watch_phases()
+        self.set_phase_notices()
 
     def step_opening(self, step: int) -> bool:
         """A step opens: windows, compile watch, memory, FLOPs. True when perfhooks' own work overlaps it."""
@@ -104,12 +104,12 @@ class RunParts:
         flops = self.flops
         if flops.watching:
             flops.stop()
-            self.watch_phases()
+            self.set_phase_notices()
         elif flops.may_count and action is Action.WARMUP:
             flops.arm(compiled=self.compile.model_compiled or self.compile.compiled_in_run(), step=step)
-            self.watch_phases()
+            self.set_phase_notices()
         elif self.tag_allocations and self.tracker.notify_phases and not self.memory.history:  # type: ignore[union-attr]
-            self.watch_phases()  # the allocation history stopped: no more tags
+            self.set_phase_notices()  # the allocation history stopped: no more tags
         writer = self.writer
         self._writer_seen = writer.started
         # a window's steps, a FLOP count's and those near a memory capture (the allocation history records) are
@@ -140,7 +140,7 @@ class RunParts:
             if not self.flops.watching:  # the count just ended: the tokens it was measured on
                 record = self.tracker.record  # padded slots where a mask was read: the model runs on padding too
                 self.flops.measured_tokens = (record.padded_tokens or record.tokens) if record is not None else 0
-            self.watch_phases()
+            self.set_phase_notices()
         if self.tag_allocations and self.memory.history:  # type: ignore[union-attr]
             cuda_extras.tag_allocations(name)  # the snapshot shows each allocation's phase
 
@@ -150,7 +150,7 @@ class RunParts:
             memory.observe(tracker.step, name)  # type: ignore[union-attr]
             tracker.observe_after_ns = memory.next_sample_ns  # type: ignore[union-attr]
             if self.tag_allocations and memory.history and not tracker.notify_phases:  # type: ignore[union-attr]
-                self.watch_phases()  # the approach armed the allocation history: tag allocations from here on
+                self.set_phase_notices()  # the approach armed the allocation history: tag allocations from here on
             if len(memory.captures) != self._captures_seen:  # type: ignore[union-attr]  # a capture paused the step
                 self._captures_seen = len(memory.captures)  # type: ignore[union-attr]
                 return True

@@ -12,7 +12,8 @@ happen, all from the published state; nothing of it runs on the training thread.
   busy, or none on a CPU: one bounded query, never a synchronize) and the memory in use; prints one line; writes
   the live file and the report at once; and updates the record with its length when the phase moves on.
 
-The training thread's only part is the beacon the tracker sets at each phase change (one tuple assignment).
+The training thread's only part is the tracker's ``phase_now`` (the open phase, since when, the step), set at each
+phase change (one tuple assignment).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class LiveWatch:
     """The live file, the live line and the stall watch of one run (a daemon thread)."""
 
     def __init__(self, *, rank: int, world_size: int, output_dir: Path, stall_after_s: float | None,
-                 console_every_s: float, state: Callable[[], RunState], beacon: Callable[[], tuple[Any, ...]],
+                 console_every_s: float, state: Callable[[], RunState], phase_now: Callable[[], tuple[Any, ...]],
                  device: Callable[[], str], on_stall: Callable[[], None], faults: FaultLog,
                  thread_id: int | None = None, clock: Callable[[], float] = monotonic,
                  left_open: Callable[[float, float], str | None] | None = None,
@@ -69,7 +70,7 @@ class LiveWatch:
         #: When the watch began, on its clock: no phase of this run started before.
         self._born = clock()
         self.console_every_s = console_every_s
-        self.state, self.beacon, self.device, self.on_stall = state, beacon, device, on_stall
+        self.state, self.phase_now, self.device, self.on_stall = state, phase_now, device, on_stall
         #: Why the run is taken as left open, given the seconds since its last step and the stall limit
         #: (:mod:`perfhooks.runtime.ending.orphans`), and what closes it then (on this thread).
         self.left_open, self.on_left_open = left_open, on_left_open
@@ -105,7 +106,7 @@ class LiveWatch:
             thread.join(timeout_s)
         if self._open is not None:
             try:
-                phase, since, step = self.beacon()
+                phase, since, step = self.phase_now()
                 self._follow_stall(self.state(), phase, since, step, 0.0)
             except Exception as error:
                 self.faults.report("live_watch", error)
@@ -124,7 +125,7 @@ class LiveWatch:
 
     # ----------------------------------------------------------------- one look
     def in_phase_s(self, now: float, since: float | None) -> float:
-        """Seconds in the open phase; 0 when the beacon's time is not to be trusted: after ``now`` (a clock that
+        """Seconds in the open phase; 0 when the phase_now's time is not to be trusted: after ``now`` (a clock that
         went backwards) or before this watch began (a jump larger than the run's age)."""
         if since is None or since > now or since < self._born - TICK_S:
             return 0.0
@@ -133,7 +134,7 @@ class LiveWatch:
     def tick(self) -> None:
         now = self.clock()
         state = self.state()
-        phase, since, step = self.beacon()
+        phase, since, step = self.phase_now()
         if step != self._last_step[0]:
             self._last_step = (step, now)
         if self.left_open is not None and self.on_left_open is not None:

@@ -122,7 +122,7 @@ class StepTracker:
         self.quiet_until_ns = 0
         #: ``(phase or None, monotonic() when it started, step)``, one tuple swapped in at each phase change:
         #: what the live watch reads from its own thread.
-        self.beacon: tuple[str | None, float | None, int] = (None, None, start_step)
+        self.phase_now: tuple[str | None, float | None, int] = (None, None, start_step)
         self.record: StepRecord | None = None
         self.phase: tuple[str, Any] | None = None
         self._nvtx_on = nvtx.active
@@ -210,7 +210,7 @@ class StepTracker:
             self._light_own = own
             self._light_start_ns = now_ns
             self._light_fetch_ns = self._light_micro = self._light_aside_ns = 0
-            self.beacon = (None, now_ns / 1e9, step)
+            self.phase_now = (None, now_ns / 1e9, step)
             # the light steps after this one that may end on the short path: surely light, nothing due
             self._short_left = max(0, min(SHORT_RUN, sampler.surely_light_after(), self.quiet_until_step - step - 1,
                                           self.publish_at_step - step - 1))
@@ -251,7 +251,7 @@ class StepTracker:
                     self._short_left = 0  # several fetches a step: its end takes the long path
                 self._wait_from = now
                 self._light_micro += 1
-                self.beacon = (DATA_WAIT, now / 1e9, self.step)
+                self.phase_now = (DATA_WAIT, now / 1e9, self.step)
                 return
             record = self.record
             if record is not None and record.stepped:
@@ -286,7 +286,7 @@ class StepTracker:
         self._light_start_ns = self._wait_from = now
         self._light_fetch_ns = 0
         self._light_micro = 1
-        self.beacon = (DATA_WAIT, now / 1e9, step)
+        self.phase_now = (DATA_WAIT, now / 1e9, step)
         self._own_ns = monotonic_ns() - started
 
     def _fold_short(self) -> None:
@@ -434,7 +434,7 @@ class StepTracker:
         now = started if self._same_clock else self._step_now()
         self._light_fetch_ns += now - self._wait_from
         self._wait_from = 0
-        self.beacon = (None, now / 1e9, self.step)
+        self.phase_now = (None, now / 1e9, self.step)
         self._own_ns += monotonic_ns() - started
 
     def _phase_start(self, name: str, now_ns: int | None = None) -> None:
@@ -450,7 +450,7 @@ class StepTracker:
                     if name == DATA_WAIT:
                         self._wait_from = self._light_start_ns
                         self._light_micro += 1
-                        self.beacon = (DATA_WAIT, self._light_start_ns / 1e9, self.step)
+                        self.phase_now = (DATA_WAIT, self._light_start_ns / 1e9, self.step)
                     else:
                         self._light_phased = True
                     return
@@ -482,7 +482,7 @@ class StepTracker:
             if autograd_profiler._is_profiler_enabled:
                 self.labels.enter(name)
             self.phase = (name, mark)
-            self.beacon = (name, monotonic_ns() / 1e9, self.step)
+            self.phase_now = (name, monotonic_ns() / 1e9, self.step)
         except Exception as error:
             self.faults.report("phase_start", error)
 
@@ -505,7 +505,7 @@ class StepTracker:
         name, start = self.phase  # type: ignore[misc]
         self.phase = None
         now_ns = monotonic_ns()
-        self.beacon = (None, now_ns / 1e9, self.step)
+        self.phase_now = (None, now_ns / 1e9, self.step)
         if self.labels.is_open:
             self.labels.exit()
         if self._nvtx_on:
