@@ -160,3 +160,30 @@ def test_drawn_detailed_steps_publish_on_the_light_steps_cadence_and_the_warm_up
     assert later[:9] == list(range(warmup + 3, warmup + 30, 3)), later
     assert [step for step in later if step > warmup + 29][:3] == [warmup + 30, warmup + 31, warmup + 34], later
     assert engine.tracker.publish_at_step == 1 << 62
+
+
+def test_samples_and_tokens_per_step_are_of_the_steps_whose_batches_were_counted(tmp_path: Path) -> None:
+    """A light step's batch is not counted: samples and tokens per step are the detailed steps' (a gate that compared
+    samples per step read 15.73 for batches of 16 once some steps were light), and samples per second is at
+    every step's rate."""
+    import torch
+
+    clock = ManualClock()
+    config = PerfConfig(schedule=None, console=False, on_demand=False, memory=False)
+    engine = Engine(config, tmp_path, "test", clock=clock)
+    engine.tracker.sampler.hold(0.25)
+    batch = torch.zeros(16, 4)
+    for _ in range(400):
+        engine.fetch()
+        clock.advance(0.5)
+        engine.phase_start("forward")
+        engine.batch(batch)
+        clock.advance(9.5)
+        engine.phase_end("forward")
+        engine.stepped()
+    report = engine.close()
+    assert report is not None
+    throughput = report["throughput"]
+    assert 0 < report["overhead"]["light_steps"] and report["phase_steps"] < report["steps"]
+    assert throughput["samples_per_step"] == 16.0
+    assert throughput["samples_per_s"] == pytest.approx(16 / 0.010, rel=1e-3)

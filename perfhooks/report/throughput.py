@@ -32,8 +32,9 @@ def throughput_section(stats: Any, flops: dict[str, Any], device: dict[str, Any]
         "steps": steps,
         "samples_per_s": round(samples_per_s, 4) if stats.samples else None,
         "tokens_per_s": round(tokens_per_s, 4) if stats.tokens else None,
-        "samples_per_step": round(stats.samples / stats.steps, 4) if stats.samples and stats.steps else None,
-        "tokens_per_step": round(stats.tokens / stats.steps, 4) if stats.tokens and stats.steps else None,
+        # of the detailed steps, whose batches were counted (a light step's are not: the budget's sample)
+        "samples_per_step": round(stats.samples / stats.sampled_steps, 4) if stats.samples else None,
+        "tokens_per_step": round(stats.tokens / stats.sampled_steps, 4) if stats.tokens else None,
         "token_source": token_source if stats.tokens else None,
         "flops_per_step": flops.get("per_step"),
         "flops_source": flops.get("source"),
