@@ -150,7 +150,9 @@ def metered(more_entries: Sequence[tuple[type, str]] = (), simulation: bool = Tr
     entries = [(getattr(plain, owner), name) for owner, name in ENTRY_POINTS] + list(more_entries)
     calls: list[tuple[Any, str]] = []
     if simulation:  # the simulated GPU lives with the tests
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        tests = str(Path(__file__).resolve().parents[1] / "tests")
+        if tests not in sys.path:  # metered once a round: the path gets the folder once
+            sys.path.insert(0, tests)
         from simulated_gpu import SimEvent
 
         calls = [(SimEvent, "record"), (torch._C, "_cuda_getCurrentStream"),
