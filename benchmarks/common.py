@@ -1,16 +1,20 @@
-"""What the benchmark scripts share, in one module (no script imports another): the machine a figure was
-measured on, and the simulated GPU's helpers: the floor design, the in-place meter around perfhooks' entry points,
-one torch thread, perfhooks bound to the simulation, and each perfhooks thread's CPU time."""
+"""What the benchmark scripts share, in one module (no script imports another; ``suite.py`` runs them): the
+machine a figure was measured on; how runs are compared (rounds that rotate the variants, a steady step, paired
+differences, each thread's CPU time); and the simulated GPU's helpers (the floor design, the in-place meter around
+perfhooks' entry points, one torch thread, perfhooks bound to the simulation)."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import platform
 import socket
+import statistics
 import sys
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -166,40 +170,102 @@ def metered(more_entries: Sequence[tuple[type, str]] = (), simulation: bool = Tr
         yield meter
 
 
-def one_torch_thread() -> None:
-    """torch's CPU ops on one thread, as a GPU host's training thread runs them (its ops go to the device). With
-    OpenMP's default two threads on this 2-core machine, the second spin-waits through every op and a benchmark's
-    background threads compete with it: on the simulated launch-bound loop the floor's rounds spread over 31 to
-    117 µs (10 rounds), against 38 to 50 µs on one thread (8 rounds), at about the same median (46 and 43)."""
-    torch.set_num_threads(1)
+@contextlib.contextmanager
+def on_the_simulated_gpu(memory_bytes: int = 1 << 30) -> Iterator[Any]:
+    """The simulated GPU (``tests/simulated_gpu.py``: each device call charged its host cost on an H100) for the
+    length of the block, every engine perfhooks starts bound to its ``cuda:0`` (the model's tensors stay on the
+    CPU), and torch's CPU ops on one thread, as a GPU host's training thread runs them; all put back after.
 
-
-def bind_to_the_simulation() -> None:
-    """Every engine perfhooks starts is bound to ``cuda:0`` (the model's tensors are on the CPU)."""
+    One thread: with OpenMP's default two threads on this 2-core machine, the second spin-waits through every op
+    and a benchmark's background threads compete with it (on the simulated launch-bound loop the floor's rounds
+    spread over 31 to 117 µs, 10 rounds, against 38 to 50 µs on one thread, 8 rounds, at about the same median)."""
     from perfhooks.runtime.engine import Engine
 
-    start = Engine.start.__func__  # type: ignore[attr-defined]
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    from simulated_gpu import simulated_cuda
+
+    threads = torch.get_num_threads()
+    start = Engine.__dict__["start"]
 
     def on_device(cls: type, *args: Any, **kwargs: Any) -> Any:
         kwargs["device"] = "cuda:0"
-        return start(cls, *args, **kwargs)
+        return start.__func__(cls, *args, **kwargs)
 
-    Engine.start = classmethod(on_device)  # type: ignore[method-assign]
+    torch.set_num_threads(1)
+    Engine.start = classmethod(on_device)  # type: ignore[method-assign, assignment]
+    try:
+        with simulated_cuda(memory_bytes=memory_bytes) as gpu:
+            yield gpu
+    finally:
+        Engine.start = start  # type: ignore[method-assign]
+        torch.set_num_threads(threads)
 
 
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds of each of perfhooks' threads so far (``/proc/self/task/<tid>/stat``: utime + stime)."""
-    import os
-    import threading
-
-    ticks = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
+def threads_cpu_s(prefix: str = "") -> dict[str, float]:
+    """CPU seconds so far of each Python thread but the calling one whose name starts with ``prefix``, by name
+    (perfhooks' threads are named ``perfhooks-*``); a thread that ended meanwhile is left out."""
+    times: dict[str, float] = {}
     for thread in threading.enumerate():
-        if not thread.name.startswith("perfhooks") or thread.native_id is None:
+        if thread is threading.current_thread() or thread.ident is None or not thread.name.startswith(prefix):
             continue
         try:
-            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            seconds = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
             continue
-        out[thread.name] = out.get(thread.name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        times[thread.name] = times.get(thread.name, 0.0) + seconds
+    return times
+
+
+# ----------------------------------------------------------------------------- comparing runs
+def rotate_rounds(names: Sequence[str], measure: Callable[[str], Any], rounds: int, deadline: float = float("inf"),
+                  clock: Callable[[], float] = time.monotonic,
+                  after_round: Callable[[dict[str, list[Any]]], None] | None = None) -> dict[str, list[Any]]:
+    """``measure(name)`` for every name, round after round, each round starting one name later (A/B/C, B/C/A,
+    C/A/B; with two names, A/B then B/A), so that no variant always follows the same one; each name's results,
+    round by round. A round that would end past ``deadline`` (s on ``clock``, judged by the mean round so far) is
+    not begun; the first always runs. ``after_round`` gets the results so far after each round (to save them)."""
+    names = list(names)
+    results: dict[str, list[Any]] = {name: [] for name in names}
+    started = clock()
+    for round_ in range(rounds):
+        now = clock()
+        if round_ and now + (now - started) / round_ > deadline:
+            break
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            results[name].append(measure(name))
+        if after_round is not None:
+            after_round(results)
+    return results
+
+
+def steady_step(ends: Sequence[float], skip_first: int, skip_last: int = 0) -> float:
+    """A run's steady step: the median gap between consecutive step ends (batch end to batch end, in the ends'
+    unit), the first ``skip_first`` steps (warm-up) and the last ``skip_last`` (a window's export) left out."""
+    kept = ends[skip_first:len(ends) - skip_last]
+    return statistics.median(b - a for a, b in itertools.pairwise(kept))
+
+
+def paired(values: Sequence[float], base: Sequence[float]) -> list[float]:
+    """Each round's ``value - base``: the rounds ran both back to back, so the machine's drift between rounds,
+    which each variant's own median keeps, cancels."""
+    return [value - other for value, other in zip(values, base, strict=True)]
+
+
+def spread(values: Sequence[float], digits: int = 1) -> str:
+    """``median (rounds min to max)``, the way every script says a figure over rounds."""
+    return (f"{statistics.median(values):.{digits}f} (rounds {min(values):.{digits}f} to "
+            f"{max(values):.{digits}f})")
+
+
+def paired_added_us(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
+    """Each variant against ``bare`` in the same round (:func:`paired`, ms a step per round, of the wall clock or
+    of the training thread's CPU): the median of the differences (µs a step) and the rounds it was slower in."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in times.items():
+        differences = [difference * 1e3 for difference in paired(values, times["bare"])]
+        if name != "bare" and differences:
+            out[name] = {"median_us": round(statistics.median(differences), 1),
+                         "slower_rounds": f"{sum(d > 0 for d in differences)}/{len(differences)}"}
     return out

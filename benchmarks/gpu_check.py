@@ -48,7 +48,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,7 +59,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from common import describe_machine  # noqa: E402
+from common import describe_machine, on_the_simulated_gpu, paired_added_us, rotate_rounds, threads_cpu_s  # noqa: E402
 
 #: perfhooks' parts, each switched off in turn from perfhooks without windows (the settings that do it). No
 #: variant opens a window, so the variants can share one process whatever a window leaves behind (CUPTI);
@@ -195,19 +194,6 @@ class RawWindow:
             self.profiler = None
 
 
-def _python_threads_cpu() -> dict[str, float]:
-    """CPU time (s) of each Python thread but this one, by name (perfhooks' threads are named ``perfhooks-*``)."""
-    times: dict[str, float] = collections.defaultdict(float)
-    for thread in threading.enumerate():
-        if thread is threading.current_thread() or thread.ident is None:
-            continue
-        try:
-            times[thread.name] += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-        except (OSError, AttributeError):  # ended meanwhile, or no per-thread clocks here
-            continue
-    return times
-
-
 class GarbageCollections:
     """The garbage collector's passes and their time (s), counted through ``gc.callbacks`` (installed at the first
     span, for the rest of the benchmark; importing this module installs nothing): the bare loop allocates almost
@@ -249,7 +235,7 @@ class Span:
         """At step ``step`` (after a synchronize): the span is timed from its first mark to its last."""
         _sync(device)
         self.marks.append((step, time.perf_counter(), time.thread_time(), time.process_time(),
-                           _python_threads_cpu(), GarbageCollections.installed().now()))
+                           threads_cpu_s(), GarbageCollections.installed().now()))
 
     def per_step(self) -> dict[str, Any]:
         """Per timed step (ms): the wall clock, the training thread's CPU, the CPU of every other thread, and of
@@ -455,25 +441,6 @@ def _lightning_gpt(settings: dict[str, Any] | None, steps: int, device: str, dry
 
 
 # ----------------------------------------------------------------------------- alternation and API calls
-def rotate_rounds(names: list[str], measure: Callable[[str], Any], rounds: int, deadline: float,
-                  clock: Callable[[], float] = time.monotonic,
-                  after_round: Callable[[dict[str, list[Any]]], None] | None = None) -> dict[str, list[Any]]:
-    """``measure(name)`` for every name, round after round, each round starting one name later; each name's
-    results. A round that would end past ``deadline`` (s on ``clock``, judged by the mean round so far) is not
-    begun; the first always runs. ``after_round`` gets the results so far after each round (to save them)."""
-    results: dict[str, list[Any]] = {name: [] for name in names}
-    started = clock()
-    for round_ in range(rounds):
-        now = clock()
-        if round_ and now + (now - started) / round_ > deadline:
-            break
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            results[name].append(measure(name))
-        if after_round is not None:
-            after_round(results)
-    return results
-
-
 def alternate(measure: Any, rounds: int, deadline: float, clock: Any = time.monotonic,
               after_round: Any = None, names: list[str] | None = None) -> dict[str, Any]:
     """Each part's step (:func:`rotate_rounds` over ``names``, default all :data:`PARTS`; ``measure(settings)``
@@ -508,22 +475,6 @@ def _summary(results: dict[str, list[Any]]) -> dict[str, Any]:
     if any(overhead.values()):  # each run's own account of its cost (the report's overhead section)
         summary["overhead"] = {name: runs for name, runs in overhead.items() if runs}
     return summary
-
-
-def paired_added_us(times: dict[str, list[float]]) -> dict[str, dict[str, Any]]:
-    """Each variant against bare in the same round (a round runs every variant once, back to back): the median of
-    the differences (µs a step) and the rounds it was slower in. The machine's drift between rounds, which the
-    medians of each variant alone keep, cancels. ``times``: ms a step per round, of the wall clock or of the
-    training thread's CPU (in a host-bound loop the CPU perfhooks adds there is its cost, without the wall clock's
-    noise from the device and the other threads)."""
-    bare = times["bare"]
-    paired: dict[str, dict[str, Any]] = {}
-    for name, values in times.items():
-        differences = [(value - base) * 1e3 for value, base in zip(values, bare, strict=True)]
-        if name != "bare" and differences:
-            paired[name] = {"median_us": round(statistics.median(differences), 1),
-                            "slower_rounds": f"{sum(d > 0 for d in differences)}/{len(differences)}"}
-    return paired
 
 
 def cpu_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -594,17 +545,11 @@ def simulated(out_dir: str, rounds: int, budget_s: float, steps: int = 1500) -> 
     size, a host-bound step of a few hundred µs), perfhooks bound to ``cuda:0`` of the simulation, which charges
     each device call its host cost on an H100. The same figures as on a GPU, so that a part's cost can be placed
     here first and checked on the next lent GPU. Writes ``DIR/gpu_check_simulated.json``."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from common import bind_to_the_simulation, one_torch_thread
-    from simulated_gpu import simulated_cuda
-
-    bind_to_the_simulation()
-    one_torch_thread()
     file = ResultFile(Path(out_dir) / "gpu_check_simulated.json",
                       {"machine": describe_machine(), "device": "simulated cuda:0 (model on the CPU)",
                        "torch": torch.__version__, "steps_per_run": steps})
     result = file.result
-    with simulated_cuda(memory_bytes=1 << 30), tempfile.TemporaryDirectory() as out:
+    with on_the_simulated_gpu(), tempfile.TemporaryDirectory() as out:
         job = launch_bound_job("cpu", dry=True)
         launch_bound_ms(job, None, 20, "cpu", out)  # warm-up
         file.keep("launch_bound", alternate(lambda s: launch_bound_ms(job, s, steps, "cpu", out), max(1, rounds),

@@ -21,20 +21,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import describe_machine
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cuda", action="store_true", help="on the GPU, with an allocation history recording")
-    args = parser.parse_args(argv)
-    from perfhooks.device.describe import cpu_model
+def capture_pause(repeats: int = 5, cuda: bool = False) -> dict[str, float]:
+    """The median over ``repeats`` captures of the training thread's pause and of the same capture written inline
+    (ms)."""
     from perfhooks.device.room import DeviceRoom
     from perfhooks.faults import FaultLog, Once
     from perfhooks.memory.monitor import MemoryMonitor
     from tutorial_transformer import TransformerLayer
 
-    device = "cuda" if args.cuda else "cpu"
+    device = "cuda" if cuda else "cpu"
     model = TransformerLayer().to(device)
     optimizer = torch.optim.AdamW(model.parameters())
     x = torch.randn(16, 128, 512, device=device)
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         def monitor(submit):
             m = MemoryMonitor(Path(folder), DeviceRoom(device), FaultLog(), Once(), threshold=0.9,
-                              capacity_bytes=2**40, poll_s=0, history=True if args.cuda else None,
+                              capacity_bytes=2**40, poll_s=0, history=True if cuda else None,
                               history_entries=100_000, max_captures=10 ** 6, submit=submit)
             m.models.append(model)
             m.sample()
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
         off_thread, inline = monitor(lambda kind, job: pending.append(job)), monitor(None)
         paused, whole = [], []
-        for step in range(args.repeats):
+        for step in range(repeats):
             started = time.perf_counter()
             off_thread.capture(step, "forward", "near_limit")
             paused.append((time.perf_counter() - started) * 1e3)
@@ -62,9 +62,20 @@ def main(argv: list[str] | None = None) -> int:
             whole.append((time.perf_counter() - started) * 1e3)
         off_thread.stop()
     p, w = statistics.median(paused), statistics.median(whole)
-    print(f"machine: {cpu_model()}, device {device}, torch {torch.__version__}")
-    print(f"capture pause on the training thread: {p:.1f} ms (median of {args.repeats}); the whole capture "
-          f"inline: {w:.1f} ms; ratio {p / w:.2f}")
+    print(f"  capture pause on the training thread: {p:.1f} ms (median of {repeats}); the whole capture inline: "
+          f"{w:.1f} ms; ratio {p / w:.2f}")
+    return {"pause_ms": p, "inline_ms": w, "device": device}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cuda", action="store_true", help="on the GPU, with an allocation history recording")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    print(f"machine: {describe_machine()}")
+    capture_pause(args.repeats, args.cuda)
     return 0
 
 

@@ -1,4 +1,6 @@
-"""Overhead on the training loop: step time of each profiler variant, interleaved, as ratios.
+"""Overhead on the training loop: step time of each profiler variant, interleaved, as ratios; and what
+perfhooks costs beside the step: the published state and the live watch, a short run's close, the share of a fast
+run's steps that overlap its own work, and the peak RSS it adds (each a section of ``benchmarks/suite.py``).
 
     python benchmarks/overhead.py [--quick] [--rounds N]      # or all benchmarks: benchmarks/suite.py
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import statistics
 import sys
 import tempfile
@@ -27,15 +30,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "examples"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from common import describe_machine  # noqa: E402
+from common import describe_machine, paired, rotate_rounds, steady_step  # noqa: E402
 
 #: The settings of a perfhooks window, used for the bare torch.profiler and ProfileKwargs too.
 WINDOW_SETTINGS = {"record_shapes": True, "profile_memory": True, "with_stack": False}
 
 
 def _steady_ms(ends: list[float]) -> float:
-    times = [(ends[i + 1] - ends[i]) * 1e3 for i in range(2, len(ends) - 2)]
-    return statistics.median(times)
+    """The run's steady step in ms (``ends`` in s): the first two steps and the last one left out."""
+    return steady_step(ends, skip_first=2, skip_last=1) * 1e3
 
 
 def _activities() -> list[Any]:
@@ -188,20 +191,21 @@ def accelerate_step_ms(variant: str, steps: int, d_model: int, out: str) -> floa
 # --------------------------------------------------------------------------- comparisons
 def interleaved(measure: Callable[[str, str], float], variants: tuple[str, ...], rounds: int,
                 label: str) -> dict[str, Any]:
-    """Run every variant once per round, in turn, after a warm-up; per-round ratios to ``variants[0]``."""
+    """Every variant once a round (:func:`common.rotate_rounds`), after a warm-up; each round's step times."""
     with tempfile.TemporaryDirectory() as out:
         measure(variants[0], out)  # warm-up: imports, allocator, thread pools
-    per_round: list[dict[str, float]] = []
-    for index in range(rounds):
-        times = {}
-        # Each round starts one variant later, so that no variant always follows the same one.
-        for variant in variants[index % len(variants):] + variants[:index % len(variants)]:
-            with tempfile.TemporaryDirectory() as out:
-                times[variant] = measure(variant, out)
-        times = {variant: times[variant] for variant in variants}
-        per_round.append(times)
-        print(f"  {label} round {index + 1}: " + "  ".join(f"{v} {t:.2f} ms" for v, t in times.items()), flush=True)
-    return {"rounds": per_round, "step_ms": {v: statistics.median(r[v] for r in per_round) for v in variants}}
+
+    def one_run(variant: str) -> float:
+        with tempfile.TemporaryDirectory() as out:
+            return measure(variant, out)
+
+    def said(so_far: dict[str, list[float]]) -> None:
+        print(f"  {label} round {len(so_far[variants[0]])}: "
+              + "  ".join(f"{v} {times[-1]:.2f} ms" for v, times in so_far.items()), flush=True)
+
+    times = rotate_rounds(variants, one_run, rounds, after_round=said)
+    per_round = [{variant: times[variant][index] for variant in variants} for index in range(rounds)]
+    return {"rounds": per_round, "step_ms": {v: statistics.median(times[v]) for v in variants}}
 
 
 def ratio(result: dict[str, Any], numerator: str, denominator: str) -> dict[str, float]:
@@ -283,6 +287,212 @@ def host_cost_us(steps: int = 20_000, repeats: int = 5) -> float:
             results.append((time.perf_counter_ns() - start) / steps / 1e3)
             engine.close()
     return statistics.median(results)
+
+
+# --------------------------------------------------------------------------- the published state and the watch
+PUBLISH_TARGET_US = 5.0
+LOOK_TARGET_SHARE = 0.005
+
+
+def publish_cost() -> dict[str, float]:
+    """What the published state and the live watch cost the training thread. The training thread publishes one
+    RunState a step (``Engine.publish``); the watch thread, once a second, reads it, follows stalls and (every 2 s)
+    writes the live file, holding the GIL while it does. Both are timed on an engine with 5,000 steps of
+    statistics on a manual clock (no sleeping), so that the figures do not drown in the noise of whole steps.
+    Targets: a publication under 5 µs; a look under 0.5% of a core."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from helpers import ManualClock
+    from perfhooks import Engine, PerfConfig
+
+    clock = ManualClock()
+    with tempfile.TemporaryDirectory() as out:
+        engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, wandb=False), out, "benchmark",
+                        clock=clock)
+        for n in range(5000):
+            for phase, ms in (("data_wait", 1), ("forward", 2 + n % 5), ("backward", 3), ("optimizer", 1)):
+                engine.phase_start(phase)
+                clock.advance(ms)
+            engine.stepped()
+            engine.step_end()
+        started = time.perf_counter()
+        for _ in range(20_000):
+            engine.publish()
+        publish_us = (time.perf_counter() - started) / 20_000 * 1e6
+        engine.watch.close()  # looked at by hand below
+        looks = []
+        for _ in range(50):
+            engine.watch._next_live = 0.0  # every look writes the live file (the thread does so every other look)
+            started = time.perf_counter()
+            engine.watch.tick()
+            looks.append(time.perf_counter() - started)
+        engine.close()
+    look_ms = statistics.median(looks) * 1e3
+    print(f"  publish: {publish_us:.2f} µs a step; a watch look with the live file: {look_ms:.2f} ms once a second, "
+          f"{look_ms / 10:.3f}% of a core")
+    return {"publish_us": publish_us, "look_ms": look_ms, "look_share_of_core": look_ms / 1e3}
+
+
+# --------------------------------------------------------------------------- short runs
+CLOSE_TARGET_S = 0.15
+OVERLAP_TARGET = 0.10
+
+
+def boring_fit_s(with_perfhooks: bool, root: Path) -> float:
+    """Wall time (s) of ``trainer.fit`` on Lightning's BoringModel for 20 steps, defaults on (one window)."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    from perfhooks.integrations.lightning import PerfCallback
+
+    callbacks = [PerfCallback(console=False)] if with_perfhooks else []
+    trainer = L.Trainer(max_steps=20, accelerator="cpu", devices=1, default_root_dir=str(root), callbacks=callbacks,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=2)
+    model = BoringModel()
+    start = time.perf_counter()
+    trainer.fit(model)
+    return time.perf_counter() - start
+
+
+def close_cost(rounds: int) -> dict[str, float]:
+    """What ``PerfCallback()`` with its default schedule adds to a 20-step fit of Lightning's BoringModel (its
+    defaults on), window and close included: the median over rounds of the same round's difference. Target: under
+    0.15 s."""
+    with tempfile.TemporaryDirectory() as folder:
+        boring_fit_s(False, Path(folder) / "warm")  # imports, first calls
+        boring_fit_s(True, Path(folder) / "warm_perf")
+        runs = itertools.count()
+        fits = rotate_rounds(("plain", "perfhooks"), lambda name: boring_fit_s(
+            name == "perfhooks", Path(folder) / f"{next(runs)}_{name}"), rounds)
+    added = paired(fits["perfhooks"], fits["plain"])
+    result = {"plain_s": statistics.median(fits["plain"]), "perfhooks_s": statistics.median(fits["perfhooks"]),
+              "added_s": statistics.median(added), "added_max_s": max(added)}
+    print(f"  close cost: BoringModel 20 steps, fit {result['plain_s']:.3f} s plain, {result['perfhooks_s']:.3f} s "
+          f"with PerfCallback() (median of {rounds}); added {result['added_s']:.3f} s "
+          f"(max {result['added_max_s']:.3f})")
+    return result
+
+
+def overlap_share(steps: int = 200, step_ms: float = 15.0) -> dict[str, float]:
+    """The share of a fast run's steps that overlapped perfhooks' own work (a window, its export, its analysis),
+    from the report: the default schedule over a plain loop of ``steps`` steps of about ``step_ms``. Target: at
+    most 10%."""
+    import perfhooks
+
+    torch.manual_seed(0)
+    width = 192
+    model = torch.nn.Sequential(torch.nn.Linear(width, width * 4), torch.nn.ReLU(), torch.nn.Linear(width * 4, width))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = torch.randn(256, width)
+
+    def train_step(repeats: int) -> None:
+        loss = sum(model(batch).square().mean() for _ in range(repeats))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    repeats = 1
+    for _ in range(3):  # size the step to about step_ms on this machine (warm-up included)
+        start = time.perf_counter()
+        for _ in range(5):
+            train_step(repeats)
+        took_ms = (time.perf_counter() - start) / 5 * 1e3
+        repeats = max(1, round(repeats * step_ms / took_ms))
+    with tempfile.TemporaryDirectory() as folder:
+        engine = perfhooks.Engine(perfhooks.PerfConfig(console=False), folder, framework="plain")
+        for _ in range(steps):
+            engine.phase_start("data_wait")
+            engine.phase_start("forward")
+            loss = sum(model(batch).square().mean() for _ in range(repeats))
+            engine.phase_start("backward")
+            loss.backward()
+            engine.phase_start("optimizer")
+            optimizer.step()
+            optimizer.zero_grad()
+            engine.stepped()
+            engine.step_end()
+        report = engine.close()
+    assert report is not None
+    own = report["steady"]["perfhooks_steps"]
+    result = {"steps": report["steps"], "own_steps": own, "share": own / report["steps"],
+              "step_ms": report["step_ms"]["p50"], "windows": len(report["windows"])}
+    print(f"  overlap: {result['steps']} steps of {result['step_ms']:.1f} ms (p50), {result['windows']} window(s); "
+          f"{own} overlapped perfhooks' own work = {result['share']:.1%}")
+    return result
+
+
+# --------------------------------------------------------------------------- peak RSS
+RSS_TARGET_MB = 60.0
+
+#: A 40-step fit of Lightning's demo Transformer (vocab 33,278, Lightning's defaults: the CSV logger, checkpoints,
+#: the progress bar) on random tokens of WikiText2's shapes (35 per row, batch 20; no download), in a fresh
+#: process; prints its peak RSS (``VmHWM``) at its end. ``argv``: the variant, and PerfCallback's settings.
+RSS_CHILD = r"""
+import json, sys, tempfile, warnings
+warnings.filterwarnings("ignore")
+import torch
+import lightning.pytorch as pl
+from lightning.pytorch.demos.transformer import LightningTransformer
+from torch.utils.data import DataLoader, TensorDataset
+
+class Model(LightningTransformer):
+    def prepare_data(self):  # the demo downloads WikiText2 here: random tokens of its shapes instead
+        pass
+
+variant = sys.argv[1]
+torch.manual_seed(0)
+tokens = torch.randint(0, 33278, (40 * 20, 36))
+data = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=20)
+callbacks = []
+if variant != "plain":
+    from perfhooks.integrations.lightning import PerfCallback
+    settings = {"wandb": False, "console": False}
+    settings.update(json.loads(sys.argv[2]))
+    callbacks.append(PerfCallback(**settings))
+with tempfile.TemporaryDirectory() as root:
+    trainer = pl.Trainer(max_steps=40, accelerator="cpu", devices=1, default_root_dir=root, callbacks=callbacks,
+                         enable_model_summary=False, enable_progress_bar=True)
+    trainer.fit(Model(), data)
+for line in open("/proc/self/status"):
+    if line.startswith("VmHWM:"):
+        print("PEAK", int(line.split()[1]) * 1024)
+"""
+
+#: The RSS variants: PerfCallback's settings, each switching a part off to show where the memory goes.
+RSS_VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "no_window": {"schedule": None},
+    "no_window_analysis": {"analyze_windows": False},
+    "no_flop_count": {"count_flops": False},
+    "no_record_shapes": {"record_shapes": False},
+    "no_memory": {"memory": False},
+}
+
+
+def _peak_rss(variant: str, settings: dict[str, Any]) -> int:
+    import json
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-c", RSS_CHILD, variant, json.dumps(settings)], capture_output=True,
+                          text=True, timeout=600)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PEAK")]
+    if done.returncode or not lines:
+        raise SystemExit(f"{variant}: exit {done.returncode}\n{done.stderr[-2000:]}")
+    return int(lines[-1].split()[1])
+
+
+def peak_rss_added(rounds: int, variants: list[str]) -> dict[str, Any]:
+    """Peak RSS that ``PerfCallback()`` adds to the demo Transformer's fit (:data:`RSS_CHILD`), each fit in a fresh
+    process, plain and each variant (:data:`RSS_VARIANTS`) in rotating rounds; the median over rounds of each
+    variant less the same round's plain fit. Target: at most 60 MB with the defaults (a window included)."""
+    peaks = rotate_rounds(["plain", *variants], lambda name: _peak_rss(name, RSS_VARIANTS.get(name, {})), rounds)
+    result: dict[str, Any] = {"plain_mib": statistics.median(peaks["plain"]) / 2**20, "added_mib": {}}
+    print(f"  plain peak RSS: median {result['plain_mib']:.0f} MiB over {rounds} fits")
+    for name in variants:
+        added = [value / 2**20 for value in paired(peaks[name], peaks["plain"])]
+        result["added_mib"][name] = statistics.median(added)
+        print(f"  {name:<22} adds median {statistics.median(added):6.1f} MiB (each: "
+              f"{', '.join(f'{value:.0f}' for value in added)})")
+    return result
 
 
 def run(quick: bool, rounds: int) -> dict[str, Any]:

@@ -3,6 +3,8 @@
     python benchmarks/sim_step_cost.py [--steps 400] [--rounds 7] [--free] [--loops engine plain_loop]
     python benchmarks/sim_step_cost.py --bookkeeping [--rounds 5]
     python benchmarks/sim_step_cost.py --budget --rounds 12
+    python benchmarks/sim_step_cost.py --reader [--rounds 15]
+    python benchmarks/sim_step_cost.py --lightning-parts [--steps 2000] [--rounds 5]
 
 A CPU benchmark of a GPU run's cost: the simulated GPU (``tests/simulated_gpu.py``) spins the calling thread for
 each device call as long as the call costs on an H100 (an event record 2.5 µs, a query 1 µs, a Python ``Stream``
@@ -23,6 +25,11 @@ Target (issue 49): at most 25 µs a step for the plain loop on the 2-core machin
 ``--bookkeeping``: the plain loop in place only, whole and with each piece of a step's bookkeeping knocked out in
 turn (the statistics, the published state, the step's open): what each costs, and what is left for the six
 boundaries themselves.
+
+``--reader``: the timing reader's Python a step, its device calls free (:func:`reader_cost`).
+
+``--lightning-parts``: a host-bound Lightning fit with its defaults on, each part of perfhooks off in turn
+(:func:`lightning_parts`).
 """
 
 from __future__ import annotations
@@ -30,7 +37,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import itertools
 import statistics
 import sys
 import tempfile
@@ -45,16 +51,26 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from common import Floor, bind_to_the_simulation, describe_machine, metered, one_torch_thread, thread_cpu_s  # noqa: E402
-from simulated_gpu import DEVICE_CALLS, SimulatedGpu, simulated_cuda  # noqa: E402
+from common import (  # noqa: E402
+    Floor,
+    describe_machine,
+    metered,
+    on_the_simulated_gpu,
+    paired,
+    rotate_rounds,
+    spread,
+    steady_step,
+    threads_cpu_s,
+)
+from simulated_gpu import DEVICE_CALLS, SimulatedGpu  # noqa: E402
 
 TARGET_US = 25.0
 SETTINGS: dict[str, Any] = {"console": False, "schedule": None, "on_demand": False}
 
 
 def _median_step_us(ends: list[int]) -> float:
-    steps = [(b - a) / 1e3 for a, b in itertools.pairwise(ends[5:])]
-    return statistics.median(steps)
+    """The run's steady step in µs (``ends`` in ns), past its first five steps."""
+    return steady_step(ends, skip_first=5) / 1e3
 
 
 def engine_loop(gpu: SimulatedGpu, steps: int, profiled: bool, out: str) -> tuple[float, collections.Counter]:
@@ -156,21 +172,22 @@ def main_thread_calls(calls: collections.Counter, steps: int) -> float:
 def run_plain_loop(gpu: SimulatedGpu, rounds: int, steps: int) -> None:
     """The plain loop's variants alternating round after round (each round in the reverse order of the last); the
     target is checked on perfhooks' added time less the test bed's own Python, measured in place."""
-    figures: dict[str, list[float]] = {mode: [] for mode in PLAIN_MODES}
     calls: dict[str, collections.Counter] = {}
     with tempfile.TemporaryDirectory() as out:
         for mode in PLAIN_MODES:
             plain_loop(gpu, 50, mode, out, warmup=0)  # warm-up: imports, first allocations
-        for round_ in range(rounds):
-            for mode in PLAIN_MODES if round_ % 2 == 0 else PLAIN_MODES[::-1]:
-                step_us, calls[mode] = plain_loop(gpu, steps, mode, out)
-                figures[mode].append(step_us)
+
+        def run(mode: str) -> float:
+            step_us, calls[mode] = plain_loop(gpu, steps, mode, out)
+            return step_us
+
+        figures = rotate_rounds(PLAIN_MODES, run, rounds)
 
     def over(mode: str, base: str = "bare") -> list[float]:
-        return [a - b for a, b in zip(figures[mode], figures[base], strict=True)]
+        return paired(figures[mode], figures[base])
 
     def said(deltas: list[float]) -> str:
-        return f"{statistics.median(deltas):6.1f} µs (rounds {min(deltas):.1f} to {max(deltas):.1f})"
+        return f"{spread(deltas)} µs"
 
     floor_calls = main_thread_calls(calls["floor"], steps)
     bed_per_call = statistics.median(a - b for a, b in zip(figures["floor_free"], figures["floor_host"],
@@ -204,16 +221,16 @@ def in_place(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
     counted against the bare loop's). The timers' own cost is in it (13 or so a step, each a frame): the same
     meters around the floor's entry points read it, with the floor's few lines, and the figure beyond the floor's is
     said too. Torch's own cost of calling a hook is not in either (the wall-clock figures hold it)."""
-    figures: dict[str, list[tuple[float, float]]] = {"perfhooks": [], "floor": []}
     with metered([(Floor, "mark"), (Floor, "__enter__"), (Floor, "__exit__")]) as meter, \
             tempfile.TemporaryDirectory() as out:
         _, bare_calls = plain_loop(gpu, steps, "bare", out)
-        for round_ in range(rounds):
-            for mode in ("perfhooks", "floor") if round_ % 2 == 0 else ("floor", "perfhooks"):
-                _, counted = plain_loop(gpu, steps, mode, out, at_steady=meter.reset)
-                own = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
-                added = (charged_us(counted, gpu.call_cost_us) - charged_us(bare_calls, gpu.call_cost_us)) / steps
-                figures[mode].append((own, added))
+
+        def run(mode: str) -> tuple[float, float]:
+            _, counted = plain_loop(gpu, steps, mode, out, at_steady=meter.reset)
+            own = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
+            return own, (charged_us(counted, gpu.call_cost_us) - charged_us(bare_calls, gpu.call_cost_us)) / steps
+
+        figures = rotate_rounds(("perfhooks", "floor"), run, rounds)
 
     def median(mode: str, which: int) -> float:
         return statistics.median(figure[which] for figure in figures[mode])
@@ -228,7 +245,7 @@ def in_place(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
           f"{verdict}")
 
 
-def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
+def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any]:
     """Issue 65's checks on the simulated launch-bound plain loop, alternating in one process round after round:
     bare; perfhooks with every step after the sampler's warm-up light (``light``: what a light step costs); and
     perfhooks with its defaults (the 1% budget). Each round's figure is its mean step (first step's end to last's:
@@ -236,17 +253,17 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
     rounds' ratios. A light step in place is perfhooks' own meter (the median of its light steps, inside the
     tracker) and the entry points' meter (:func:`metered`, the meters' own cost in it)."""
     modes = ("bare", "light", "perfhooks")
-    means: dict[str, list[float]] = {mode: [] for mode in modes}
-    sections: dict[str, list[dict[str, Any]]] = {"light": [], "perfhooks": []}
     with tempfile.TemporaryDirectory() as out:
         for mode in modes:
             plain_loop(gpu, 50, mode, out, warmup=0)
-        for round_ in range(rounds):
-            for mode in modes if round_ % 2 == 0 else modes[::-1]:
-                plain_loop(gpu, steps, mode, out)
-                means[mode].append(LAST_RUN["mean_us"])
-                if mode in sections:
-                    sections[mode].append(LAST_RUN["overhead"])
+
+        def run(mode: str) -> dict[str, Any]:
+            plain_loop(gpu, steps, mode, out)
+            return dict(LAST_RUN)
+
+        runs = rotate_rounds(modes, run, rounds)
+        means = {mode: [each["mean_us"] for each in runs[mode]] for mode in modes}
+        sections = {mode: [each["overhead"] for each in runs[mode]] for mode in ("light", "perfhooks")}
         with metered() as meter:
             plain_loop(gpu, steps, "light", out, at_steady=meter.reset)
             entry_us = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
@@ -255,7 +272,7 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
         return [a / b for a, b in zip(means[mode], means["bare"], strict=True)]
 
     def said(values: list[float], digits: int = 3) -> str:
-        return f"{statistics.median(values):.{digits}f} (rounds {min(values):.{digits}f} to {max(values):.{digits}f})"
+        return spread(values, digits)
 
     light_in_place = statistics.median(section["in_place_us"]["light"] for section in sections["light"])
     bare = statistics.median(means["bare"])
@@ -263,15 +280,18 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
     print(f"{'':>12}a light step in place: {light_in_place:.1f} µs (perfhooks' meter, median); {entry_us:.1f} µs "
           f"inside the entry points, their meters included; target <= 8 µs: "
           f"{'met' if light_in_place <= 8 else 'NOT met'}")
-    light_added = [a - b for a, b in zip(means["light"], means["bare"], strict=True)]
+    light_added = paired(means["light"], means["bare"])
     print(f"{'':>12}every step light: +{said(light_added, 1)} µs a step; ratio {said(ratios('light'))}")
-    added = [a - b for a, b in zip(means["perfhooks"], means["bare"], strict=True)]
+    added = paired(means["perfhooks"], means["bare"])
     print(f"{'':>12}the defaults (budget 1%): +{said(added, 1)} µs a step; ratio {said(ratios('perfhooks'))}; "
           f"target <= 1.02: {'met' if statistics.median(ratios('perfhooks')) <= 1.02 else 'NOT met'}")
     last = sections["perfhooks"][-1]
     print(f"{'':>12}its report's overhead (last round): detailed {last['detailed_steps']} of "
           f"{last['detailed_steps'] + last['light_steps']} steps, probability {last['probability']}, in place "
           f"{last['in_place_us']}, share of run {last['share_of_run']}, kept {last['kept']}, paired {last['paired']}")
+    return {"rounds": rounds, "steps": steps, "bare_mean_us": bare, "light_in_place_us": light_in_place,
+            "entry_points_us": entry_us, "light_ratio": statistics.median(ratios("light")),
+            "defaults_ratio": statistics.median(ratios("perfhooks")), "defaults_added_us": statistics.median(added)}
 
 
 def _bookkeeping_cuts() -> dict[str, list[tuple[type, str, Any]]]:
@@ -301,24 +321,24 @@ def bookkeeping(gpu: SimulatedGpu, steps: int, rounds: int) -> None:
     piece costs, and what the six boundaries (torch's hook, perfhooks' hook, the phase change, the mark) cost
     without it."""
     cuts = {"none": [], **_bookkeeping_cuts()}
-    figures: dict[str, list[float]] = {name: [] for name in cuts}
     with metered() as meter, mock.patch.object(gpu, "call_cost_us", dict.fromkeys(gpu.call_cost_us, 0.0)), \
             tempfile.TemporaryDirectory() as out:
-        for round_ in range(rounds):
-            for cut in list(cuts) if round_ % 2 == 0 else list(cuts)[::-1]:
-                with contextlib.ExitStack() as patches:
-                    for owner, name, stand_in in cuts[cut]:
-                        patches.enter_context(mock.patch.object(owner, name, stand_in))
-                    plain_loop(gpu, steps, "perfhooks", out, at_steady=meter.reset)
-                figures[cut].append((meter.inside_ns - meter.simulation_ns) / steps / 1e3)
-    whole = statistics.median(figures["none"])
-    print(f"plain_loop, in place, calls free: perfhooks' own Python {whole:.1f} µs a step "
-          f"(rounds {min(figures['none']):.1f} to {max(figures['none']):.1f}); knocked out in turn:")
+
+        def run(cut: str) -> float:
+            with contextlib.ExitStack() as patches:
+                for owner, name, stand_in in cuts[cut]:
+                    patches.enter_context(mock.patch.object(owner, name, stand_in))
+                plain_loop(gpu, steps, "perfhooks", out, at_steady=meter.reset)
+            return (meter.inside_ns - meter.simulation_ns) / steps / 1e3
+
+        figures = rotate_rounds(list(cuts), run, rounds)
+    print(f"plain_loop, in place, calls free: perfhooks' own Python {spread(figures['none'])} µs a step; "
+          f"knocked out in turn:")
     for cut, values in figures.items():
         if cut != "none":  # against the whole run of the same round (the machine drifts between rounds)
-            paired = [value - base for value, base in zip(values, figures["none"], strict=True)]
-            print(f"{'':>12}{cut}: {statistics.median(paired):+.1f} µs, paired (rounds {min(paired):+.1f} to "
-                  f"{max(paired):+.1f})")
+            differences = paired(values, figures["none"])
+            print(f"{'':>12}{cut}: {statistics.median(differences):+.1f} µs, paired (rounds "
+                  f"{min(differences):+.1f} to {max(differences):+.1f})")
 
 
 def per_step(calls: collections.Counter, steps: int) -> dict[str, float]:
@@ -337,7 +357,7 @@ def background_share(gpu: SimulatedGpu, seconds: float = 4.0) -> dict[str, float
 
     with tempfile.TemporaryDirectory() as out:
         engine = Engine(PerfConfig(**SETTINGS), out, "bench", device="cuda:0")
-        before, started = thread_cpu_s(), time.perf_counter()
+        before, started = threads_cpu_s("perfhooks"), time.perf_counter()
         while time.perf_counter() - started < seconds:
             engine.fetch()
             engine.phase_start("forward")
@@ -349,7 +369,7 @@ def background_share(gpu: SimulatedGpu, seconds: float = 4.0) -> dict[str, float
             gpu.run(0.2)
             engine.phase_start("optimizer")
             engine.stepped()
-        elapsed, after = time.perf_counter() - started, thread_cpu_s()
+        elapsed, after = time.perf_counter() - started, threads_cpu_s("perfhooks")
         steps = engine.step
         engine.close()
     shares = {name: round((after[name] - before.get(name, 0.0)) / elapsed, 4) for name in after}
@@ -392,47 +412,188 @@ def test_bed_us(calls: collections.Counter, steps: int, overhead: dict[str, floa
 def run_engine_loop(gpu: SimulatedGpu, rounds: int, steps: int, overhead: dict[str, float]) -> None:
     """The engine's events alone, bare and with perfhooks alternating; the test bed's Python is taken out by its
     calibration in a warm loop (a tight loop, as this one is)."""
-    deltas, bare_us, bed = [], [], []
     calls: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as out:
         engine_loop(gpu, 50, True, out)  # warm-up: imports, first allocations
-        for round_ in range(rounds):
-            figures = {}
-            for profiled in (False, True) if round_ % 2 == 0 else (True, False):
-                figures[profiled], counted = engine_loop(gpu, steps, profiled, out)
-                bed.append((1 if profiled else -1) * test_bed_us(counted, steps, overhead))
-                if profiled:
-                    calls = per_step(counted, steps)
-            deltas.append(figures[True] - figures[False])
-            bare_us.append(figures[False])
+
+        def run(name: str) -> tuple[float, float]:
+            nonlocal calls
+            step_us, counted = engine_loop(gpu, steps, name == "perfhooks", out)
+            if name == "perfhooks":
+                calls = per_step(counted, steps)
+            return step_us, test_bed_us(counted, steps, overhead)
+
+        figures = rotate_rounds(("bare", "perfhooks"), run, rounds)
+    bare_us = [step for step, _ in figures["bare"]]
+    deltas = paired([step for step, _ in figures["perfhooks"]], bare_us)
     median = statistics.median(deltas)
-    simulation = sum(bed) / rounds  # the test bed's Python in perfhooks' calls, net of the bare loop's
-    print(f"    engine: bare step {statistics.median(bare_us):7.1f} µs; perfhooks adds {median:6.1f} µs a step "
-          f"(rounds {min(deltas):.1f} to {max(deltas):.1f}), of which at least {simulation:.1f} µs is the "
+    # the test bed's Python in perfhooks' calls, net of the bare loop's
+    simulation = statistics.mean(paired([bed for _, bed in figures["perfhooks"]], [bed for _, bed in figures["bare"]]))
+    print(f"    engine: bare step {statistics.median(bare_us):7.1f} µs; perfhooks adds {spread(deltas)} µs a step, "
+          f"of which at least {simulation:.1f} µs is the "
           f"simulation's own Python: {median - simulation:.1f} µs net (the engine's events alone)")
     print(f"{'':>12}device calls a step: with perfhooks {calls}")
 
 
+# ----------------------------------------------------------------------------- the timing reader's Python
+def reader_cost(gpu: SimulatedGpu, rounds: int, steps: int = 400) -> dict[str, Any]:
+    """The timing reader's Python a step: ``PendingSteps.resolve`` over ``steps`` steps of six marks each, the
+    device calls free (what is left is perfhooks' own work, plus the simulation's call overhead). On CUDA the reader
+    holds the GIL for this Python while the training thread may want it (its device calls release it:
+    ``DeviceClock.bind_reader``), so each µs here is one a host-bound training thread can lose. The median over
+    rounds past the first three (warm-up), and the device calls the reads made a step."""
+    from perfhooks.device.clock import DeviceClock
+    from perfhooks.device.room import DeviceRoom
+    from perfhooks.report.statistics import PhaseStatistics
+    from perfhooks.runtime.step.steps import PendingSteps, StepRecord
+
+    def queued(clock: Any) -> PendingSteps:
+        """Step records as a plain loop makes them: a data wait whose end is apart from the forward's start, then
+        forward, backward and optimizer, each step's end the next one's start."""
+        pending = PendingSteps(clock, limit=10 * steps)
+        pending.background = True
+        handoff = clock.mark()
+        for step in range(steps):
+            record = StepRecord(step, handoff)
+            start = handoff
+            for name in ("data_wait", "forward", "backward", "optimizer"):
+                end = clock.mark()
+                record.intervals.append((name, start, end))
+                start = clock.mark() if name == "data_wait" else end
+            record.end = start
+            handoff = clock.share(record.end)
+            pending.push(record)
+        return pending
+
+    with mock.patch.object(gpu, "call_cost_us", dict.fromkeys(gpu.call_cost_us, 0.0)):
+        clock = DeviceClock(DeviceRoom("cuda:0"))
+        clock.step_opening()
+        per_step: list[float] = []
+        calls: dict[str, float] = {}
+        for _ in range(max(rounds, 4)):
+            pending = queued(clock)
+            before = dict(gpu.calls)
+            started = time.thread_time_ns()
+            pending.resolve()
+            per_step.append((time.thread_time_ns() - started) / steps / 1e3)
+            calls = {kind: round((count - before.get(kind, 0)) / steps, 2) for kind, count in gpu.calls.items()
+                     if kind in ("event_query", "elapsed_time")}
+            pending.collect(PhaseStatistics())
+    result = {"resolve_us": statistics.median(per_step[3:]), "rounds": len(per_step) - 3, "calls_per_step": calls}
+    print(f"the reader's resolve: {result['resolve_us']:.1f} µs a step (median of {result['rounds']} rounds of "
+          f"{steps} steps); device calls a step: {calls}")
+    return result
+
+
+# ----------------------------------------------------------------------------- a host-bound Lightning fit, by part
+#: Each Lightning variant: the PerfCallback settings (None: the bare fit), and whether callback hooks are timed.
+#: An empty callback is what Lightning's dispatch costs any callback (it calls each of about 24 hooks a step
+#: through ``trainer.profiler.profile``); then perfhooks with its defaults but no window, each part off in turn,
+#: and everything off but the phases. The default window is left to a GPU: on this CPU build a window asks
+#: torch's profiler for CUDA activity it cannot record (``benchmarks/gpu_check.sh`` measures it on a GPT).
+NO_WINDOW: dict[str, Any] = {"schedule": None}
+LIGHTNING_PARTS: dict[str, tuple[dict[str, Any] | None, bool]] = {
+    "bare": (None, False),
+    "an empty callback": ({}, False),
+    "perfhooks, no window": (NO_WINDOW, True),
+    "no memory monitor": ({**NO_WINDOW, "memory": False}, True),
+    "no callback timing": (NO_WINDOW, False),
+    "no console": ({**NO_WINDOW, "console": False}, True),
+    "no on-demand trigger": ({**NO_WINDOW, "on_demand": False}, True),
+    "no NVTX": ({**NO_WINDOW, "nvtx": False}, True),
+    "phases only": ({**NO_WINDOW, "count_flops": False, "analyze_windows": False, "memory": False,
+                     "console": False, "on_demand": False, "nvtx": False}, False),
+}
+LIGHTNING_SKIP_STEPS = 50
+
+
+def lightning_fit(gpu: SimulatedGpu, variant: str, steps: int, out: str) -> tuple[float, float]:
+    """(steady step, mean step) in µs of one Lightning fit whose host time is the step: a small MLP with
+    Lightning's defaults on (logger, checkpoint, progress bar, validation), perfhooks bound to ``cuda:0`` of the
+    simulation."""
+    import lightning as L
+
+    from helpers import lightning_mlp, random_loader
+    from perfhooks.integrations.lightning import PerfCallback
+
+    ends: list[int] = []
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, *args: Any) -> None:
+            ends.append(time.perf_counter_ns())
+
+    torch.random.default_generator.manual_seed(0)
+    model = lightning_mlp()
+    model.net[0].register_forward_hook(lambda *args: gpu.run(0.05) if torch.is_grad_enabled() else None)
+    settings, timed = LIGHTNING_PARTS[variant]
+    callbacks: list[Any] = [Clock()]
+    saved = PerfCallback._time_callbacks
+    if variant == "an empty callback":
+        callbacks.append(type("Empty", (L.Callback,), {})())
+    elif settings is not None:
+        callbacks.append(PerfCallback(output_dir=Path(out) / variant, **settings))
+        if not timed:
+            PerfCallback._time_callbacks = lambda self, trainer, engine: None  # type: ignore[method-assign]
+    try:
+        trainer = L.Trainer(accelerator="cpu", devices=1, default_root_dir=str(Path(out) / "fit"), max_steps=steps,
+                            callbacks=callbacks, enable_progress_bar=True, limit_val_batches=2,
+                            val_check_interval=steps // 3)
+        trainer.fit(model, random_loader(steps), random_loader(2))
+    finally:
+        PerfCallback._time_callbacks = saved  # type: ignore[method-assign]
+    return steady_step(ends, LIGHTNING_SKIP_STEPS) / 1e3, (ends[-1] - ends[0]) / (len(ends) - 1) / 1e3
+
+
+def lightning_parts(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any]:
+    """What each part of perfhooks costs a host-bound Lightning fit (:data:`LIGHTNING_PARTS`, each a fresh fit, in
+    rotating rounds), every device call charged: each variant's steady and mean step less the bare fit's of the
+    same round, µs a step, the median over rounds with their range."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    with tempfile.TemporaryDirectory() as out:
+        lightning_fit(gpu, "perfhooks, no window", 60, out)  # warm-up: imports, first allocations
+        figures = rotate_rounds(list(LIGHTNING_PARTS), lambda name: lightning_fit(gpu, name, steps, out), rounds)
+    bare = figures.pop("bare")
+    print(f"bare fit: median step {statistics.median(f[0] for f in bare):.0f} µs, mean "
+          f"{statistics.median(f[1] for f in bare):.0f} µs ({steps} steps, {rounds} rounds)")
+    added: dict[str, dict[str, float]] = {}
+    for name, runs in figures.items():
+        steady = paired([run[0] for run in runs], [run[0] for run in bare])
+        mean = paired([run[1] for run in runs], [run[1] for run in bare])
+        added[name] = {"steady_us": statistics.median(steady), "mean_us": statistics.median(mean)}
+        print(f"{name:>20}: median step +{spread(steady)} µs; mean step +{spread(mean)} µs")
+    return {"steps": steps, "rounds": rounds, "added": added}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=None, help="steps a run (default 400; 600 with --bookkeeping)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps a run (default 400; 600 with --bookkeeping, 2000 with --budget and "
+                             "--lightning-parts)")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--free", action="store_true", help="device calls cost no host time")
     parser.add_argument("--loops", nargs="+", choices=("engine", "plain_loop"), default=["engine", "plain_loop"],
                         help="the loops to time (default both); an A/B of two commits alternates runs of one")
-    parser.add_argument("--budget", action="store_true",
-                        help="only the cost budget's checks (issue 65): a light step, and the defaults against "
-                             "bare by the median of paired rounds (2000 steps a run unless --steps; --rounds 12 "
-                             "or more)")
-    parser.add_argument("--bookkeeping", action="store_true",
-                        help="only the plain loop in place, with each piece of a step's bookkeeping knocked out in "
-                             "turn (600 steps a run unless --steps)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--budget", action="store_true",
+                      help="only the cost budget's checks (issue 65): a light step, and the defaults against "
+                           "bare by the median of paired rounds (--rounds 12 or more)")
+    only.add_argument("--bookkeeping", action="store_true",
+                      help="only the plain loop in place, with each piece of a step's bookkeeping knocked out in "
+                           "turn")
+    only.add_argument("--reader", action="store_true", help="only the timing reader's Python a step")
+    only.add_argument("--lightning-parts", action="store_true",
+                      help="only a host-bound Lightning fit with each part of perfhooks off in turn")
     args = parser.parse_args()
-    steps = args.steps or (600 if args.bookkeeping else 2000 if args.budget else 400)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    steps = args.steps or (600 if args.bookkeeping else 2000 if args.budget or args.lightning_parts else 400)
     print(describe_machine())
-    bind_to_the_simulation()
-    one_torch_thread()
-    with simulated_cuda(memory_bytes=1 << 30) as gpu:
+    with on_the_simulated_gpu() as gpu:
         if args.free:
             gpu.call_cost_us = dict.fromkeys(gpu.call_cost_us, 0.0)
         print(f"per-call host cost (µs): {gpu.call_cost_us}")
@@ -441,6 +602,12 @@ def main() -> None:
             return
         if args.budget:
             budget(gpu, steps, args.rounds)
+            return
+        if args.reader:
+            reader_cost(gpu, args.rounds)
+            return
+        if args.lightning_parts:
+            lightning_parts(gpu, steps, args.rounds)
             return
         overhead = simulation_overhead_us(gpu)
         print(f"the simulation's own Python per call (µs, warm; charged on top of the costs above): {overhead}")

@@ -1,20 +1,35 @@
 """Every benchmark, side by side with the peers, in one command; results saved as JSON.
 
-    python benchmarks/suite.py                 # about 25 min on 2 cores
-    python benchmarks/suite.py --quick         # about 8 min: smaller model, fewer steps, smaller synthetic traces
+    python benchmarks/suite.py                 # about 45 min on 2 cores
+    python benchmarks/suite.py --quick         # about 12 min: smaller models, fewer steps and rounds
+    python benchmarks/suite.py --only rss --only short_runs     # some sections
 
-1. Overhead on the training loop (benchmarks/overhead.py): Lightning, accelerate and HF Trainer,
-   each variant against no profiling, interleaved rounds; and the telemetry's cost inside one
-   process, the engine's events sent on every other step ("alternating").
-2. Annotation cost (benchmarks/annotation_cost.py), ns per call.
-3. Analysis speed and memory (benchmarks/analysis_speed.py) on the repo's real traces and on
-   synthetic traces of 1M and 3M events (benchmarks/synthetic.py), against ``json.loads``, HTA
-   and the TensorBoard plugin. The peers come from ``--peers-python`` (an interpreter with
-   benchmarks/requirements.txt installed) or this interpreter if it has them.
-4. On CUDA: CUDA-event timing accuracy against ``torch.cuda._sleep`` and the memory-history overhead.
+The sections, in the order they run (``--only NAME``; each module also runs alone, see its docstring):
 
-Results go to ``benchmarks/results/<hostname>-<date>.json`` with the machine and versions; each
-target is printed as met or missed.
+- ``overhead``: Lightning, accelerate and HF Trainer, each variant against no profiling, in rotating rounds
+  (``overhead.py``); ``alternating``: the telemetry inside one process, the engine's events sent on every other
+  step; ``host_cost``: the engine's events alone, µs a step.
+- ``publish``: the published state a step and a look of the live watch (``overhead.publish_cost``).
+- ``short_runs``: what ``PerfCallback()`` adds to a 20-step BoringModel fit, close included, and the share of a
+  fast run's steps that overlap perfhooks' own work (``overhead.close_cost``, ``overhead.overlap_share``).
+- ``rss``: the peak RSS ``PerfCallback()`` adds to the demo Transformer's fit, each fit in a fresh process
+  (``overhead.peak_rss_added``).
+- ``annotation``: ns a call of NVTX, ``record_function`` and a phase change (``annotation_cost.py``).
+- ``analysis``: analysis speed and memory on the repo's real traces and on synthetic ones of 1M and 3M events
+  (``analysis_speed.py``, ``synthetic.py``), against ``json.loads``, HTA and the TensorBoard plugin. The peers
+  come from ``--peers-python`` (an interpreter with benchmarks/requirements.txt) or this one if it has them.
+- ``memory_capture``: a capture's pause on the training thread (``memory_capture.py``).
+- ``top_frame``: one frame of ``perfhooks top`` over 1,000 ranks' live files (``top_frame.py``).
+- ``budget``, ``reader``, ``lightning_parts``: on the simulated GPU (``tests/simulated_gpu.py``, each device call
+  charged its host cost on an H100), the cost budget's checks, the timing reader's Python a step, and a host-bound
+  Lightning fit with each part of perfhooks off in turn (``sim_step_cost.py``).
+- ``cuda`` (on a GPU only): CUDA-event timing against ``torch.cuda._sleep``, and the memory history's overhead.
+  ``gpu_check.sh`` is the GPU's fuller check.
+
+Every comparison runs its variants in rotating rounds (``common.rotate_rounds``). ``--rounds`` sets the
+framework comparisons' rounds; the other sections take theirs from ``--quick``. Results go to
+``benchmarks/results/<hostname>-<date>.json`` with the machine and versions; each target is printed as met or
+missed.
 """
 
 from __future__ import annotations
@@ -22,10 +37,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import statistics
 import sys
 import tempfile
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,22 +52,30 @@ sys.path.insert(0, str(HERE))
 
 import analysis_speed  # noqa: E402
 import annotation_cost  # noqa: E402
+import memory_capture  # noqa: E402
 import overhead  # noqa: E402
+import sim_step_cost  # noqa: E402
 import synthetic  # noqa: E402
-from common import describe_machine, machine_info  # noqa: E402
+import top_frame  # noqa: E402
+from common import describe_machine, machine_info, on_the_simulated_gpu, rotate_rounds  # noqa: E402
 
 TARGETS = {
     "telemetry_overhead": ("perfhooks (outside windows) / none", 1.01, "max"),
     "host_cost_us": ("engine host cost per step, µs", 20.0, "max"),
     "window_vs_bare": ("perfhooks window / bare torch.profiler", 1.05, "max"),
+    "publish_us": ("a step's publication, µs", overhead.PUBLISH_TARGET_US, "max"),
+    "look_share_of_core": ("a live watch look, share of a core", overhead.LOOK_TARGET_SHARE, "max"),
+    "close_added_s": ("a 20-step fit's added time, window and close included, s", overhead.CLOSE_TARGET_S, "max"),
+    "overlap_share": ("a fast run's steps overlapping perfhooks' work", overhead.OVERLAP_TARGET, "max"),
+    "rss_added_mb": ("peak RSS added, defaults, MB", overhead.RSS_TARGET_MB, "max"),
     "analyze_vs_json_loads": ("analyze / json.loads", 1.5, "max"),
     "rss_over_json": ("peak RSS / JSON bytes", 3.0, "max"),
     "speedup_vs_peers": ("speed-up vs HTA and the TB plugin", 5.0, "min"),
     "scaling_3m_over_1m": ("time at 3M events / time at 1M", 3.3, "max"),
+    "top_frame_s": ("perfhooks top frame, 1,000 ranks, s", top_frame.TARGET_S, "max"),
+    "light_step_us": ("a light step in place, simulated GPU, µs", 8.0, "max"),
+    "budget_ratio": ("the defaults / bare, simulated launch-bound loop", 1.02, "max"),
 }
-
-
-SECTIONS = ("overhead", "alternating", "host_cost", "annotation", "analysis", "cuda")
 
 
 def check(name: str, value: float | None, verdicts: dict[str, Any], detail: str = "") -> None:
@@ -141,15 +167,13 @@ def cuda_section(quick: bool) -> dict[str, Any]:
     # memory_history from the start / armed on approach (a healthy run never arms) / off, interleaved rounds,
     # on the tutorial layer and a model 4x as wide
     for d_model in ((256,) if quick else (512, 2048)):
-        ratios: dict[str, list[float]] = {"from_start": [], "on_approach": []}
-        for round_ in range(5):
-            modes = ["off", "from_start", "on_approach"]
-            times = {}
-            for mode in modes[round_ % 3:] + modes[:round_ % 3]:
-                with tempfile.TemporaryDirectory() as out:
-                    times[mode] = overhead.lightning_step_ms(f"perfhooks_history_{mode}", steps, d_model, out)
-            for mode in ratios:
-                ratios[mode].append(times[mode] / times["off"])
+        def step_ms(mode: str, d_model: int = d_model) -> float:
+            with tempfile.TemporaryDirectory() as out:
+                return overhead.lightning_step_ms(f"perfhooks_history_{mode}", steps, d_model, out)
+
+        times = rotate_rounds(("off", "from_start", "on_approach"), step_ms, 5)
+        ratios = {mode: [a / b for a, b in zip(times[mode], times["off"], strict=True)]
+                  for mode in ("from_start", "on_approach")}
         history[str(d_model)] = {mode: {"median": statistics.median(r), "min": min(r), "max": max(r)}
                                  for mode, r in ratios.items()}
         print(f"  memory history, d_model {d_model}, step time / off: from the start "
@@ -159,66 +183,179 @@ def cuda_section(quick: bool) -> dict[str, Any]:
             "timing_error": abs(measured - expected) / expected, "memory_history": history}
 
 
+def overhead_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    print("overhead on the training loop")
+    result = overhead.run(args.quick, args.rounds)
+    for framework in ("lightning", "accelerate", "transformers"):
+        for name, r in result[framework]["ratios"].items():
+            print(f"  {framework:>12} {name:<40} median {r['median']:.4f} (min {r['min']:.4f}, max {r['max']:.4f})")
+        check("telemetry_overhead", result[framework]["ratios"]["perfhooks"]["median"], verdicts, framework)
+    check("window_vs_bare", result["lightning"]["ratios"]["perfhooks_window/bare_torch_profiler"]["median"],
+          verdicts, "lightning")
+    check("window_vs_bare", result["accelerate"]["ratios"]["perfhooks_window/ProfileKwargs"]["median"], verdicts,
+          "accelerate (vs ProfileKwargs)")
+    check("host_cost_us", result["host_cost_us"], verdicts)
+    return result
+
+
+def alternating_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    a = overhead.run_alternating(args.quick)
+    print(f"  telemetry on/off, alternating steps in one process: median {a['median']:.4f} "
+          f"(min {a['min']:.4f}, max {a['max']:.4f}) over {a['n']} pairs; pooled {a['pooled']:.4f}")
+    check("telemetry_overhead", a["median"], verdicts, "alternating steps in one process")
+    return a
+
+
+def host_cost_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> float:
+    cost = overhead.host_cost_us(steps=5_000 if args.quick else 20_000)
+    print(f"  engine host cost per step: {cost:.2f} µs")
+    check("host_cost_us", cost, verdicts)
+    return cost
+
+
+def publish_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    print("the published state and the live watch")
+    result = overhead.publish_cost()
+    check("publish_us", result["publish_us"], verdicts)
+    check("look_share_of_core", result["look_share_of_core"], verdicts)
+    return result
+
+
+def short_runs_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    print("short runs: the close's cost, and the steps that overlap perfhooks' own work")
+    close = overhead.close_cost(2 if args.quick else 5)
+    check("close_added_s", close["added_s"], verdicts, "BoringModel, 20 steps")
+    overlap = overhead.overlap_share()
+    check("overlap_share", overlap["share"], verdicts, f"{overlap['steps']} steps of about 15 ms")
+    return {"close": close, "overlap": overlap}
+
+
+def rss_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    variants = args.rss_variant or (["default"] if args.quick else ["default", "no_window"])
+    rounds = 1 if args.quick else 3
+    print(f"peak RSS added to the demo Transformer's 40-step fit ({rounds} round(s), a fresh process a fit)")
+    result = overhead.peak_rss_added(rounds, variants)
+    if "default" in result["added_mib"]:
+        check("rss_added_mb", result["added_mib"]["default"] * 2**20 / 1e6, verdicts, "defaults, a window included")
+    return result
+
+
+def annotation_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, float]:
+    print("annotation cost (ns per call, no NVTX tool attached, no profiler recording)")
+    result = annotation_cost.measure()
+    for name, ns in result.items():
+        published = annotation_cost.PUBLISHED.get(name)
+        print(f"  {name:<26} {ns:8.0f} ns" + (f"   published: {published}" if published else ""))
+    return result
+
+
+def memory_capture_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    print("a memory capture's pause on the training thread (the tutorial layer with AdamW state)")
+    return memory_capture.capture_pause(2 if args.quick else 5)
+
+
+def top_frame_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    print("perfhooks top over 1,000 ranks")
+    result = top_frame.frame_times(1000, 3 if args.quick else 5)
+    check("top_frame_s", result["median_s"], verdicts)
+    return result
+
+
+def budget_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    rounds = 4 if args.quick else 12
+    print(f"the cost budget on the simulated GPU ({rounds} rounds of 2000 steps)")
+    with on_the_simulated_gpu() as gpu:
+        result = sim_step_cost.budget(gpu, 2000, rounds)
+    check("light_step_us", result["light_in_place_us"], verdicts, "perfhooks' own meter, median")
+    check("budget_ratio", result["defaults_ratio"], verdicts, "mean step, median of paired rounds")
+    return result
+
+
+def reader_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    print("the timing reader's Python a step, on the simulated GPU")
+    with on_the_simulated_gpu() as gpu:
+        return sim_step_cost.reader_cost(gpu, 6 if args.quick else 15)
+
+
+def lightning_parts_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    steps, rounds = (300, 2) if args.quick else (2000, 5)
+    print(f"a host-bound Lightning fit on the simulated GPU, each part of perfhooks off in turn ({steps} steps, "
+          f"{rounds} rounds)")
+    with on_the_simulated_gpu() as gpu:
+        return sim_step_cost.lightning_parts(gpu, steps, rounds)
+
+
+def cuda_only_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any] | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("CUDA: no GPU here; skipped")
+        return None
+    print("CUDA")
+    return cuda_section(args.quick)
+
+
+def analysis_only_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
+    print("analysis speed and memory")
+    return analysis_section(args.quick, args.peers_python, verdicts)
+
+
+#: Each section: its name (``--only``) and what runs it, in the order they run.
+SECTIONS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], Any]] = {
+    "overhead": overhead_section,
+    "alternating": alternating_section,
+    "host_cost": host_cost_section,
+    "publish": publish_section,
+    "short_runs": short_runs_section,
+    "rss": rss_section,
+    "annotation": annotation_section,
+    "analysis": analysis_only_section,
+    "memory_capture": memory_capture_section,
+    "top_frame": top_frame_section,
+    "budget": budget_section,
+    "reader": reader_section,
+    "lightning_parts": lightning_parts_section,
+    "cuda": cuda_only_section,
+}
+#: Where each section's result goes in the results file (its name, unless said here).
+RESULT_KEYS = {"host_cost": "host_cost_us", "annotation": "annotation_ns"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller model, fewer steps, smaller synthetic traces")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per comparison (at least 5)")
+    parser.add_argument("--quick", action="store_true", help="smaller models, fewer steps and rounds")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rotating rounds of the framework comparisons (at least 5)")
     parser.add_argument("--peers-python", default=os.environ.get("PERFHOOKS_PEERS_PYTHON"),
                         help="interpreter with HTA and torch-tb-profiler ($PERFHOOKS_PEERS_PYTHON, else this one)")
-    parser.add_argument("--only", choices=SECTIONS, action="append",
+    parser.add_argument("--only", choices=list(SECTIONS), action="append",
                         help="run only these sections (repeatable)")
+    parser.add_argument("--rss-variant", choices=sorted(overhead.RSS_VARIANTS), action="append",
+                        help="the rss section's variants (repeatable; default: default and no_window, or default "
+                             "with --quick)")
     parser.add_argument("--update", action="store_true", help="add the sections run to the existing results file")
     parser.add_argument("--output", type=Path, help="results file (default benchmarks/results/<host>-<date>.json)")
     args = parser.parse_args(argv)
     if args.rounds < 5:
         parser.error("--rounds must be at least 5")
-    sections = set(args.only or SECTIONS)
+    chosen = args.only or list(SECTIONS)
+    warnings.simplefilter("ignore")  # the frameworks' notices, from every fit of every round
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     info = machine_info()
     print(f"machine: {describe_machine()}")
     results: dict[str, Any] = {"machine": info, "date": datetime.date.today().isoformat(), "quick": args.quick,
                                "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])}
     verdicts: dict[str, Any] = {}
-    if "overhead" in sections:
-        print("1. overhead on the training loop")
-        results["overhead"] = overhead.run(args.quick, args.rounds)
-        for framework in ("lightning", "accelerate", "transformers"):
-            for name, r in results["overhead"][framework]["ratios"].items():
-                print(f"  {framework:>12} {name:<40} median {r['median']:.4f} (min {r['min']:.4f}, max {r['max']:.4f})")
-            check("telemetry_overhead", results["overhead"][framework]["ratios"]["perfhooks"]["median"], verdicts,
-                  framework)
-        check("window_vs_bare", results["overhead"]["lightning"]["ratios"]["perfhooks_window/bare_torch_profiler"]
-              ["median"], verdicts, "lightning")
-        check("window_vs_bare", results["overhead"]["accelerate"]["ratios"]["perfhooks_window/ProfileKwargs"]
-              ["median"], verdicts, "accelerate (vs ProfileKwargs)")
-        check("host_cost_us", results["overhead"]["host_cost_us"], verdicts)
-    if "alternating" in sections:
-        a = results["alternating"] = overhead.run_alternating(args.quick)
-        print(f"  telemetry on/off, alternating steps in one process: median {a['median']:.4f} "
-              f"(min {a['min']:.4f}, max {a['max']:.4f}) over {a['n']} pairs; pooled {a['pooled']:.4f}")
-        check("telemetry_overhead", a["median"], verdicts, "alternating steps in one process")
-    if "host_cost" in sections and "overhead" not in sections:  # the overhead section measures it too
-        results["host_cost_us"] = overhead.host_cost_us(steps=5_000 if args.quick else 20_000)
-        print(f"  engine host cost per step: {results['host_cost_us']:.2f} µs")
-        check("host_cost_us", results["host_cost_us"], verdicts)
-    if "annotation" in sections:
-        print("2. annotation cost (ns per call, no NVTX tool attached, no profiler recording)")
-        results["annotation_ns"] = annotation_cost.measure()
-        for name, ns in results["annotation_ns"].items():
-            published = annotation_cost.PUBLISHED.get(name)
-            print(f"  {name:<26} {ns:8.0f} ns" + (f"   published: {published}" if published else ""))
-    if "analysis" in sections:
-        print("3. analysis speed and memory")
-        results["analysis"] = analysis_section(args.quick, args.peers_python, verdicts)
-    if "cuda" in sections:
-        import torch
-
-        if torch.cuda.is_available():
-            print("4. CUDA")
-            results["cuda"] = cuda_section(args.quick)
-        else:
-            print("4. CUDA: no GPU here; skipped")
-    name = f"{info['hostname']}-{results['date']}{'-quick' if args.quick else ''}.json"
-    target = args.output or HERE / "results" / name
+    for number, name in enumerate((name for name in SECTIONS if name in chosen), 1):
+        if name == "host_cost" and "overhead" in chosen:  # the overhead section measures it too
+            continue
+        print(f"{number}. ", end="")
+        result = SECTIONS[name](args, verdicts)
+        if result is not None:
+            results[RESULT_KEYS.get(name, name)] = result
+    file_name = f"{info['hostname']}-{results['date']}{'-quick' if args.quick else ''}.json"
+    target = args.output or HERE / "results" / file_name
     if args.update and target.exists():  # add these sections to an earlier run's results
         earlier = json.loads(target.read_text())
         verdicts = {**earlier.get("targets", {}), **verdicts}

@@ -99,3 +99,15 @@ def test_import_linter_keeps_the_layers_and_finds_no_circle() -> None:
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "The layers" in done.stdout and "No import circle" in done.stdout
+
+
+def test_no_benchmark_script_imports_another_but_the_suite_which_runs_them_all() -> None:
+    """``benchmarks/``: what the scripts share is in ``common.py``; a script imports no other script, and
+    ``suite.py`` (the runner) imports every script but the GPU's own check, so that it runs every section."""
+    folder = ROOT / "benchmarks"
+    scripts = {path.stem for path in folder.glob("*.py")}
+    imported = {path.stem: _imports(path) & scripts for path in folder.glob("*.py")}
+    assert {name: found - {"common"} for name, found in imported.items() if name != "suite" and found - {"common"}} \
+        == {}
+    assert imported["suite"] == scripts - {"suite", "gpu_check"}
+    assert not list((folder / "results").rglob("*.py"))

@@ -639,7 +639,7 @@ def test_a_short_runs_window_is_analysed_without_starting_a_python(tmp_path: Pat
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """20 steps of Lightning's BoringModel with the default schedule: the window's small trace is analysed in the
     process (a few ms), not by a child interpreter (about 0.2 s to start, paid at the close of every short run
-    and in the steps a fast run overlaps). benchmarks/short_runs.py measures both."""
+    and in the steps a fast run overlaps). `benchmarks/suite.py --only short_runs` measures both."""
     import subprocess
 
     import lightning as L
