@@ -347,9 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"machine": info, "date": datetime.date.today().isoformat(), "quick": args.quick,
                                "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])}
     verdicts: dict[str, Any] = {}
-    for number, name in enumerate((name for name in SECTIONS if name in chosen), 1):
-        if name == "host_cost" and "overhead" in chosen:  # the overhead section measures it too
-            continue
+    running = [name for name in SECTIONS if name in chosen
+               and not (name == "host_cost" and "overhead" in chosen)]  # the overhead section measures it too
+    for number, name in enumerate(running, 1):
         print(f"{number}. ", end="")
         result = SECTIONS[name](args, verdicts)
         if result is not None:

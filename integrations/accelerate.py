@@ -218,18 +218,18 @@ class PerfSession(LoopSession):
             return
         self._training_loaders.add(id(loader))
         if self.engine.account.innermost == EVALUATION:
-            self.engine.retract_aside(EVALUATION)
+            self.engine.aside_cancel(EVALUATION)
 
     def _before_next(self, loader: Any) -> None:
         engine = self.engine
         self._iterating = loader
         if self._training(loader):
             if engine.account.innermost == EVALUATION:
-                engine.end_aside(EVALUATION)
+                engine.aside_end(EVALUATION)
             engine.fetch()
         elif engine.account.innermost != EVALUATION:
             engine.idle()
-            engine.begin_aside(EVALUATION)
+            engine.aside_start(EVALUATION)
 
     def _after_next(self, batch: Any) -> None:
         """A training batch is in hand (a prepared loader has placed it on the device): the forward starts. The
@@ -242,7 +242,7 @@ class PerfSession(LoopSession):
         engine = self.engine
         self._iterating = None
         if engine.account.innermost == EVALUATION:
-            engine.end_aside(EVALUATION)
+            engine.aside_end(EVALUATION)
         else:
             engine.idle()
 

@@ -238,10 +238,10 @@ class PerfCallback(Callback):
     # --------------------------------------------------------------- not training
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
-            self.engine.begin_aside(EVALUATION)
+            self.engine.aside_start(EVALUATION)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.engine.end_aside(EVALUATION)
+        self.engine.aside_end(EVALUATION)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.engine.idle()
@@ -337,7 +337,7 @@ class PerfCallback(Callback):
             on = not light and (step < NAMED_STEPS_ALL or step % NAMED_EVERY == 0)
             if on != timing.timed:
                 timing.on() if on else timing.off()
-                self.engine.time_named(on)
+                self.engine.set_hook_timing(on)
 
     def _wrap_checkpoint(self, trainer: Trainer, engine: Engine) -> None:
         """``trainer.save_checkpoint`` (what users call) and each checkpoint callback's ``_save_checkpoint`` (the

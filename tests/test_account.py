@@ -54,12 +54,12 @@ def test_evaluation_between_steps_and_a_checkpoint_inside_it(tmp_path: Path) -> 
     for step in range(10):
         framework_step(engine, clock, global_step=step + 1)
         if step == 4:
-            engine.begin_aside("evaluation")
+            engine.aside_start("evaluation")
             clock.advance(30)
             with engine.aside("checkpoint"):  # ModelCheckpoint at the end of validation
                 clock.advance(50)
             clock.advance(20)
-            engine.end_aside("evaluation")
+            engine.aside_end("evaluation")
     report = engine.close()
     run = report["run"]
     assert run["evaluation_s"] == pytest.approx(0.05) and run["checkpointing_s"] == pytest.approx(0.05)

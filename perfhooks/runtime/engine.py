@@ -131,20 +131,21 @@ class Engine:
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
         account = RunAccount(monotonic_ns if self.clock.device_timed else self.clock.mark)
-        self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults, None,  # type: ignore[arg-type]
-                                   None, start_step, global_step, StepSampler(config.overhead_budget))
-        # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
-        tracker = self.tracker
-        self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (
-            tracker.phase_start, tracker.phase_end, tracker.step_end, tracker.batch, tracker.fetch, tracker.stepped,
-            tracker.named)
         self.capture = CaptureControl(config, output_dir=self.output_dir, rank=facts.rank,
                                       world_size=facts.world_size, cuda=self.room.is_cuda, writer=self.writer,
                                       faults=self.faults, once=self.once, current_step=lambda: self.tracker.step,
                                       on_saved=lambda: self.saving.window_saved(),
                                       on_written=(lambda path, window: self.saving.window_written(path, window))
                                       if config.analyze_windows else None)
-        self.tracker.end_step_label = self.capture.windows.end_step_label  # closes ProfilerStep#N (one frame)
+        self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults,
+                                   end_step_label=self.capture.windows.end_step_label,  # closes ProfilerStep#N
+                                   start_step=start_step, global_step=global_step,
+                                   sampler=StepSampler(config.overhead_budget))
+        # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
+        tracker = self.tracker
+        self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (
+            tracker.phase_start, tracker.phase_end, tracker.step_end, tracker.batch, tracker.fetch, tracker.stepped,
+            tracker.named)
         self.memory: MemoryMonitor | None = self._start_memory() if config.memory else None
         if self.memory is not None:
             shapes = self.tracker.batches.shapes
@@ -225,7 +226,7 @@ class Engine:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
         self.tracker.fetched(batches)
 
-    def time_named(self, on: bool) -> None:
+    def set_hook_timing(self, on: bool) -> None:
         """Whether the step opening now times the framework's named hooks (:meth:`named`; one step in several)."""
         self.tracker.naming = on
 
@@ -235,28 +236,28 @@ class Engine:
         self.tracker.idle()
 
     @guarded("aside")
-    def begin_aside(self, kind: str) -> None:
+    def aside_start(self, kind: str) -> None:
         """Evaluation or a checkpoint write starts: timed apart, out of the open step and its ``ProfilerStep``."""
-        self.tracker.begin_aside(kind)
+        self.tracker.aside_start(kind)
 
     @guarded("aside")
-    def end_aside(self, kind: str) -> None:
+    def aside_end(self, kind: str) -> None:
         """The aside ``kind`` (the innermost open one) ends; an unmatched end is ignored."""
-        self.tracker.end_aside(kind)
+        self.tracker.aside_end(kind)
 
     @guarded("aside")
-    def retract_aside(self, kind: str) -> None:
+    def aside_cancel(self, kind: str) -> None:
         """The aside ``kind`` (the innermost open one) was not one: it is neither counted nor timed."""
-        self.tracker.retract_aside(kind)
+        self.tracker.aside_cancel(kind)
 
     @contextlib.contextmanager
     def aside(self, kind: str) -> Iterator[None]:
         """``with engine.aside("checkpoint"): ...``: the user's errors pass through untouched."""
-        self.begin_aside(kind)
+        self.aside_start(kind)
         try:
             yield
         finally:
-            self.end_aside(kind)
+            self.aside_end(kind)
 
     def note_flops(self, per_step: float, source: str) -> None:
         """The framework's own count of one step's training FLOPs (used unless the user gave one)."""

@@ -35,7 +35,7 @@ class NullEngine:
     def named(self, name: str, ms: float) -> None:
         pass
 
-    def time_named(self, on: bool) -> None:
+    def set_hook_timing(self, on: bool) -> None:
         pass
 
     def batch(self, batch: Any) -> None:
@@ -71,13 +71,13 @@ class NullEngine:
     def idle(self) -> None:
         pass
 
-    def begin_aside(self, kind: str) -> None:
+    def aside_start(self, kind: str) -> None:
         pass
 
-    def end_aside(self, kind: str) -> None:
+    def aside_end(self, kind: str) -> None:
         pass
 
-    def retract_aside(self, kind: str) -> None:
+    def aside_cancel(self, kind: str) -> None:
         pass
 
     @contextlib.contextmanager

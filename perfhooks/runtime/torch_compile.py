@@ -169,7 +169,7 @@ class CompileTracking:
             if tracker.closed or threading.get_ident() != self.thread:
                 return
             self._resume = tracker.open_phase
-            tracker.begin_aside(COMPILING)
+            tracker.aside_start(COMPILING)
         except Exception as error:
             self.faults.report("compile", error)
 
@@ -178,7 +178,7 @@ class CompileTracking:
             tracker = self.tracker
             if tracker.closed or threading.get_ident() != self.thread or tracker.account.innermost != COMPILING:
                 return
-            tracker.end_aside(COMPILING)
+            tracker.aside_end(COMPILING)
             if tracker.step_open:
                 if tracker.record is not None:
                     tracker.record.compiled = True

@@ -251,11 +251,11 @@ class ProfiledLoop(LoopSession):
 
     @contextmanager
     def _aside(self, kind: str) -> Iterator[None]:
-        self.engine.begin_aside(kind)
+        self.engine.aside_start(kind)
         try:
             yield
         finally:
-            self.engine.end_aside(kind)
+            self.engine.aside_end(kind)
 
     # --------------------------------------------------------------- end
     def _detach(self) -> None:

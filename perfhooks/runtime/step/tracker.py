@@ -26,6 +26,7 @@ Threading: the training thread only. Other threads read the engine's published s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch.autograd.profiler as autograd_profiler
@@ -83,14 +84,17 @@ class StepListener(Protocol):
 class StepTracker:
     """The open step and phase of the run, their marks, and the asides between them."""
 
-    def __init__(self, clock: HostClock, account: RunAccount, nvtx: NvtxRanges, faults: FaultLog,
-                 listener: StepListener, end_step_label: Any, start_step: int = 0,
-                 global_step: int | None = None, sampler: StepSampler | None = None) -> None:
+    #: What the rest of the run does at each step's moments. The listener sets itself here when it is built
+    #: (``RunParts``): the two refer to each other, so the tracker is built first.
+    listener: StepListener
+
+    def __init__(self, clock: HostClock, account: RunAccount, nvtx: NvtxRanges, faults: FaultLog, *,
+                 end_step_label: Callable[[], None], start_step: int = 0, global_step: int | None = None,
+                 sampler: StepSampler | None = None) -> None:
         self.clock = clock
         self.account = account
         self.nvtx = nvtx
         self.faults = faults
-        self.listener = listener
         #: Closes the open ``ProfilerStep#N`` label (the capture windows').
         self.end_step_label = end_step_label
         self.stats = PhaseStatistics()
@@ -605,7 +609,7 @@ class StepTracker:
         """At close: end an aside cut short, count a last step that stepped (when ``count_last``), drop one cut
         short."""
         while self.account.depth:
-            self.end_aside(self.account.innermost)  # type: ignore[arg-type]
+            self.aside_end(self.account.innermost)  # type: ignore[arg-type]
         if self.light:
             if self.light_stepped and count_last:
                 self._end_light(self._step_now(), monotonic_ns())
@@ -620,7 +624,7 @@ class StepTracker:
             self.drop_record()
 
     # ----------------------------------------------------------------- asides
-    def begin_aside(self, kind: str) -> None:
+    def aside_start(self, kind: str) -> None:
         """Evaluation or a checkpoint write starts: timed apart, out of the open step and its ``ProfilerStep``."""
         if self.closed:
             return
@@ -649,7 +653,7 @@ class StepTracker:
             label.__enter__()
         self._aside_labels.append(label)
 
-    def end_aside(self, kind: str) -> None:
+    def aside_end(self, kind: str) -> None:
         """The aside ``kind`` (the innermost open one) ends; an unmatched end is ignored."""
         if not self.account.end(kind):
             return
@@ -664,7 +668,7 @@ class StepTracker:
             if self.record is not None:
                 self.record.intervals.append((outer, start, self.clock.mark()))
 
-    def retract_aside(self, kind: str) -> None:
+    def aside_cancel(self, kind: str) -> None:
         """The aside ``kind`` (the innermost open one) was not one: it is neither counted nor timed, and what
         follows belongs to the step that opens next."""
         if not self.account.retract(kind):
