@@ -565,7 +565,7 @@ def lightning_parts(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any
         steady = paired([run[0] for run in runs], [run[0] for run in bare])
         mean = paired([run[1] for run in runs], [run[1] for run in bare])
         added[name] = {"steady_us": statistics.median(steady), "mean_us": statistics.median(mean)}
-        print(f"{name:>20}: median step +{spread(steady)} µs; mean step +{spread(mean)} µs")
+        print(f"{name:>20}: median step {spread(steady)} µs added; mean step {spread(mean)} µs added")
     return {"steps": steps, "rounds": rounds, "added": added}
 
 

@@ -1,7 +1,7 @@
 """Every benchmark, side by side with the peers, in one command; results saved as JSON.
 
-    python benchmarks/suite.py                 # about 45 min on 2 cores
-    python benchmarks/suite.py --quick         # about 12 min: smaller models, fewer steps and rounds
+    python benchmarks/suite.py                 # about 17 min on 2 cores, idle (2026-11-28)
+    python benchmarks/suite.py --quick         # about 4 min: smaller models, fewer steps and rounds
     python benchmarks/suite.py --only rss --only short_runs     # some sections
 
 The sections, in the order they run (``--only NAME``; each module also runs alone, see its docstring):
