@@ -131,14 +131,7 @@ class Engine:
     def _build_parts(self, start_step: int, global_step: int | None, wandb_source: RunSource | None) -> None:
         config, facts = self.config, self.facts
         account = RunAccount(monotonic_ns if self.clock.device_timed else self.clock.mark)
-        self.capture = CaptureControl(config, output_dir=self.output_dir, rank=facts.rank,
-                                      world_size=facts.world_size, cuda=self.room.is_cuda, writer=self.writer,
-                                      faults=self.faults, once=self.once, current_step=lambda: self.tracker.step,
-                                      on_saved=lambda: self.saving.window_saved(),
-                                      on_written=(lambda path, window: self.saving.window_written(path, window))
-                                      if config.analyze_windows else None)
         self.tracker = StepTracker(self.clock, account, NvtxRanges(enabled=config.nvtx), self.faults,
-                                   end_step_label=self.capture.windows.end_step_label,  # closes ProfilerStep#N
                                    start_step=start_step, global_step=global_step,
                                    sampler=StepSampler(config.overhead_budget))
         # the hot path: these events go straight to the tracker (each guards itself), without a frame of the engine's
@@ -146,6 +139,14 @@ class Engine:
         self.phase_start, self.phase_end, self.step_end, self.batch, self.fetch, self.stepped, self.named = (
             tracker.phase_start, tracker.phase_end, tracker.step_end, tracker.batch, tracker.fetch, tracker.stepped,
             tracker.named)
+        self.capture = CaptureControl(config, output_dir=self.output_dir, rank=facts.rank,
+                                      world_size=facts.world_size, cuda=self.room.is_cuda, writer=self.writer,
+                                      faults=self.faults, once=self.once, current_step=lambda: self.tracker.step,
+                                      on_saved=lambda: self.saving.window_saved(),
+                                      on_written=(lambda path, window: self.saving.window_written(path, window))
+                                      if config.analyze_windows else None)
+        # built after the tracker: the all-ranks trigger's thread reads the tracker's step from its first poll
+        tracker.end_step_label = self.capture.windows.end_step_label  # closes ProfilerStep#N (one frame)
         self.memory: MemoryMonitor | None = self._start_memory() if config.memory else None
         if self.memory is not None:
             shapes = self.tracker.batches.shapes

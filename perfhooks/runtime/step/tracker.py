@@ -81,6 +81,10 @@ class StepListener(Protocol):
         """A step ended and was queued (its timings are read once the device is done)."""
 
 
+def _no_label() -> None:
+    """No ``ProfilerStep#N`` label to close (no capture windows yet)."""
+
+
 class StepTracker:
     """The open step and phase of the run, their marks, and the asides between them."""
 
@@ -89,13 +93,14 @@ class StepTracker:
     listener: StepListener
 
     def __init__(self, clock: HostClock, account: RunAccount, nvtx: NvtxRanges, faults: FaultLog, *,
-                 end_step_label: Callable[[], None], start_step: int = 0, global_step: int | None = None,
-                 sampler: StepSampler | None = None) -> None:
+                 end_step_label: Callable[[], None] = _no_label, start_step: int = 0,
+                 global_step: int | None = None, sampler: StepSampler | None = None) -> None:
         self.clock = clock
         self.account = account
         self.nvtx = nvtx
         self.faults = faults
-        #: Closes the open ``ProfilerStep#N`` label (the capture windows').
+        #: Closes the open ``ProfilerStep#N`` label: the capture windows', set by the engine once they are built
+        #: (they are built after the tracker, whose step the all-ranks trigger's thread reads).
         self.end_step_label = end_step_label
         self.stats = PhaseStatistics()
         self.pending = PendingSteps(clock)
