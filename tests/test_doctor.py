@@ -42,13 +42,46 @@ def test_on_this_cpu_machine_it_passes_and_skips_the_device_with_the_reason(tmp_
     assert checks["profiler"]["status"] == "pass" and document["summary"]["fail"] == 0
 
 
-def test_on_the_simulated_gpu_every_device_check_runs_and_passes() -> None:
-    with simulated_cuda():
+def test_on_the_simulated_gpu_every_device_check_runs_and_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The events read the kernel's own 50 ms (its cycles at the peak clock), plus the host's gap between
+    recording the start event on the idle stream and launching the kernel: the device runs the start at once and
+    the kernel when it arrives, on a real GPU as here, so a preempted host widens the interval by its delay. Each
+    trial's gap is taken from the simulation's own timeline: where the kernel began on the stream, less where the
+    start event completed."""
+    from perfhooks.cli import doctor_checks
+    from perfhooks.device.room import DeviceRoom
+
+    completions: list[float] = []
+    trials: list[tuple[float, float, float]] = []  # (event ms, host ms, the launch gap in ms)
+    record, kernel = DeviceRoom.record, doctor_checks._kernel
+
+    def recorded(room: DeviceRoom, event: Any) -> None:
+        record(room, event)
+        completions.append(event._completes_at)
+
+    def timed_kernel(room: Any, sleep: Any, cycles: int) -> tuple[float, float]:
+        launched: list[float] = []
+
+        def launch(cycles: int) -> None:
+            sleep(cycles)
+            # where the kernel began on the simulated stream (it ends the stream's work; s on perf_counter)
+            launched.append(room.stream().busy_until - cycles / gpu.cycles_per_ms / 1e3)
+
+        completions.clear()
+        event_ms, host_ms = kernel(room, launch, cycles)
+        trials.append((event_ms, host_ms, (launched[0] - completions[-2]) * 1e3))  # the start, then the end
+        return event_ms, host_ms
+
+    monkeypatch.setattr(DeviceRoom, "record", recorded)
+    monkeypatch.setattr(doctor_checks, "_kernel", timed_kernel)
+    with simulated_cuda() as gpu:
         checks = _by_name(doctor("cuda:0"))
     for name in DEVICE_CHECKS:
         assert checks[name]["status"] == "pass", checks[name]
     timing = checks["device timing"]["figure"]
-    assert timing["floor_ms"] == 50.0 and timing["event_ms"] == pytest.approx(50.0, abs=0.01)  # the peak clock's
+    (event_ms, _, gap_ms), = [trial for trial in trials if round(trial[1], 3) == timing["host_ms"]
+                              and round(trial[0], 3) == timing["event_ms"]]
+    assert timing["floor_ms"] == 50.0 and event_ms - gap_ms == pytest.approx(50.0, abs=0.01)  # the peak clock's
     assert timing["host_ms"] >= 50.0  # the host sees the kernel done after it is, never before
     assert checks["cupti"]["status"] == "warn", "a CPU build of torch records no CUDA activity"
     assert checks["reader timer"]["status"] == "skip" and "no CUDA runtime library" in checks["reader timer"]["detail"]
