@@ -267,6 +267,30 @@ class DeviceRoom:
             return None
         return rate if rate > 0 else None
 
+    def cuda_settings(self) -> dict[str, Any]:
+        """The CUDA settings the settings audit reads (host-side queries, no device work): the compute
+        capability (``[major, minor]``), ``torch.cuda.get_sync_debug_mode()``, cuDNN's determinism and benchmark
+        switches and the float32 matmul precision; each where this torch has it. Empty off CUDA."""
+        if not self.is_cuda:
+            return {}
+        torch, found = self._torch, {}
+        try:
+            major, minor = torch.cuda.get_device_capability(self.index)
+            found["capability"] = [int(major), int(minor)]
+        except Exception:
+            pass
+        get_mode = getattr(torch.cuda, "get_sync_debug_mode", None)
+        if get_mode is not None:
+            try:
+                found["sync_debug_mode"] = int(get_mode())
+            except Exception:
+                pass
+        cudnn = getattr(getattr(torch, "backends", None), "cudnn", None)
+        if cudnn is not None:
+            found["cudnn_deterministic"] = bool(getattr(cudnn, "deterministic", False))
+        found["float32_matmul_precision"] = str(torch.get_float32_matmul_precision())
+        return found
+
     @_device_call
     def elapsed_ms(self, start: Any, end: Any) -> float:
         """Device time between two completed events (ms)."""

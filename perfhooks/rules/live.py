@@ -15,7 +15,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
                   run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None,
                   framework: str | None = None, accelerator: bool = True,
                   cpus: int | None = None, framework_version: str | None = None,
-                  length_grouped: str | None = None) -> list[dict[str, Any]]:
+                  length_grouped: str | None = None, host_share: float | None = None) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
@@ -23,7 +23,8 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     torch.compile compiled a graph during the run; ``run`` is the report's run account; ``accelerator``: the run
     trains on a GPU or another accelerator (pinned memory helps only there); ``cpus``: the CPUs the process may
     use (the loader's workers share them with training); ``framework_version``: the framework's installed version
-    (a fix is spelled as it takes it).
+    (a fix is spelled as it takes it); ``host_share``: other processes' share of this process's CPUs when the
+    settings audit found the host shared (step-time variance is then the host's, not the program's).
     """
     out = diagnose_run(run, t)
     if stats.steps < min_steps:
@@ -54,7 +55,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if padding is not None:
         out.append(padding)
     churn = _shape_churn(recent, t, framework, compiled)
-    variance = (_step_time_variance(recent, t, min_steps, framework, framework_version, length_grouped)
+    variance = (_step_time_variance(recent, t, min_steps, framework, framework_version, length_grouped, host_share)
                 if churn is None else None)
     out.extend(verdict for verdict in (churn, variance) if verdict is not None)
     if compiled and len(recent) >= min_steps:
@@ -77,10 +78,11 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
 
 
 def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framework: str | None,
-                        framework_version: str | None = None, length_grouped: str | None = None
-                        ) -> dict[str, Any] | None:
+                        framework_version: str | None = None, length_grouped: str | None = None,
+                        host_share: float | None = None) -> dict[str, Any] | None:
     """``step_time_variance`` over the steady steps (after the first 3, perfhooks' own left out); said as the
-    batches' lengths when the step time follows them."""
+    batches' lengths when the step time follows them, and as the host's (information, no gain) when other
+    processes took a large share of this process's CPUs (``host_share``)."""
     own = sum(1 for timing in recent if timing.own)
     # steady state only: the first steps are warm-up, and perfhooks' own steps are not the user's
     steady = sorted(timing.step_ms for timing in recent[3:] if not timing.own)
@@ -97,6 +99,14 @@ def _step_time_variance(recent: list[Any], t: Thresholds, min_steps: int, framew
             0.0,
             _length_fix(framework, framework_version, grouped=length_grouped),
             p95_over_p50=p95 / p50, length_correlation=follows[0])
+    if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50 and host_share is not None:
+        return make(
+            "step_time_variance", "info", TITLES["step_time_variance"],
+            f"step p95 {p95:.1f} ms is {p95 / p50:.2f}× the p50 {p50:.1f} ms over {len(steady)} steady steps, while "
+            f"other processes used {pct(host_share)} of this process's CPUs: the host's variance, not the "
+            f"program's; threshold {t.step_p95_over_p50:g}×",
+            0.0, "Measure on an idle machine before looking for the program's slow steps.",
+            p95_over_p50=p95 / p50, host_others_share=host_share)
     if len(steady) >= min_steps and p50 > 0 and p95 / p50 >= t.step_p95_over_p50:
         return make(
             "step_time_variance", "warning" if p95 / p50 >= 2 * t.step_p95_over_p50 else "info",

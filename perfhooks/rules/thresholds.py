@@ -51,6 +51,8 @@ class Thresholds:
     memory_growth_bytes: float = 64 * 2**20
     recompiles_count: int = 1
     graph_breaks_count: int = 1
+    #: ``shared_host``: share 0..1 of this process's CPUs that other processes used during the run.
+    shared_host_share: float = 0.25
 
     def __post_init__(self) -> None:
         for item in fields(self):

@@ -43,6 +43,12 @@ DOCS = {
     "padding_waste": "https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments.group_by_length",
     "other_heavy": "https://lightning.ai/docs/pytorch/stable/tuning/profiler_basic.html",
     "stalled": "https://pytorch.org/docs/stable/distributed.html#debugging-torch-distributed-applications",
+    "anomaly_detection": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#disable-debugging-apis",
+    "cpu_threads": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#cpu-specific-optimizations",
+    "debug_switches": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#disable-debugging-apis",
+    "deterministic_algorithms": "https://pytorch.org/docs/stable/notes/randomness.html",
+    "profiler_running": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#disable-debugging-apis",
+    "shared_host": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#cpu-specific-optimizations",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
 

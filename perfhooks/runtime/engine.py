@@ -31,6 +31,7 @@ from perfhooks.config import PerfConfig
 from perfhooks.device.clock import DeviceClock, HostClock
 from perfhooks.device.describe import installed_version, usable_cpus
 from perfhooks.device.room import DeviceRoom
+from perfhooks.device.settings import SettingsAudit
 from perfhooks.distributed import ranks
 from perfhooks.faults import FaultLog, Once, guarded, is_device_error
 from perfhooks.files.writer import BackgroundWriter
@@ -171,6 +172,8 @@ class Engine:
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
                               self.writer, self.faults, self.publish, self.saving)
         self.room.when_lost(self.parts.device_lost)  # a CUDA error, wherever perfhooks met it first
+        #: The settings audit: read now, and at each full publication (never per step).
+        self.parts.settings = self.faults.call("settings_audit", lambda: SettingsAudit(self.room))
 
     def _start_memory(self) -> MemoryMonitor | None:
         config = self.config
@@ -278,6 +281,8 @@ class Engine:
         """The model whose parameters the memory census attributes; per-module NVTX ranges when asked."""
         if self.memory is not None:
             self.memory.models.append(model)
+        if self.parts.settings is not None:
+            self.parts.settings.watch(model)
         if self.flops.watch_compiled(model, self.hooks.add):  # a compiled model's FLOPs: counted on meta tensors
             self.compile.model_compiled = True
         if self.config.module_ranges:

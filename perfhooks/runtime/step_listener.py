@@ -59,6 +59,9 @@ class RunParts:
         self.device_broken = False
         #: The framework's setting that already groups samples by length (see :meth:`Engine.note_length_grouped`).
         self.length_grouped: str | None = None
+        #: The settings audit (:class:`~perfhooks.device.settings.SettingsAudit`), read at each full publication;
+        #: None when it could not start.
+        self.settings: Any = None
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
         self.tag_allocations = memory is not None and memory.cuda and cuda_extras.tags_supported()
         self._writer_seen = self._captures_seen = 0

@@ -50,7 +50,9 @@ def format_table(report: dict[str, Any]) -> str:
     lines.extend(throughput_lines(report.get("throughput")))
     kept = [w for w in report["windows"] if not w.get("pruned")]
     if kept:
-        lines.append(f"  traces: {len(kept)} window(s), latest {kept[-1]['path']}")
+        lines.append(f"  traces: {len(kept)} window(s), latest {kept[-1]['path']} (the 'USDT: ... profiler_start' "
+                     "and 'profiler_stop' lines on stderr are torch.profiler's own, printed at each window's start "
+                     "and stop)")
     merged = report.get("merged_trace")
     if merged:
         lines.append(f"  all ranks on one timeline: {merged['path']}" if merged.get("path") else

@@ -17,6 +17,7 @@ from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.memory import diagnose_memory
 from perfhooks.rules.pipeline import merge_verdicts
+from perfhooks.rules.settings import diagnose_settings, host_shared
 from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis
@@ -29,12 +30,17 @@ MIN_STEADY_STEPS = 8
 
 def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds,
                    framework: str | None = None, accelerator: bool = True,
-                   cpus: int | None = None, framework_version: str | None = None) -> list[Diagnosis]:
-    """The verdicts this rank's own figures give: live phase timings, compile counts, memory (not yet the
-    trace's). ``cpus``: the CPUs this process may use; ``framework_version``: the framework's installed version."""
-    return [*diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
+                   cpus: int | None = None, framework_version: str | None = None,
+                   device_type: str = "cpu", world_size: int = 1) -> list[Diagnosis]:
+    """The verdicts this rank's own figures give: the settings audit, live phase timings, compile counts, memory
+    (not yet the trace's). ``cpus``: the CPUs this process may use; ``framework_version``: the framework's
+    installed version."""
+    return [*diagnose_settings(parts.settings, stats, thresholds, framework=framework, device_type=device_type,
+                               world_size=world_size, matmul_dtype=parts.matmul_dtype),
+            *diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
                            named_work=parts.named_work, framework=framework, accelerator=accelerator, cpus=cpus,
-                           framework_version=framework_version, length_grouped=parts.length_grouped),
+                           framework_version=framework_version, length_grouped=parts.length_grouped,
+                           host_share=host_shared(parts.settings, thresholds)),
             *diagnose_compile(parts.compile, parts.run, thresholds),
             *(diagnose_memory(parts.memory_figures, thresholds) if parts.memory_figures is not None else [])]
 
@@ -42,10 +48,12 @@ def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thres
 def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresholds, faults: FaultLog,
                  stalls: list[dict[str, Any]] | None = None, framework: str | None = None,
                  accelerator: bool = True, cpus: int | None = None,
-                 framework_version: str | None = None) -> list[Diagnosis]:
+                 framework_version: str | None = None, device_type: str = "cpu",
+                 world_size: int = 1) -> list[Diagnosis]:
     """Every verdict of the run so far, merged (a fault in a rule is reported once; the trace's verdicts stand)."""
     try:
-        local = (local_verdicts(stats, parts, thresholds, framework, accelerator, cpus, framework_version)
+        local = (local_verdicts(stats, parts, thresholds, framework, accelerator, cpus, framework_version,
+                                device_type, world_size)
                  + diagnose_stalls(stalls or []))
     except Exception as error:
         faults.report("live_diagnoses", error)
@@ -63,7 +71,8 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
     parts = state.parts
     diagnoses = run_verdicts(stats, parts, thresholds, faults, stalls, facts.framework,
                              accelerator=facts.device.get("type") not in (None, "cpu"),
-                             cpus=facts.device.get("usable_cpus"), framework_version=facts.framework_version)
+                             cpus=facts.device.get("usable_cpus"), framework_version=facts.framework_version,
+                             device_type=str(facts.device.get("type") or "cpu"), world_size=facts.world_size)
     windows = [dict(window) for window in parts.windows]
     analysed = [w["metrics"] for w in windows if w.get("metrics")]
     try:
@@ -82,6 +91,8 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
                           signal=state.signal, device_hour_cost=facts.device_hour_cost)
     if stalls:
         report["stalls"] = stalls
+    if parts.settings is not None:
+        report["settings"] = _copy(parts.settings)
     if parts.missed_windows:
         report["missed_windows"] = [dict(missed) for missed in parts.missed_windows]
     if parts.overhead is not None:
@@ -124,4 +135,6 @@ def report_parts(listener: Any, device: dict[str, Any], cuda: bool, error: dict[
         faults=tuple(faults.as_list()), error=dict(error) if error else None,
         unfinished_steps=tracker.pending.unfinished, windows=tuple(capture.windows.snapshot()), trace=trace,
         missed_windows=tuple(dict(m) for m in capture.missed),
-        overhead=faults.call("overhead_report", tracker.sampler.section), length_grouped=listener.length_grouped)
+        overhead=faults.call("overhead_report", tracker.sampler.section), length_grouped=listener.length_grouped,
+        settings=(faults.call("settings_audit", lambda: listener.settings.read(tracker.step, capture.is_open))
+                  if listener.settings is not None else None))

@@ -77,6 +77,8 @@ class ReportParts(NamedTuple):
     #: The framework's setting that already batches samples of similar length, as the user wrote it
     #: (``TrainingArguments(group_by_length=True)``), or None.
     length_grouped: str | None = None
+    #: The settings audit's latest read (``report.json``'s ``settings``), or None.
+    settings: dict[str, Any] | None = None
 
 
 class RunState(NamedTuple):
