@@ -51,7 +51,7 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 #: USER_HZ: the unit of ``/proc/stat``'s CPU times (100 on every Linux build torch supports).
 CLOCK_TICKS = 100
 #: Wall time (s) the host's share needs: ``/proc/stat`` counts in 10 ms ticks.
-MIN_WALL_S = 0.25
+MIN_WALL_S = 0.1
 
 
 def debug_environment(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:

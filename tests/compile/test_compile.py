@@ -252,3 +252,33 @@ def test_module_ranges_on_a_compiled_model_say_once_what_they_cannot_show(tmp_pa
     said = [str(w.message) for w in caught if issubclass(w.category, PerfhooksWarning)]
     assert [m for m in said if "torch.compile region" in m] == [said[0]] and len(said) == 1
     assert dynamo_counts() == ({}, 1), "the ranges' hooks added no graph break under fullgraph"
+
+
+def test_an_evaluation_under_no_grad_recompiles_once_and_gets_the_evaluations_fix(tmp_path: Path) -> None:
+    """dynamo's reason is a grad-mode change (``GLOBAL_STATE changed: grad_mode``), not a shape: the fix is to
+    evaluate uncompiled or compile the evaluation apart, not ``mark_dynamic``; its share is of the run."""
+    import perfhooks
+
+    fresh_dynamo()
+    torch.manual_seed(0)
+    model = mlp()
+    compiled = torch.compile(model, backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with perfhooks.profile(compiled, optimizer, output_dir=tmp_path, console=False, schedule=None) as perf:
+        for step in range(12):
+            with perf.data_wait():
+                x, y = torch.randn(8, 32), torch.randn(8, 1)
+            torch.nn.functional.mse_loss(compiled(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step % 4 == 3:
+                with perf.evaluation(), torch.no_grad():
+                    compiled(torch.randn(8, 32))
+    report = json.loads((tmp_path / "report.json").read_text())
+    verdict = next(d for d in report["diagnoses"] if d["id"] == "recompiles")
+    assert any("grad_mode" in reason for reason in verdict["measured"]["reasons"])
+    assert verdict["measured"]["mode_change"] and verdict["severity"] == "info"
+    assert "mark_dynamic does not apply" in verdict["recommendation"] and "_orig_mod" in verdict["recommendation"]
+    assert verdict["gain_basis"] == "run" and "of the run's wall time" in verdict["evidence"]
+    assert verdict["estimated_gain"] == pytest.approx(report["run"]["compiling_s"] / report["run"]["wall_s"],
+                                                      abs=1e-3)
