@@ -85,12 +85,39 @@ def install(launcher: Any, plan_path: str) -> Trial:
     torch.manual_seed(0)  # the script's own seed, if it sets one, wins: every trial starts the same either way
     if trial.knobs.get("tf32"):
         torch.set_float32_matmul_precision("high")
+    if trial.knobs.get("anomaly_off"):
+        trial.undo.append(_anomaly_off(torch))
+    if trial.knobs.get("threads"):
+        trial.undo.append(_threads(torch, int(trial.knobs["threads"])))
     trial.undo.append(_loader_knobs(trial))
     launcher.hooks.add("lightning.pytorch", lambda module: trial.undo.append(_lightning(module, trial)))
     launcher.hooks.add("transformers.training_args", lambda module: trial.undo.append(_hf_arguments(module, trial)))
     launcher.hooks.add("transformers.trainer", lambda module: trial.undo.append(_hf_trainer(module, trial)))
     launcher.hooks.add("accelerate", lambda module: trial.undo.append(_accelerate(module, trial)))
     return trial
+
+
+# ----------------------------------------------------------------------------- process-wide settings
+def _anomaly_off(torch: Any) -> Any:
+    """Anomaly detection stays off whatever the script asks (``set_detect_anomaly``, ``detect_anomaly`` and
+    Lightning's ``detect_anomaly=True`` all go through ``torch.set_anomaly_enabled``); returns the undo."""
+    original = torch.set_anomaly_enabled
+
+    def set_anomaly_enabled(enabled: bool, check_nan: bool = True) -> None:
+        original(False, check_nan)
+
+    torch.set_anomaly_enabled = set_anomaly_enabled
+    original(False)
+    return lambda: setattr(torch, "set_anomaly_enabled", original)
+
+
+def _threads(torch: Any, threads: int) -> Any:
+    """The intra-op threads at ``threads`` whatever the script sets (``torch.set_num_threads``); returns the
+    undo."""
+    original = torch.set_num_threads
+    torch.set_num_threads = lambda _count: original(threads)
+    original(threads)
+    return lambda: setattr(torch, "set_num_threads", original)
 
 
 # ----------------------------------------------------------------------------- construction with bound arguments
@@ -155,6 +182,7 @@ def _lightning(module: Any, trial: Trial) -> Any:
     def change(arguments: dict[str, Any]) -> None:
         trial.facts["framework"] = "lightning"
         trial.facts["precision"] = str(arguments.get("precision") or "32-true")
+        trial.facts["job_steps"] = _steps(arguments.get("max_steps"))
         arguments["default_root_dir"] = str(trial.folder / "lightning")
         arguments["enable_checkpointing"] = False
         if arguments.get("logger") not in (None, True):
@@ -185,6 +213,7 @@ def _hf_arguments(module: Any, trial: Trial) -> Any:
         trial.facts["loader_workers"].append(int(arguments.get("dataloader_num_workers") or 0))
         trial.facts["precision"] = "bf16" if arguments.get("bf16") else "fp16" if arguments.get("fp16") else "fp32"
         trial.facts["compiled"] = bool(arguments.get("torch_compile"))
+        trial.facts["job_steps"] = _steps(arguments.get("max_steps"))
         arguments["output_dir"] = str(trial.folder / "hf")
         arguments.update(report_to="none", save_strategy="no", push_to_hub=False, load_best_model_at_end=False)
         if "num_workers" in trial.knobs and not arguments.get("dataloader_num_workers"):
@@ -301,6 +330,11 @@ def _accelerate(module: Any, trial: Trial) -> Any:
 
     undo_backward = _wrap_method(module.Accelerator, "backward", backward)
     return lambda: (undo_init(), undo_backward())
+
+
+def _steps(value: Any) -> int | None:
+    """A ``max_steps`` argument as the job's length: None when unset (-1, 0, None) or not a number."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def plan_from_environment() -> str | None:

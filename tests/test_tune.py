@@ -132,13 +132,14 @@ def test_the_plan_and_the_figures_on_exact_inputs() -> None:
     trials, skipped = plan(facts, "cuda", ["unfused_attention"], cores=16)
     assert [t["knob"] for t in trials] == ["sdpa", "dataloader_workers", "tf32", "bf16", "compile"]
     workers = trials[1]
-    assert workers["knobs"] == {"num_workers": 8, "pin_memory": True} and skipped == []
+    assert workers["knobs"] == {"num_workers": 8, "pin_memory": True}
+    assert {s["knob"] for s in skipped} == {"anomaly_off", "threads"}  # the settings audit named neither
     assert workers["change"] == ("TrainingArguments(dataloader_num_workers=8, dataloader_persistent_workers=True, "
                                  "dataloader_pin_memory=True)")
     trials, skipped = plan({**facts, "framework": "lightning", "loader_workers": [4, 0], "precision": "bf16-mixed"},
                            "cpu", [], cores=2)
     assert [t["knob"] for t in trials] == ["dataloader_workers"] and trials[0]["knobs"] == {"num_workers": 2}
-    assert {s["knob"] for s in skipped} == {"tf32", "bf16", "compile", "sdpa"}
+    assert {s["knob"] for s in skipped} == {"tf32", "bf16", "compile", "sdpa", "anomaly_off", "threads"}
     assert plan({**facts, "loader_workers": [2]}, "cpu", [], 2, only=("dataloader_workers",))[1] == [
         {"knob": "dataloader_workers", "reason": "the loaders already use 2 or more worker processes"}]
     figures = speedup([20.0] * 30 + [40.0] * 10, [10.0] * 40)
@@ -299,3 +300,72 @@ def test_a_drift_of_a_tenth_is_flagged_even_where_noise_hides_it_and_the_untried
     assert bf16["knobs"] == {"bf16": True, "use_cpu": True}
     assert bf16["change"] == "TrainingArguments(bf16=True, use_cpu=True)"
     assert next(t for t in plan(hf, "cuda", [], cores=2)[0] if t["knob"] == "bf16")["knobs"] == {"bf16": True}
+
+
+@pytest.mark.slow
+def test_tune_tries_the_settings_the_audit_names(tmp_path: Path) -> None:
+    """A script that leaves anomaly detection on and one thread of the usable CPUs: the baseline names both, and
+    tune measures each fix (anomaly detection off keeps the loss; it is the larger gain)."""
+    from perfhooks.device.describe import usable_cpus
+
+    done, cwd = tune(tmp_path, "accelerate_debug_settings.py", "--only", "anomaly_off,threads")
+    result = json.loads(done.stdout)
+    assert {"anomaly_detection", "cpu_threads"} <= set(result["baseline"]["diagnoses"])
+    anomaly = trial(result, "anomaly_off")
+    assert anomaly["named_by"] == ["anomaly_detection"] and anomaly["loss_delta"]["identical"]
+    assert anomaly["speedup"] > 1.1 and anomaly["interval"][0] > 1.0
+    if (usable_cpus() or 1) > 1:
+        threads = trial(result, "threads")
+        assert threads["named_by"] == ["cpu_threads"] and threads["status"] == "measured"
+        assert threads["change"].startswith(f"torch.set_num_threads({usable_cpus()})")
+    else:
+        assert [s["knob"] for s in result["skipped"]] == ["threads"]
+    assert_left_alone(tmp_path, cwd)
+
+
+def test_a_change_with_a_one_time_cost_is_priced_and_not_ranked_first_when_the_job_is_too_short() -> None:
+    """compile: steady steps 10% faster, 3.6 s compiling (and warm-up steps 30 ms longer than its steady ones); in a
+    40-step job of 100 ms steps it never pays (0.4 s saved against 3.63 s spent), in a 1,000-step one it does after
+    363 steps."""
+    from perfhooks.offline.tune import format_table, measure, payback, ranked
+
+    base = _report({"forward": [40.0] * 40, "backward": [60.0] * 40})
+    base["run"] = {"compiling_s": 0.0}
+    compiled = _report({"forward": [36.0] * 40, "backward": [54.0] * 40})
+    compiled["run"] = {"compiling_s": 3.6}
+    figures = measure([{"report": base, "losses": {}}], {"report": compiled, "losses": {}}, job_steps=40)
+    assert figures["speedup"] == pytest.approx(100 / 90, abs=1e-4)
+    assert (figures["one_time_s"], figures["break_even_steps"], figures["pays"]) == (3.63, 363, False)
+    assert figures["net_s"] == pytest.approx(0.01 * 40 - 3.63)
+    longer = payback([base], compiled, figures, 1000)
+    assert (longer["break_even_steps"], longer["pays"], longer["net_s"]) == (363, True, pytest.approx(6.37))
+    workers = {"knob": "dataloader_workers", "status": "measured", "speedup": 1.05, "pays": True, "one_time_s": 0.0,
+               "interval": [1.01, 1.09], "change": "DataLoader(num_workers=2)", "loss_delta": {"identical": True}}
+    compile_ = {"knob": "compile", "status": "measured", "interval": [1.1, 1.12], "change": "torch.compile",
+                "loss_delta": {"max_abs": 1e-6}, **figures}
+    assert [t["knob"] for t in ranked([compile_, workers])] == ["dataloader_workers", "compile"]
+    table = format_table({"trials": [compile_, workers]})
+    assert "once 3.6 s, repaid only after 363 steps: NOT within the job's 40 steps (a loss of 3.2 s)" in table
+    slower = measure([{"report": base, "losses": {}}], {"report": compiled | {"series": base["series"]},
+                                                         "losses": {}}, job_steps=40)
+    assert slower["break_even_steps"] is None and slower["pays"] is False
+
+
+def test_the_plan_tries_the_audits_fixes_only_when_it_named_them_and_workers_on_few_cpus_say_why() -> None:
+    from perfhooks.offline.tune import flags, oversubscribed
+
+    facts = {"framework": "accelerate", "loader_workers": [0], "precision": "no"}
+    trials, skipped = plan(facts, "cpu", ["anomaly_detection", "cpu_threads", "fp32_matmul"], cores=2)
+    assert [t["knob"] for t in trials][:3] == ["bf16", "anomaly_off", "threads"]
+    assert trials[2]["knobs"] == {"threads": 2} and trials[1]["keeps_numerics"]
+    _, skipped = plan(facts, "cpu", [], cores=2)
+    assert {"anomaly_off", "threads"} <= {s["knob"] for s in skipped}
+    base = _report({"forward": [10.0] * 40, "backward": [10.0] * 40, "data_wait": [20.0] * 40})
+    base["settings"] = {"intra_op_threads": 2}
+    crowded = _report({"forward": [16.0] * 40, "backward": [16.0] * 40, "data_wait": [1.0] * 40})
+    why = oversubscribed({"num_workers": 2}, base, cores=2)
+    assert why is not None and why.startswith("2 worker processes and 2 intra-op threads on 2 usable CPUs")
+    assert oversubscribed({"num_workers": 2}, base, cores=8) is None
+    said = flags("dataloader_workers", {"speedup": 1.2, "base_ms": 40.0}, ["dataloader_bound"], {},
+                 [base], crowded, "cpu", crowded=why)
+    assert [flag["id"] for flag in said] == ["oversubscribed"] and "take turns on the CPUs" in said[0]["text"]

@@ -203,8 +203,9 @@ def _add_job_commands(commands: Any) -> None:
         "tune", allow_abbrev=False, help="try the fixes perfhooks' diagnoses name on a training script, a trial "
         "each, and rank them by measured speedup",
         description="perfhooks tune [OPTIONS] SCRIPT [ARGS...] runs SCRIPT under the launcher once as a baseline, "
-        "then once per change that applies (DataLoader workers, TF32, bf16, torch.compile, SDPA), each set at the "
-        "framework's own seam, and reports each one's measured steady-step speedup and loss difference. The "
+        "then once per change that applies (DataLoader workers, TF32, bf16, torch.compile, SDPA, anomaly detection "
+        "off, threads), each set at the framework's own seam, and reports each one's measured steady-step speedup, "
+        "its one-time cost and the steps that take to repay, and the loss difference. The "
         "script's checkpoints, logs and W&B runs are left alone: trials write into temporary folders.")
     add_setting_options(tune)
     for action in tune._actions:  # tune's own folder: tune.json and each trial's report (not a run's output)
@@ -213,7 +214,11 @@ def _add_job_commands(commands: Any) -> None:
     tune.add_argument("--steps", type=int, default=40, help="steady steps measured per trial, after 3 warm-up "
                       "steps (default 40)")
     tune.add_argument("--only", default=None, metavar="KNOBS", help="comma-separated knobs to try, among "
-                      "dataloader_workers, tf32, bf16, compile, sdpa (default: every one that applies)")
+                      "dataloader_workers, tf32, bf16, compile, sdpa, anomaly_off, threads (default: every one that "
+                      "applies)")
+    tune.add_argument("--job-steps", type=int, default=None, metavar="N", help="the real job's length in optimizer "
+                      "steps, which a change's one-time cost (compilation) is held against (default: the framework's "
+                      "max_steps where the script sets it, else each trial's own length)")
     tune.add_argument("--format", choices=("text", "json"), default="text")
     tune.add_argument("--max-trial-s", type=float, default=600.0, help="seconds a trial may run before it is "
                       "stopped and reported as timed out (default 600)")
@@ -352,6 +357,8 @@ def _tune(args: argparse.Namespace) -> int:
         only = check_only(args.only)
         if args.steps < 5:
             raise ValueError(f"--steps must be an integer >= 5, got {args.steps}")
+        if args.job_steps is not None and args.job_steps < 1:
+            raise ValueError(f"--job-steps must be an integer >= 1, got {args.job_steps}")
         if not args.max_trial_s > 0:
             raise ValueError(f"--max-trial-s must be a number of seconds > 0, got {args.max_trial_s}")
         if not Path(args.target).is_file():
@@ -360,7 +367,7 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"perfhooks tune: {error}", file=sys.stderr)
         return 2
     return run_tune(args.target, args.arguments, settings_environment(args), args.steps, only, args.format,
-                    args.max_trial_s, args.output_dir or "perfhooks_tune")
+                    args.max_trial_s, args.output_dir or "perfhooks_tune", job_steps=args.job_steps)
 
 
 def main(argv: list[str] | None = None) -> int:

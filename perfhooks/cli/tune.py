@@ -27,7 +27,17 @@ from typing import Any
 from perfhooks.cli.machine import out
 from perfhooks.files.atomic import read_json_object
 from perfhooks.offline.gate import WARMUP_STEPS, bootstrap_interval, steady_steps_ms
-from perfhooks.offline.tune import KNOB_NAMES, ceilings, flags, format_table, measure, plan, ranked, untried
+from perfhooks.offline.tune import (
+    KNOB_NAMES,
+    ceilings,
+    flags,
+    format_table,
+    measure,
+    oversubscribed,
+    plan,
+    ranked,
+    untried,
+)
 
 #: The variables a trial's process gets on top of the user's environment.
 TRIAL_ENVIRONMENT = {"PERFHOOKS_SCHEDULE": "none", "PERFHOOKS_CONSOLE": "0", "PERFHOOKS_WANDB": "0",
@@ -97,9 +107,11 @@ def _read_outcome(folder: Path, code: int | None, max_trial_s: float, log: Path)
 
 
 def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], steps: int, only: tuple[str, ...],
-             output: str, max_trial_s: float, output_dir: str) -> int:
+             output: str, max_trial_s: float, output_dir: str, job_steps: int | None = None) -> int:
     """The whole ``perfhooks tune``: baseline, plan, trials, table or JSON. 0 when the baseline was measured,
-    1 when it failed, 130 after Ctrl-C (with the trials done so far)."""
+    1 when it failed, 130 after Ctrl-C (with the trials done so far). ``job_steps``: the job's length (optimizer
+    steps) a one-time cost is held against; None: the framework's ``max_steps`` if the script set one, else each
+    trial's own length."""
     work = Path(tempfile.mkdtemp(prefix="perfhooks-tune-"))
     tuner = Tuner(target, arguments, settings_env, steps, max_trial_s, work, kept=Path(output_dir) / "trials")
     result: dict[str, Any] = {"script": target, "arguments": arguments, "steps": steps, "trials": [], "skipped": []}
@@ -113,6 +125,8 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
             _say(f"the baseline trial {base['status']}: {base.get('error')}\n(the whole log: {base['log']})")
             return 1
         result["baseline"] = _baseline_entry(base)
+        job = job_steps or _positive(base["facts"].get("job_steps"))
+        result["job_steps"] = job
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         device = ((base["report"] or {}).get("device") or {}).get("type")
         diagnoses = [d["id"] for d in (base["report"] or {}).get("diagnoses") or []]
@@ -126,7 +140,7 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
             running = candidate["knob"]
             _say(f"trial {index}/{len(trials)} {candidate['knob']}: started ({candidate['change']})")
             outcome = tuner.trial(candidate["knob"], candidate["knobs"])
-            entry = _trial_entry(candidate, outcome, bases, device)
+            entry = _trial_entry(candidate, outcome, bases, device, job)
             done.append((candidate, outcome))
             result["trials"].append(entry)
             _say(f"trial {index}/{len(trials)} {candidate['knob']}: " + (
@@ -140,7 +154,8 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
             after = tuner.trial("baseline_after", {})
             if after["status"] == "measured":
                 bases.append(after)
-                result["trials"] = [_trial_entry(candidate, outcome, bases, device) for candidate, outcome in done]
+                result["trials"] = [_trial_entry(candidate, outcome, bases, device, job)
+                                    for candidate, outcome in done]
             else:
                 _say(f"the second baseline {after['status']}: the intervals are against the first alone")
             result["baseline"]["blocks"] = [_block(entry) for entry in bases]
@@ -190,16 +205,22 @@ def _baseline_drift(baseline: dict[str, Any]) -> None:
     baseline["drift"] = round(blocks[-1]["step_ms"] / blocks[0]["step_ms"] - 1, 4)
 
 
+def _positive(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def _trial_entry(candidate: dict[str, Any], outcome: dict[str, Any], bases: list[dict[str, Any]],
-                 device: str | None) -> dict[str, Any]:
+                 device: str | None, job_steps: int | None = None) -> dict[str, Any]:
     entry = {key: candidate[key] for key in ("knob", "title", "change", "named_by", "keeps_numerics")}
     entry.update(numerics="unchanged" if candidate["keeps_numerics"] else "changed", status=outcome["status"],
                  wall_s=outcome["wall_s"], stopped=outcome["stopped"])
     if outcome["status"] != "measured":
         return {**entry, "error": outcome.get("error"), "speedup": None, "interval": None}
-    figures = measure(bases, outcome)
+    figures = measure(bases, outcome, job_steps)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     suspect = flags(candidate["knob"], figures, candidate["named_by"], ceilings(bases[0]["report"]),
-                    [base["report"] for base in bases], outcome["report"], device)
+                    [base["report"] for base in bases], outcome["report"], device,
+                    crowded=oversubscribed(candidate["knobs"], bases[0]["report"], cores))
     return {**entry, **figures, "flags": suspect, "report": outcome["report"]}
 
 

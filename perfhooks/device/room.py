@@ -29,6 +29,7 @@ allocator's nested counters without torch's flattening (:meth:`DeviceRoom.memory
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -281,10 +282,8 @@ class DeviceRoom:
             pass
         get_mode = getattr(torch.cuda, "get_sync_debug_mode", None)
         if get_mode is not None:
-            try:
+            with contextlib.suppress(Exception):
                 found["sync_debug_mode"] = int(get_mode())
-            except Exception:
-                pass
         cudnn = getattr(getattr(torch, "backends", None), "cudnn", None)
         if cudnn is not None:
             found["cudnn_deterministic"] = bool(getattr(cudnn, "deterministic", False))

@@ -17,12 +17,14 @@ facts and diagnoses), and what each trial measured against the baseline.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from perfhooks.offline.gate import COVERAGE, RESAMPLES, bootstrap_interval, steady_steps_ms, steady_values
+from perfhooks.events import OTHER, PHASES
+from perfhooks.offline.gate import COVERAGE, RESAMPLES, WARMUP_STEPS, bootstrap_interval, steady_steps_ms, steady_values
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("bf16", "bf16 autocast", ("fp32_matmul",), False),
     Knob("compile", "torch.compile", ("launch_bound", "host_bound", "low_gpu_utilization"), False),
     Knob("sdpa", "SDPA attention", ("unfused_attention",), False),
+    Knob("anomaly_off", "autograd anomaly detection off", ("anomaly_detection",), True),
+    Knob("threads", "intra-op threads at the usable CPUs", ("cpu_threads",), False),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -63,7 +67,7 @@ def plan(facts: dict[str, Any], device: str, diagnoses: list[str], cores: int,
     for knob in KNOBS:
         if only and knob.name not in only:
             continue
-        setting, reason = _setting(knob.name, framework, facts, accelerator, cores)
+        setting, reason = _setting(knob.name, framework, facts, accelerator, cores, diagnoses)
         if reason:
             skipped.append({"knob": knob.name, "reason": reason})
             continue
@@ -86,12 +90,21 @@ def untried(report: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[s
     return sorted(out, key=lambda d: -(d["estimated_gain"] or 0))
 
 
-def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerator: bool, cores: int
-             ) -> tuple[tuple[dict[str, Any], str], str | None]:
+def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerator: bool, cores: int,
+             diagnoses: list[str] = ()) -> tuple[tuple[dict[str, Any], str], str | None]:  # type: ignore[assignment]
     """``((knobs, the change to make in the user's code), None)``, or ``(_, why it is skipped)``."""
     none: tuple[dict[str, Any], str] = ({}, "")
     if framework not in ("lightning", "transformers", "accelerate"):
         return none, "no Lightning Trainer, transformers Trainer or Accelerator was built by the script"
+    if name == "anomaly_off":
+        if "anomaly_detection" not in diagnoses:
+            return none, "autograd anomaly detection is off"
+        return ({"anomaly_off": True}, "remove torch.autograd.set_detect_anomaly(True)"
+                + (" (and Trainer(detect_anomaly=True))" if framework == "lightning" else "")), None
+    if name == "threads":
+        if "cpu_threads" not in diagnoses:
+            return none, "the intra-op threads already match the usable CPUs (or the run is not on the CPU)"
+        return ({"threads": cores}, f"torch.set_num_threads({cores}) (or remove the smaller setting)"), None
     if name == "dataloader_workers":
         return _workers(framework, facts, accelerator, cores)
     if name == "tf32":
@@ -213,12 +226,26 @@ def ceilings(report: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def oversubscribed(knobs: dict[str, Any], base_report: dict[str, Any], cores: int) -> str | None:
+    """Why a loader-workers trial slowed the model's own phases where the workers and the intra-op threads
+    together exceed the usable CPUs (they take turns on them), or None."""
+    workers = int(knobs.get("num_workers") or 0)
+    threads = int(((base_report.get("settings") or {}).get("intra_op_threads")) or 0)
+    if not workers or not threads or workers + threads <= cores:
+        return None
+    return (f"{workers} worker processes and {threads} intra-op threads on {cores} usable CPUs: they take turns on "
+            "the CPUs, so forward and backward slow down while the fetch speeds up. With this few CPUs, do the "
+            "per-sample work once before training, or give the workers fewer threads' room "
+            f"(torch.set_num_threads({max(1, cores - workers)}))")
+
+
 def flags(knob: str, figures: dict[str, Any], named_by: list[str], base_ceilings: dict[str, float],
-          base_reports: list[dict[str, Any]], trial_report: dict[str, Any], device: str | None
-          ) -> list[dict[str, str]]:
+          base_reports: list[dict[str, Any]], trial_report: dict[str, Any], device: str | None,
+          crowded: str | None = None) -> list[dict[str, str]]:
     """What makes a trial's figure suspect, each ``{id, text}``: ``beyond_ceiling`` (faster than the diagnosis
     that named the knob allows) and ``untouched_phase_moved`` (a phase the knob cannot change moved by more than
-    the baseline's spread: the machine changed between runs, or the knob did more than it says)."""
+    the baseline's spread: the machine changed between runs, or the knob did more than it says; ``crowded``, from
+    :func:`oversubscribed`, says why instead where the trial's processes outnumber the CPUs)."""
     out: list[dict[str, str]] = []
     ratio = figures.get("speedup")
     limits = [(base_ceilings[name], name) for name in named_by if name in base_ceilings]
@@ -235,6 +262,9 @@ def flags(knob: str, figures: dict[str, Any], named_by: list[str], base_ceilings
     step_ms = figures.get("base_ms")
     for phase in untouched if step_ms else ():
         moved = _moved(phase, base_reports, trial_report, MOVED_SHARE * step_ms)
+        if moved and crowded:
+            out.append({"id": "oversubscribed", "text": f"{moved.split(', though')[0]}: {crowded}"})
+            break
         if moved:
             out.append({"id": "untouched_phase_moved", "text": moved})
     return out
@@ -278,6 +308,42 @@ def _moved(phase: str, base_reports: list[dict[str, Any]], trial_report: dict[st
             "change cannot touch it: the machine changed between the runs, or the change did more than it says")
 
 
+def one_time_s(report: dict[str, Any]) -> float | None:
+    """What a run spent once (s): its warm-up steps' time beyond its steady mean step, plus the compilation taken
+    out of the steps (``run.compiling_s``); None without steady steps."""
+    steady = steady_steps_ms(report)
+    series = report.get("series") or {}
+    phases = [series.get(name) for name in (*PHASES, OTHER)]
+    if not steady or not all(isinstance(values, list) for values in phases):
+        return None
+    steps = [sum(values[i] for values in phases) for i in range(len(phases[0]))]  # type: ignore[index]
+    mean = statistics.fmean(steady)
+    warm = sum(max(0.0, ms - mean) for ms in steps[:WARMUP_STEPS]) / 1e3
+    return warm + float((report.get("run") or {}).get("compiling_s") or 0.0)
+
+
+def payback(base_reports: list[dict[str, Any]], trial_report: dict[str, Any], figures: dict[str, Any],
+            job_steps: int) -> dict[str, Any]:
+    """A change's price and break-even: ``one_time_s`` (what the trial spent once beyond what the baseline did:
+    compilation, warm-up), ``break_even_steps`` (the steady steps its saving takes to pay that back; None when the
+    steady step is not faster), ``job_steps`` (the job's length it is held against), ``pays`` (within it) and
+    ``net_s`` (what the whole job gains, s; negative: it loses)."""
+    bases = [value for value in (one_time_s(report) for report in base_reports) if value is not None]
+    trial = one_time_s(trial_report)
+    base_ms, trial_ms = figures.get("base_ms"), figures.get("trial_ms")
+    if not bases or trial is None or base_ms is None or trial_ms is None:
+        return {"one_time_s": None, "break_even_steps": None, "job_steps": job_steps, "pays": None, "net_s": None}
+    extra = trial - statistics.fmean(bases)
+    saved_s = (base_ms - trial_ms) / 1e3
+    if saved_s > 0:
+        break_even: int | None = max(0, math.ceil(extra / saved_s)) if extra > 0 else 0
+    else:
+        break_even = None
+    net = saved_s * job_steps - extra
+    return {"one_time_s": round(extra, 3), "break_even_steps": break_even, "job_steps": job_steps,
+            "pays": break_even is not None and break_even <= job_steps, "net_s": round(net, 3)}
+
+
 def loss_delta(base: dict[str, float], trial: dict[str, float]) -> dict[str, Any]:
     """The trial's loss against the baseline's over the steps both reached: ``{steps, max_abs, mean, identical}``
     (``identical``: every one equal)."""
@@ -289,13 +355,16 @@ def loss_delta(base: dict[str, float], trial: dict[str, float]) -> dict[str, Any
             "identical": all(d == 0 for d in deltas)}
 
 
-def measure(bases: list[dict[str, Any]], trial: dict[str, Any]) -> dict[str, Any]:
+def measure(bases: list[dict[str, Any]], trial: dict[str, Any], job_steps: int | None = None) -> dict[str, Any]:
     """A trial's figures against the baseline's blocks (each run of the baseline, in order): all are
-    ``{report, losses}`` (a run report and the per-step losses); the losses are the first block's."""
+    ``{report, losses}`` (a run report and the per-step losses); the losses are the first block's. ``job_steps``:
+    the job's length in optimizer steps (None: the trial's own), which a one-time cost is held against."""
     throughput = (trial["report"].get("throughput") or {})
     blocks = [steady_steps_ms(base["report"]) for base in bases]
     pooled = [ms for block in blocks for ms in block]
-    return {**speedup(pooled, steady_steps_ms(trial["report"]), blocks=blocks),
+    figures = speedup(pooled, steady_steps_ms(trial["report"]), blocks=blocks)
+    length = job_steps or int(trial["report"].get("steps") or 0)
+    return {**figures, **payback([base["report"] for base in bases], trial["report"], figures, length),
             "samples_per_s": throughput.get("samples_per_s"), "tokens_per_s": throughput.get("tokens_per_s"),
             "loss_delta": loss_delta(bases[0]["losses"], trial["losses"])}
 
@@ -324,7 +393,7 @@ def format_table(result: dict[str, Any]) -> str:
         interval = f"[{low:.2f}, {high:.2f}]" if low is not None else "n/a"
         mark = "*" if trial.get("flags") else ""
         lines.append(f"{trial['knob'] + mark:<28}{trial['speedup']:>8.2f}x  {interval:<17}{_loss(trial):>14}  "
-                     f"{trial['change']}")
+                     f"{trial['change']}{_pays(trial)}")
         notes += [f"* {trial['knob']}: {flag['text']}" for flag in trial.get("flags") or []]
     for skip in result.get("skipped") or []:
         lines.append(f"{skip['knob']:<28}{'skipped':>9}  {skip['reason']}")
@@ -343,8 +412,24 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def ranked(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Measured trials by speedup, best first; the others after them."""
-    return sorted(trials, key=lambda t: (t.get("status") != "measured", -(t.get("speedup") or 0.0)))
+    """Measured trials that pay back within the job by speedup, best first; then those that do not (a steady gain
+    whose one-time cost the job is too short to repay); the others after them."""
+    return sorted(trials, key=lambda t: (t.get("status") != "measured", t.get("pays") is False,
+                                         -(t.get("speedup") or 0.0)))
+
+
+def _pays(trial: dict[str, Any]) -> str:
+    """The one-time cost and its break-even, where the change has one (over 0.05 s)."""
+    one_time, job = trial.get("one_time_s"), trial.get("job_steps")
+    if one_time is None or one_time < 0.05:
+        return ""
+    said = f"; once {one_time:.1f} s"
+    if trial.get("break_even_steps") is None:
+        return said + f", never repaid (the steady step is not faster): a loss of {-(trial.get('net_s') or 0):.1f} s"
+    if trial.get("pays"):
+        return said + f", repaid after {trial['break_even_steps']} steps (the job: {job})"
+    return said + (f", repaid only after {trial['break_even_steps']} steps: NOT within the job's {job} steps "
+                   f"(a loss of {-(trial.get('net_s') or 0):.1f} s)")
 
 
 def _loss(trial: dict[str, Any]) -> str:

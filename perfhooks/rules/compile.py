@@ -14,7 +14,6 @@ from typing import Any
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import make
 
-
 #: Dynamo's guard-failure reasons that say a mode changed, not an input: grad mode (``GLOBAL_STATE changed:
 #: grad_mode``, an evaluation under ``no_grad``) and a module's ``training`` flag (``model.eval()``).
 MODE_REASONS = ("grad_mode", ".training", "training ==", "GLOBAL_STATE changed")
