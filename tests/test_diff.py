@@ -174,3 +174,53 @@ def test_a_verdict_whose_severity_or_gain_moved_is_changed_not_unchanged() -> No
     assert changes["changed"] == [{"id": "unfused_attention", "before": {"severity": "warning", "gain": 0.09},
                                    "after": {"severity": "info", "gain": 0.0}}]
     assert changes["unchanged"] == ["fp32_matmul"]
+
+
+def test_an_operator_three_times_slower_is_named_while_the_step_got_faster() -> None:
+    """The bf16 case of a user's study: CPU flash attention's backward went from 31 to 91 ms a step while the step
+    got faster; the diff names it, with its figures."""
+    from perfhooks.offline.diff import compare, format_html, format_text
+
+    flash = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+    steps = {"data_wait": 1.0, "forward": 60.0, "backward": 100.0, "optimizer": 5.0, "other": 1.0}
+    shares = {name: ms / 167.0 for name, ms in steps.items()}
+    before = run_side("fp32", 167.0, shares, steps, [("aten::mm", 90_000.0), (flash, 31_000.0),
+                                                      ("aten::add", 2_000.0)], 1 << 30)
+    after = run_side("bf16", 120.0, shares, {name: ms * 120 / 167 for name, ms in steps.items()},
+                     [("aten::mm", 20_000.0), (flash, 91_000.0), ("aten::add", 2_100.0)], 1 << 30)
+    result = compare(before, after)
+    assert result["step_ms"]["ratio"] < 0.75
+    (slower,) = result["slower_operators"]
+    assert (slower["name"], slower["before_us"], slower["after_us"]) == (flash, 31_000.0, 91_000.0)
+    assert f"slower: {flash[:70]} 31.0 -> 91.0 ms a step (2.9x)" in format_text(result)
+    assert flash in format_html(result)
+    # a step that did not speed up names the three operators that grew most, doubled or not
+    same = run_side("same", 167.0, shares, steps, [("aten::mm", 95_000.0), (flash, 31_000.0),
+                                                   ("aten::add", 2_500.0)], 1 << 30)
+    assert [row["name"] for row in compare(before, same)["slower_operators"]] == ["aten::mm", "aten::add"]
+
+
+def test_a_run_whose_evaluation_changed_says_the_wall_time_and_the_evaluations_change() -> None:
+    """The plain loop's fix 1: evaluating less often left the step as it was (163 -> 159 ms) while the run went
+    from 18.0 to 10.6 s; evaluation_heavy's share moved from 60% to 33%: changed, not unchanged."""
+    from perfhooks.offline.diff import compare, format_text
+
+    steps = {"data_wait": 1.0, "forward": 60.0, "backward": 100.0, "optimizer": 1.0, "other": 1.0}
+    shares = {name: ms / 163.0 for name, ms in steps.items()}
+    before = run_side("before", 163.0, shares, steps, [], 1 << 30)
+    after = run_side("after", 159.0, shares, steps, [], 1 << 30)
+    before["report"]["run"] = {"wall_s": 18.0, "training_s": 7.0, "evaluation_s": 10.8, "checkpointing_s": 0.0,
+                               "compiling_s": 0.0}
+    after["report"]["run"] = {"wall_s": 10.6, "training_s": 6.9, "evaluation_s": 3.5, "checkpointing_s": 0.0,
+                              "compiling_s": 0.0}
+    before["report"]["diagnoses"] = [{"id": "evaluation_heavy", "severity": "warning", "estimated_gain": 0.6,
+                                      "gain_basis": "run"}]
+    after["report"]["diagnoses"] = [{"id": "evaluation_heavy", "severity": "warning", "estimated_gain": 0.33,
+                                     "gain_basis": "run"}]
+    result = compare(before, after)
+    wall = next(row for row in result["run"] if row["name"] == "wall")
+    assert (wall["before_s"], wall["after_s"]) == (18.0, 10.6)
+    assert [change["id"] for change in result["diagnoses"]["changed"]] == ["evaluation_heavy"]
+    text = format_text(result)
+    assert "run wall time 18.0 s -> 10.6 s (0.59x): training 7.0 -> 6.9 s, evaluation 10.8 -> 3.5 s" in text
+    assert "diagnoses changed: evaluation_heavy (warning 60% -> warning 33%)" in text

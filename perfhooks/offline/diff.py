@@ -10,7 +10,11 @@ folder of traces (analysed). The comparison (:func:`compare`) gives, with ratios
   breakdown's roles: kernel, memcpy, ..., dataloader, cpu_exec, other);
 - ``diagnoses``: ``resolved`` (before only), ``new`` (after only), ``changed`` (another severity, or a gain moved by
   2 points and by half or more: a 9% warning that became a 0% information), ``unchanged``;
-- ``operators`` and ``kernels``: those whose time per step changed most (µs);
+- ``operators`` and ``kernels``: those whose time per step changed most (µs); ``slower_operators``: those that grew,
+  named when the step did not speed up as a whole or one of them took :data:`GREW` times as long or more (CPU
+  flash attention's backward in bf16: 31 -> 91 ms a step while the step got faster);
+- ``run``: the run's wall time and its parts (training, evaluation, checkpointing, compiling; s), where both
+  reports have a run account: a fix of the evaluation moves the run, not the step;
 - ``memory``: the peak (bytes).
 """
 
@@ -149,9 +153,51 @@ def _changes(before: dict[str, float] | None, after: dict[str, float] | None) ->
                                              else (row["after_us"] or row["before_us"] or 0.0)))[:TOP]
 
 
+#: An operator that took this many times as long a step after as before is named, whatever the step did.
+GREW = 2.0
+#: A step that sped up by less than this ratio (after/before above it) did not speed up as a whole.
+NOT_FASTER = 0.98
+#: Operators under this much time a step (µs) after are not named as slower.
+GREW_MIN_US = 100.0
+
+
+def slower_operators(operators: list[dict[str, Any]], step_ratio: float | None) -> list[dict[str, Any]]:
+    """The compared operators that grew (``{name, before_us, after_us, ratio}``, the most grown first): every one
+    that grew by :data:`GREW` or more, and, when the step did not speed up as a whole, the three that grew most."""
+    grown = [{"name": row["name"], "before_us": row["before_us"], "after_us": row["after_us"],
+              "ratio": row["after_us"] / row["before_us"]} for row in operators
+             if row["change_us"] is not None and row["change_us"] > 0 and row["before_us"]
+             and row["after_us"] >= GREW_MIN_US]
+    grown.sort(key=lambda row: -(row["after_us"] - row["before_us"]))
+    doubled = [row for row in grown if row["ratio"] >= GREW]
+    if step_ratio is not None and step_ratio >= NOT_FASTER:
+        return doubled + [row for row in grown[:3] if row not in doubled]
+    return doubled
+
+
+#: The run account's parts a diff compares (s).
+RUN_PARTS = ("wall_s", "training_s", "evaluation_s", "checkpointing_s", "compiling_s")
+
+
+def _run_rows(before: dict[str, Any] | None, after: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The run's wall time and its parts, before and after (s), where both reports have a run account."""
+    if not before or not after or not before.get("wall_s") or not after.get("wall_s"):
+        return []
+    rows = []
+    for key in RUN_PARTS:
+        b, a = before.get(key), after.get(key)
+        if (b or a) and b is not None and a is not None:
+            rows.append({"name": key[:-2], "before_s": b, "after_s": a, "ratio": _ratio(a, b),
+                         "before_share": b / before["wall_s"], "after_share": a / after["wall_s"]})
+    return rows
+
+
 #: A verdict in both runs whose estimated gain moved by at least this much (0..1 of the step) and by half or more
-#: of the larger one has changed (a share that grew because the step got shorter has not).
+#: of the larger one has changed (a share that grew because the step got shorter has not). A share of the run's
+#: wall time (``gain_basis`` ``"run"``: evaluation, checkpoints) has changed when it moved by this much and by
+#: :data:`RUN_GAIN_CHANGE` of the larger one: the fix of an evaluation moves its share, not the step's.
 GAIN_CHANGE = 0.02
+RUN_GAIN_CHANGE = 0.2
 
 
 def _diagnosis_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
@@ -170,8 +216,9 @@ def _diagnosis_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]
             continue
         was, now = said(b_by_id[name]), said(diagnosis)
         moved = abs(was["gain"] - now["gain"])
+        relative = RUN_GAIN_CHANGE if diagnosis.get("gain_basis") == "run" else 0.5
         if was["severity"] != now["severity"] or (moved >= GAIN_CHANGE
-                                                  and moved >= 0.5 * max(was["gain"], now["gain"])):
+                                                  and moved >= relative * max(was["gain"], now["gain"])):
             changed.append({"id": name, "before": was, "after": now})
         else:
             unchanged.append(name)
@@ -190,6 +237,7 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     a_peak = (after["report"].get("memory") or {}).get("peak_used_bytes")
     b_kernels = _per_step(before["metrics"], "kernels", "name", "total_us")
     a_kernels = _per_step(after["metrics"], "kernels", "name", "total_us")
+    operators = _changes(b_ops, a_ops)
     return {
         "before": before["label"], "after": after["label"],
         "basis": basis if kind == "phases" else "the trace's steps",
@@ -197,7 +245,9 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
         "phase_source": kind, "phases": phases,
         "diagnoses": _diagnosis_changes(before["report"].get("diagnoses") or [],
                                         after["report"].get("diagnoses") or []),
-        "operators": _changes(b_ops, a_ops),
+        "operators": operators,
+        "slower_operators": slower_operators(operators, _ratio(a_step, b_step)),
+        "run": _run_rows(before["report"].get("run"), after["report"].get("run")),
         "top_n": {"operators": [len(b_ops or {}), len(a_ops or {})],
                   "kernels": [len(b_kernels or {}), len(a_kernels or {})]},
         "kernels": _changes(b_kernels, a_kernels),
@@ -257,7 +307,8 @@ def format_text(result: dict[str, Any]) -> str:
              f"step time  {_ms(step['before'])} ms -> {_ms(step['after'])} ms  ({_x(step['ratio'])}; step and phases: "
              f"means over {result.get('basis', ALL_STEPS)})",
              *(f"{row['label']:<10} {_figure(row, row['before'])} -> {_figure(row, row['after'])}  ({_x(row['ratio'])})"
-               for row in result.get("throughput") or []), "",
+               for row in result.get("throughput") or []),
+             *_run_lines(result), *_slower_lines(result), "",
              f"  {'phase' if result['phase_source'] == 'phases' else 'role':<14}{'before ms':>11}{'after ms':>11}"
              f"{'ratio':>9}{'before':>9}{'after':>9}"]
     for row in result["phases"]:
@@ -286,6 +337,26 @@ def format_text(result: dict[str, Any]) -> str:
         lines += ["", f"memory peak {_bytes(memory['before_peak_bytes'])} -> {_bytes(memory['after_peak_bytes'])} "
                       f"({_x(memory['ratio'])})"]
     return "\n".join(lines)
+
+
+def _run_lines(result: dict[str, Any]) -> list[str]:
+    """``run wall time 18.0 s -> 10.6 s (0.59x): training 7.2 -> 7.0 s, evaluation 10.8 -> 3.6 s``."""
+    rows = {row["name"]: row for row in result.get("run") or []}
+    if "wall" not in rows:
+        return []
+    wall = rows.pop("wall")
+    parts = ", ".join(f"{name} {row['before_s']:.1f} -> {row['after_s']:.1f} s" for name, row in rows.items())
+    return [f"run wall time {wall['before_s']:.1f} s -> {wall['after_s']:.1f} s ({_x(wall['ratio'])})"
+            + (f": {parts}" if parts else "")]
+
+
+def _slower_lines(result: dict[str, Any]) -> list[str]:
+    """The operators that grew, said under the step (where the step's change hides them)."""
+    rows = result.get("slower_operators") or []
+    if not rows:
+        return []
+    return ["slower: " + "; ".join(f"{row['name'][:70]} {row['before_us'] / 1e3:.1f} -> {row['after_us'] / 1e3:.1f} "
+                                   f"ms a step ({row['ratio']:.1f}x)" for row in rows)]
 
 
 def _only_one_side(result: dict[str, Any], key: str) -> list[str]:
@@ -319,7 +390,8 @@ def format_html(result: dict[str, Any]) -> str:
              f"<p id='step'>step time {_ms(step['before'])} ms → {_ms(step['after'])} ms ({_x(step['ratio'])}; "
              f"step and phases: means over {e(result.get('basis', ALL_STEPS))})"
              + "".join(f"<br>{e(row['label'])} {_figure(row, row['before'])} → {_figure(row, row['after'])} "
-                       f"({_x(row['ratio'])})" for row in result.get("throughput") or []) + "</p>",
+                       f"({_x(row['ratio'])})" for row in result.get("throughput") or [])
+             + "".join(f"<br>{e(line)}" for line in (*_run_lines(result), *_slower_lines(result))) + "</p>",
              table([result["phase_source"], "before ms", "after ms", "ratio", "before share", "after share"],
                    [[r["name"], _ms(r["before_ms"]), _ms(r["after_ms"]), _x(r["ratio"]), _pct(r["before_share"]),
                      _pct(r["after_share"])] for r in result["phases"]]),
