@@ -172,8 +172,7 @@ class Engine:
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
                               self.writer, self.faults, self.publish, self.saving)
         self.room.when_lost(self.parts.device_lost)  # a CUDA error, wherever perfhooks met it first
-        #: The settings audit: read now, and at each full publication (never per step).
-        self.parts.settings = self.faults.call("settings_audit", lambda: SettingsAudit(self.room))
+        self.parts.settings = self.faults.call("settings_audit", lambda: SettingsAudit(self.room))  # read now
 
     def _start_memory(self) -> MemoryMonitor | None:
         config = self.config
