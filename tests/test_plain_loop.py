@@ -177,3 +177,43 @@ def test_a_fault_switching_the_hooks_is_reported_once_and_the_loop_goes_on(tmp_p
     report = json.loads((tmp_path / "report.json").read_text())
     assert [f["kind"] for f in report["faults"]] == ["hook_switch"] and report["faults"][0]["count"] == 1
     assert report["steps"] == steps
+
+
+def test_a_module_the_loop_never_calls_is_said_and_no_phase_verdict_is_drawn(tmp_path: Path) -> None:
+    """A user's study: ``profile()`` was given the model while the loop called its ``torch.compile`` wrapper; no
+    forward hook fired, forward and backward read 0%, and a warning said the time outside the phases held the step
+    back. Now perfhooks says which module to pass, once, and draws no verdict from the phases it never saw."""
+    import warnings
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    compiled = torch.compile(model, backend="eager")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with profile(model, optimizer, output_dir=tmp_path, console=False, schedule=None) as perf:
+            for _ in range(20):
+                with perf.data_wait():
+                    x = torch.randn(8, 32)
+                compiled(x).square().mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    torch._dynamo.reset()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["steps"] == 20 and report["phases"]["forward"]["share"] == 0
+    verdicts = {d["id"]: d for d in report["diagnoses"]}
+    assert "perfhooks.profile(compiled, optimizer)" in verdicts["module_not_called"]["evidence"]
+    assert not {"other_heavy", "optimizer_heavy", "dataloader_bound", "step_time_variance", "fp32_matmul",
+                "cpu_threads"} & set(verdicts)
+    assert sum("never ran a training forward" in str(w.message) for w in said) == 1
+    # the compiled wrapper given: its forward is seen, and nothing is said
+    with profile(compiled, optimizer, output_dir=tmp_path / "right", console=False, schedule=None) as perf:
+        for _ in range(6):
+            with perf.data_wait():
+                x = torch.randn(8, 32)
+            compiled(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    torch._dynamo.reset()
+    right = json.loads((tmp_path / "right" / "report.json").read_text())
+    assert "module_not_called" not in {d["id"] for d in right["diagnoses"]}
+    assert right["phases"]["forward"]["share"] > 0

@@ -129,8 +129,11 @@ def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerato
                                     "accelerate": 'Accelerator(dynamo_backend="inductor")'}[framework]), None
     if framework != "transformers":
         shown = {"lightning": "Lightning", "accelerate": "accelerate"}[framework]
-        return none, (f"{shown} has no attention switch; use torch.nn.functional.scaled_dot_product_attention "
-                      "in the model's attention")
+        if "unfused_attention" not in diagnoses:  # the model may call SDPA already: nothing says otherwise
+            return none, (f"{shown} has no attention switch, and no unfused_attention verdict says the model writes "
+                          "attention out by hand")
+        return none, (f"{shown} has no attention switch; the unfused_attention verdict says where the model writes "
+                      "attention out by hand: use torch.nn.functional.scaled_dot_product_attention there")
     implementation = facts.get("attn_implementation")
     if implementation != "eager":
         return none, f"the model's attention is {implementation!r}, not eager"

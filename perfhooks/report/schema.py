@@ -7,7 +7,7 @@ signal ``used_bytes`` counts reserved and outside-PyTorch memory against the lim
 ``run.compiling_s``, ``run.compilations``, ``steady.compiled_steps`` and the ``compile`` section are new. Added
 within 3: the ``throughput`` section (samples and tokens per second, FLOPs per step and their source, MFU, the
 waterfall); the ``ledger`` section and each diagnosis' ``cost`` (the waste in device-hours, and in money with a
-price per device-hour).
+price per device-hour); the ``settings`` section (the settings audit's read).
 """
 
 from __future__ import annotations

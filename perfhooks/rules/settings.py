@@ -238,3 +238,16 @@ def host_shared(settings: dict[str, Any] | None, t: Thresholds) -> float | None:
     """Others' share 0..1 of this process's CPUs when it crosses ``shared_host``'s threshold, else None."""
     share = ((settings or {}).get("host") or {}).get("others_share")
     return share if share is not None and share >= t.shared_host_share else None
+
+
+#: The verdicts drawn from the step's phases: none stands when the phases were never seen.
+PHASE_VERDICTS = frozenset({"dataloader_bound", "optimizer_heavy", "other_heavy", "padding_waste", "anomaly_detection",
+                            "cpu_threads", "profiler_running", "fp32_matmul", "step_time_variance", "shape_churn"})
+
+
+def module_not_called(message: str) -> Diagnosis:
+    """``module_not_called``: the plain loop was given a module whose training forward never ran (``message``
+    says which and what to pass instead)."""
+    return make("module_not_called", "warning", "perfhooks watches a module the loop does not call",
+                message[0].upper() + message[1:] + ". Forward and backward read 0%, and no verdict is drawn from "
+                "the phases", 0.0, "Pass the module the loop calls to perfhooks.profile (the compiled one).")

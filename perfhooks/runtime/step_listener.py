@@ -62,6 +62,8 @@ class RunParts:
         #: The settings audit (:class:`~perfhooks.device.settings.SettingsAudit`), read at each full publication;
         #: None when it could not start.
         self.settings: Any = None
+        #: Why the run's phases were never seen (the module given is not the one the loop calls), or None.
+        self.module_not_called: str | None = None
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
         self.tag_allocations = memory is not None and memory.cuda and cuda_extras.tags_supported()
         self._writer_seen = self._captures_seen = 0

@@ -75,6 +75,10 @@ def _device_of(models: list[torch.nn.Module]) -> torch.device | None:
     return None
 
 
+#: Detailed steps whose optimizer stepped with no training forward of the modules given, before perfhooks says that
+#: the loop calls another module.
+NO_FORWARD_STEPS = 3
+
 class DataWait:
     """``with perf.data_wait():`` a fetch (a plain object, made once and entered once a step: it costs less than a
     generator's context manager; a nested fetch gets one of its own). A fetch inside a step (nanoGPT prefetches the
@@ -123,6 +127,10 @@ class ProfiledLoop(LoopSession):
         self._unseen_batch = False  # a fetch whose batch no forward has taken yet (its samples and tokens count)
         self._closed = False
         self._wait = DataWait(self)
+        self._models = models
+        #: A training forward of the modules given has run; detailed steps that stepped without one so far.
+        self._forward_seen = False
+        self._no_forward_steps = 0
         device = _device_of(models)
         self._device_type = device.type if device is not None else "cpu"
         #: Until autocast was seen on at a forward: the check (a C call), else None.
@@ -151,6 +159,7 @@ class ProfiledLoop(LoopSession):
 
     # --------------------------------------------------------------- events from torch's hooks
     def _forward_start(self, inputs: tuple[Any, ...]) -> None:
+        self._forward_seen = True
         engine = self.engine
         if self._stepped:
             self._stepped = False
@@ -207,8 +216,25 @@ class ProfiledLoop(LoopSession):
         engine = self.engine
         if not self._gate.light:
             engine.phase_end(OPTIMIZER)
+            if not self._forward_seen:
+                self._no_forward_steps += 1
+                if self._no_forward_steps == NO_FORWARD_STEPS:
+                    self._say_module_not_called()
         engine.stepped()
         self._stepped = True
+
+    def _say_module_not_called(self) -> None:
+        """The optimizer stepped :data:`NO_FORWARD_STEPS` detailed steps with no training forward of the modules
+        given: the loop calls another module (most often a ``torch.compile`` wrapper of the one given). Said once;
+        the report names it, and no verdict is drawn from phases that were never seen."""
+        names = ", ".join(sorted({type(model).__name__ for model in self._models}))
+        message = (f"the optimizer stepped {NO_FORWARD_STEPS} times but the module given to perfhooks.profile "
+                   f"({names}) never ran a training forward: the loop calls another module, most often its "
+                   "torch.compile wrapper (compiled = torch.compile(model)). Pass the one the loop calls: "
+                   "perfhooks.profile(compiled, optimizer)")
+        engine = self.engine
+        engine.once.warn("module_not_called", message)  # type: ignore[union-attr]
+        engine.parts.module_not_called = message  # type: ignore[union-attr]
 
     # --------------------------------------------------------------- what the loop says
     def data_wait(self) -> DataWait:

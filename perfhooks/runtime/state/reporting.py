@@ -17,7 +17,7 @@ from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.memory import diagnose_memory
 from perfhooks.rules.pipeline import merge_verdicts
-from perfhooks.rules.settings import diagnose_settings, host_shared
+from perfhooks.rules.settings import PHASE_VERDICTS, diagnose_settings, host_shared, module_not_called
 from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis
@@ -55,6 +55,8 @@ def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresho
         local = (local_verdicts(stats, parts, thresholds, framework, accelerator, cpus, framework_version,
                                 device_type, world_size)
                  + diagnose_stalls(stalls or []))
+        if parts.module_not_called:  # no phase was seen: no verdict is drawn from them
+            local = [d for d in local if d["id"] not in PHASE_VERDICTS] + [module_not_called(parts.module_not_called)]
     except Exception as error:
         faults.report("live_diagnoses", error)
         local = []
@@ -136,5 +138,6 @@ def report_parts(listener: Any, device: dict[str, Any], cuda: bool, error: dict[
         unfinished_steps=tracker.pending.unfinished, windows=tuple(capture.windows.snapshot()), trace=trace,
         missed_windows=tuple(dict(m) for m in capture.missed),
         overhead=faults.call("overhead_report", tracker.sampler.section), length_grouped=listener.length_grouped,
+        module_not_called=listener.module_not_called,
         settings=(faults.call("settings_audit", lambda: listener.settings.read(tracker.step, capture.is_open))
                   if listener.settings is not None else None))

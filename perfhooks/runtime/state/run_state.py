@@ -79,6 +79,8 @@ class ReportParts(NamedTuple):
     length_grouped: str | None = None
     #: The settings audit's latest read (``report.json``'s ``settings``), or None.
     settings: dict[str, Any] | None = None
+    #: Why the run's forward was never seen (the plain loop was given a module the loop does not call), or None.
+    module_not_called: str | None = None
 
 
 class RunState(NamedTuple):
