@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -94,6 +95,21 @@ def attach(accelerator: Any, model: Any = None, optimizer: Any = None, dataloade
     return PerfSession(accelerator, models, optimizers, dataloaders, config)
 
 
+def _as_base(base: type) -> Callable[..., Any]:
+    """A swapped loader's ``__reduce_ex__``: it pickles and copies as its own class would (the subclass perfhooks
+    made for the run is a local class, and holds the run)."""
+
+    def __reduce_ex__(instance: Any, protocol: int) -> Any:
+        swapped = type(instance)
+        _set_class(instance, base)
+        try:
+            return instance.__reduce_ex__(protocol)
+        finally:
+            _set_class(instance, swapped)
+
+    return __reduce_ex__
+
+
 def _set_class(instance: Any, cls: type) -> None:
     """Assign ``instance.__class__`` through ``object``'s own descriptor.
 
@@ -101,6 +117,10 @@ def _set_class(instance: Any, cls: type) -> None:
     it passes ``isinstance`` checks as the DataLoader it wraps); the subclass keeps that property.
     """
     object.__dict__["__class__"].__set__(instance, cls)
+
+
+def _none() -> None:
+    return None
 
 
 def _wandb_tracker_run(accelerator: Any) -> Any | None:
@@ -112,11 +132,31 @@ def _wandb_tracker_run(accelerator: Any) -> Any | None:
 
 
 class PerfSession(LoopSession):
-    """The wiring ``attach`` made; ``close()`` (idempotent) unwires it and writes the report."""
+    """The wiring ``attach`` made; ``close()`` (idempotent) unwires it and writes the report.
+
+    The session holds the Accelerator, the loader in hand and the swapped loaders weakly: an Accelerator the
+    program drops is freed at once, as plain, and its run then closes itself (the engine's owner watch)."""
+
+    @property
+    def accelerator(self) -> Any:
+        """The Accelerator, while it lives (None once it was freed or the session closed)."""
+        return self._accelerator()
+
+    @accelerator.setter
+    def accelerator(self, value: Any) -> None:
+        self._accelerator: Callable[[], Any] = weakref.ref(value) if value is not None else _none
+
+    @property
+    def _iterating(self) -> Any:
+        return self._iterating_ref()
+
+    @_iterating.setter
+    def _iterating(self, value: Any) -> None:
+        self._iterating_ref: Callable[[], Any] = weakref.ref(value) if value is not None else _none
 
     def __init__(self, accelerator: Any, models: list[Any], optimizers: list[Any], dataloaders: list[Any],
                  config: PerfConfig) -> None:
-        self.accelerator = accelerator
+        self.accelerator = accelerator  # held weakly (the property below)
         self.models = models
         self._hooks = HookHandles()
         self._patches = InstancePatches()
@@ -128,12 +168,14 @@ class PerfSession(LoopSession):
         self._iterating: Any = None  # the loader whose batch is in hand now
         output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".",
                                                        DEFAULT_OUTPUT_FOLDER)
+        held = weakref.ref(accelerator)
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
-                                   wandb_source=RunSource(lambda: _wandb_tracker_run(accelerator)))
+                                   wandb_source=RunSource(lambda: _wandb_tracker_run(held())))
         note_versions(self.engine, "accelerate")
         if not self.engine.active:
             self._closed = True
             return
+        self.engine.owner.follow(accelerator, "Accelerator")  # a run whose Accelerator was freed closes itself
         try:
             self._wire(optimizers, dataloaders)
         except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched
@@ -248,13 +290,13 @@ class PerfSession(LoopSession):
 
     # --------------------------------------------------------------- wrappers
     def _wrap_method(self, name: str, make: Any) -> None:
-        original = getattr(self.accelerator, name, None)
-        if callable(original):
-            self._patches.set(self.accelerator, name, make(original))
+        accelerator = self.accelerator
+        if callable(getattr(accelerator, name, None)):
+            self._patches.set(accelerator, name, make(self._patches.original(accelerator, name)))
 
     def _wrap_optimizer(self, optimizer: Any) -> None:
         engine = self.engine
-        original = optimizer.step
+        original = self._patches.original(optimizer, "step")
         gradient_state = getattr(optimizer, "gradient_state", None) or self.accelerator.gradient_state
 
         def step(*args: Any, **kwargs: Any) -> Any:
@@ -320,7 +362,7 @@ class PerfSession(LoopSession):
         return profile
 
     def _wrap_dataloader(self, loader: Any) -> None:
-        if any(loader is swapped for swapped, _ in self._swapped):
+        if any(loader is swapped() for swapped, _ in self._swapped):
             return
         session = self
         base = type(loader)
@@ -344,15 +386,18 @@ class PerfSession(LoopSession):
                     session._after_next(batch)
                 yield batch
 
-        _set_class(loader, type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__}))
-        self._swapped.append((loader, base))
+        _set_class(loader, type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__,
+                                                         "__reduce_ex__": _as_base(base)}))
+        self._swapped.append((weakref.ref(loader), base))
 
     def _unwire(self) -> None:
         self._hooks.remove()
         self._patches.restore()
         swapped, self._swapped = self._swapped, []
-        for loader, base in swapped:
-            _set_class(loader, base)
+        for reference, base in swapped:
+            loader = reference()
+            if loader is not None:
+                _set_class(loader, base)
 
     # --------------------------------------------------------------- end
     def _detach(self) -> None:

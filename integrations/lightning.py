@@ -343,11 +343,13 @@ class PerfCallback(Callback):
         """``trainer.save_checkpoint`` (what users call) and each checkpoint callback's ``_save_checkpoint`` (the
         whole save: a subclass's override, ``trainer.save_checkpoint`` and the loggers' ``after_save_checkpoint``,
         where W&B uploads with ``log_model``) are timed as checkpoint writes; a save nested in a save is one."""
-        self._patches.set(trainer, "save_checkpoint", timed_aside(engine, CHECKPOINT, trainer.save_checkpoint))
+        original = self._patches.original  # bound at each call to its owner held weakly: no cycle through it
+        self._patches.set(trainer, "save_checkpoint",
+                          timed_aside(engine, CHECKPOINT, original(trainer, "save_checkpoint")))
         for callback in getattr(trainer, "checkpoint_callbacks", None) or []:
-            save = getattr(callback, "_save_checkpoint", None)
-            if callable(save):
-                self._patches.set(callback, "_save_checkpoint", timed_aside(engine, CHECKPOINT, save))
+            if callable(getattr(callback, "_save_checkpoint", None)):
+                self._patches.set(callback, "_save_checkpoint",
+                                  timed_aside(engine, CHECKPOINT, original(callback, "_save_checkpoint")))
 
     def _unwrap(self) -> None:
         self._patches.restore()

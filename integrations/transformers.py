@@ -249,7 +249,8 @@ class PerfTrainerCallback(TrainerCallback):
     # --------------------------------------------------------------- internals
     def _wrap_trainer(self, trainer: Any, engine: Engine) -> None:
         """The fetch, training step, evaluation and checkpoint writes, wrapped on the instance until the run ends."""
-        get_batch_samples = trainer.get_batch_samples
+        original = self._patches.original  # the Trainer's methods, bound at each call to it held weakly
+        get_batch_samples = original(trainer, "get_batch_samples")
 
         def fetch(*args: Any, **kwargs: Any) -> Any:
             engine.fetch()
@@ -263,8 +264,9 @@ class PerfTrainerCallback(TrainerCallback):
         count_items = getattr(trainer, "_get_num_items_in_batch", None)  # transformers >= 4.50
         if callable(count_items):  # with average_tokens_across_devices, a gather across ranks: not data wait
             self._patches.set(trainer, "_get_num_items_in_batch",
-                              named_work(engine, NUM_ITEMS_GATHER, count_items, ends=DATA_WAIT))
-        training_step, compute_loss = trainer.training_step, trainer.compute_loss
+                              named_work(engine, NUM_ITEMS_GATHER, original(trainer, "_get_num_items_in_batch"),
+                                         ends=DATA_WAIT))
+        training_step, compute_loss = original(trainer, "training_step"), original(trainer, "compute_loss")
 
         def step(*args: Any, **kwargs: Any) -> Any:
             engine.phase_start(FORWARD)  # the batch is in hand: a compiled model's hooks can't say so
@@ -279,9 +281,8 @@ class PerfTrainerCallback(TrainerCallback):
         self._patches.set(trainer, "training_step", noting_errors(engine, step))
         self._patches.set(trainer, "compute_loss", loss)
         for name, kind in (("evaluate", EVALUATION), ("_save_checkpoint", CHECKPOINT)):
-            original = getattr(trainer, name, None)
-            if callable(original):
-                self._patches.set(trainer, name, timed_aside(engine, kind, original))
+            if callable(getattr(trainer, name, None)):
+                self._patches.set(trainer, name, timed_aside(engine, kind, original(trainer, name)))
 
     def _detach(self) -> None:
         self._hooks.remove()

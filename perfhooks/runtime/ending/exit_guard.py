@@ -4,6 +4,10 @@
   run fails within :data:`EXIT_DEADLINE_S`.
 - At interpreter exit a run still open is abandoned within the same deadline (with its table when it saw no
   error and its framework does not end runs explicitly: an accelerate session never closed).
+- A child forked from this process (``multiprocessing``'s fork, accelerate's ``debug_launcher``) starts with no
+  current run: the parent's is the parent's. A run the child begins ends at the child's normal exit, which
+  ``multiprocessing`` makes with ``os._exit`` after its own exit handlers (a ``multiprocessing.util.Finalize``),
+  where ``atexit`` never runs.
 
 - On a signal that ends the run (:mod:`perfhooks.runtime.ending.signals`), the current run saves its report as
   ``terminated``, then the handler that was there before runs, or the signal's default action.
@@ -15,6 +19,9 @@ small interface below (:class:`GuardedRun`); it imports nothing of the engine.
 from __future__ import annotations
 
 import atexit
+import multiprocessing
+import multiprocessing.util
+import os
 import sys
 import threading
 import weakref
@@ -115,15 +122,34 @@ def release_signals(run: GuardedRun, *more: Callable[[], None]) -> None:
             release()
 
 
+#: The process whose multiprocessing exit handler runs :func:`_at_exit` (a forked child registers its own).
+_child_exit_pid: int | None = None
+
+
 def _install() -> None:
-    global _installed, _previous_hook
+    global _installed, _previous_hook, _child_exit_pid
     with _lock:
+        if multiprocessing.parent_process() is not None and _child_exit_pid != os.getpid():
+            _child_exit_pid = os.getpid()  # a multiprocessing child exits with os._exit: atexit never runs there
+            multiprocessing.util.Finalize(None, _at_exit, exitpriority=100)
         if _installed:
             return
         _installed = True
         _previous_hook = sys.excepthook
         sys.excepthook = _excepthook
         atexit.register(_at_exit)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no current run (the parent's engine, copied, is not the child's), and a lock of
+    its own (another thread may have held the parent's at the fork)."""
+    global _current, _lock
+    _current = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _excepthook(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:

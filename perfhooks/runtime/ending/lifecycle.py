@@ -309,10 +309,12 @@ def abandon(run: ClosingRun, deadline_s: float | None = None, quiet: bool = Fals
 
 def left_open(run: ClosingRun, reason: str, deadline_s: float = SIGNAL_DEADLINE_S) -> None:
     """The run was left open (:mod:`perfhooks.runtime.ending.orphans`; ``reason``: why it is taken so), on the watch
-    thread: it closes quietly, as ``failed`` with the error it saw (or one that says why), within ``deadline_s``."""
+    thread: it closes quietly, as ``failed`` with the error it saw (or one that says why), within ``deadline_s``; a run
+    whose framework sends no end event (accelerate) and whose owner was freed with no error seen completed."""
     if run.closed:
         return
-    if run.error is None:
+    # a loop with no end event of its own (accelerate's) whose owner the program dropped simply ended
+    if run.error is None and (run.ends_explicitly or run.owner.gone is None):
         run.error = {"type": "unknown", "message": f"the run was left open: {reason}",
                      "step": run.owner.step(run.step), "phase": run.open_phase}
     abandon(run, deadline_s, quiet=True, superseded=True)

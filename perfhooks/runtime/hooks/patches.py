@@ -1,16 +1,72 @@
 """Wrapping a framework object's methods, and putting back exactly what was there: instance patches, the
 launcher's constructor wrapping, and the wrappers that time an aside or note an error passing through.
+
+What perfhooks puts on a user's object travels with it nowhere and keeps it alive never:
+
+- a patch (:class:`Patched`) pickles and deep-copies as what the instance held before (its class's method, bound
+  to the copy, or the user's own value), so a copy carries no perfhooks state and no reference to the run;
+- the original method a wrapper calls is bound at each call to its owner held weakly (:class:`WeakBound`), so the
+  owner's ``__dict__`` holds no cycle back to the owner: deleting the last reference frees it at once, as plain.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 from perfhooks.faults import FaultLog
 from perfhooks.timebase import monotonic_ns
+
+
+class WeakBound:
+    """``owner.name`` as the class defines it, bound at each call to ``owner``, which it holds weakly: a wrapper
+    that calls it keeps no reference to the owner."""
+
+    __slots__ = ("__weakref__", "descriptor", "owner")
+
+    def __init__(self, owner: Any, descriptor: Any) -> None:
+        self.owner = weakref.ref(owner)
+        self.descriptor = descriptor
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        owner = self.owner()
+        if owner is None:
+            raise ReferenceError("the object this method belongs to was garbage-collected")
+        bind = getattr(self.descriptor, "__get__", None)
+        method = bind(owner, type(owner)) if bind is not None else self.descriptor
+        return method(*args, **kwargs)
+
+
+class Patched:
+    """What a patch puts in an instance's ``__dict__``: ``call``, and on the way out (pickle, deepcopy) what the
+    instance held before: the user's own value, or the class's method bound to the copy."""
+
+    __slots__ = ("__weakref__", "before", "call", "name", "owner")
+
+    def __init__(self, call: Callable[..., Any], owner: Any, name: str, before: Any) -> None:
+        self.call, self.owner, self.name, self.before = call, _weak(owner), name, before
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.call(*args, **kwargs)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.before is not _ABSENT:
+            return operator.itemgetter(0), ((self.before,),)  # the user's own value, as it was
+        owner = self.owner()
+        if owner is None:
+            raise TypeError(f"cannot pickle a perfhooks patch of {self.name!r} whose object is gone")
+        return getattr, (owner, self.name)  # the class's method, bound to the copy
+
+    def __getattr__(self, name: str) -> Any:  # __name__, __doc__, __wrapped__ ... as the method's
+        before = self.before
+        if before is _ABSENT:
+            owner = self.owner()
+            before = getattr(type(owner), self.name, None) if owner is not None else None
+        return getattr(before, name)
 
 
 class InstancePatches:
@@ -24,11 +80,26 @@ class InstancePatches:
         self._patched: list[tuple[Callable[[], Any], str, Any, Callable[[], Any]]] = []
 
     def set(self, owner: Any, name: str, value: Any) -> None:
-        """Put ``value`` in ``owner.__dict__[name]``, remembering what the instance held there (a user's own
-        patch or ``Mock`` included) or that it held nothing."""
+        """Put ``value`` in ``owner.__dict__[name]`` (as a :class:`Patched`, which pickles as what was there),
+        remembering what the instance held there (a user's own patch or ``Mock`` included) or that it held
+        nothing."""
         before = owner.__dict__.get(name, _ABSENT)
-        owner.__dict__[name] = value
-        self._patched.append((_weak(owner), name, before, _weak(value)))
+        patched = Patched(value, owner, name, before)
+        owner.__dict__[name] = patched
+        self._patched.append((_weak(owner), name, before, _weak(patched)))
+
+    @staticmethod
+    def original(owner: Any, name: str) -> Callable[..., Any]:
+        """What ``owner.name`` calls now, for a wrapper to call: the instance's own value where it has one (a
+        user's patch), else the class's method bound at each call to ``owner`` held weakly (:class:`WeakBound`)."""
+        own = owner.__dict__.get(name, _ABSENT)
+        if own is not _ABSENT:
+            return own  # type: ignore[no-any-return]
+        try:
+            weakref.ref(owner)
+        except TypeError:
+            return getattr(owner, name)  # type: ignore[no-any-return]
+        return WeakBound(owner, inspect.getattr_static(type(owner), name))
 
     def restore(self) -> None:
         """Put back what each instance held before, newest patch first. An attribute the user replaced during

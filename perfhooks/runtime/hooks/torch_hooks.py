@@ -21,6 +21,30 @@ def _never() -> bool:
 compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _never)
 
 
+def inert(*_args: Any) -> None:
+    """A hook that does nothing: what a copy of a module perfhooks watches carries in place of its hook."""
+
+
+def _inert() -> Callable[..., None]:
+    return inert
+
+
+class ModuleHook:
+    """A hook perfhooks registers on a user's module: ``function``, and on the way out (pickle, deepcopy of the
+    module) :func:`inert`, which holds nothing of the run (a module pickles its hooks with it)."""
+
+    __slots__ = ("function",)
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+
+    def __call__(self, *args: Any) -> Any:
+        return self.function(*args)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _inert, ()
+
+
 class HookHandles:
     """Holds torch hook handles; ``remove()`` is idempotent."""
 
@@ -94,7 +118,10 @@ def watch_optimizer_steps(optimizers: Iterable[Any], on_after_step: Callable[...
 
 def _register(register: Callable[..., Any], hook: Callable[..., Any], handles: HookHandles,
               switch: HookSwitch | None) -> None:
-    """``register(hook)``, kept in ``handles``, or in ``switch`` (which takes it off and puts it back)."""
+    """``register(hook)``, kept in ``handles``, or in ``switch`` (which takes it off and puts it back); a module's
+    hook goes in as a :class:`ModuleHook` (it pickles with the module)."""
+    if isinstance(getattr(register, "__self__", None), torch.nn.Module):
+        hook = ModuleHook(hook)
     if switch is not None:
         switch.add(register, hook)
     else:
@@ -191,5 +218,5 @@ def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookH
                 return
             ranges.pop()
 
-        handles.add(module.register_forward_pre_hook(pre))
-        handles.add(module.register_forward_hook(post, always_call=True))
+        handles.add(module.register_forward_pre_hook(ModuleHook(pre)))
+        handles.add(module.register_forward_hook(ModuleHook(post), always_call=True))
