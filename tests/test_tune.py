@@ -254,8 +254,8 @@ def test_bad_options_get_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
 
     script = SCRIPTS / "lightning_slow_data.py"
     assert main(["tune", "--only", "bf16,warp_speed", str(script)]) == 2
-    assert "--only takes knob names among dataloader_workers, tf32, bf16, compile, sdpa, anomaly_off, threads; got warp_speed" in \
-        capsys.readouterr().err
+    assert ("--only takes knob names among dataloader_workers, tf32, bf16, compile, sdpa, anomaly_off, threads; "
+            "got warp_speed") in capsys.readouterr().err
     assert main(["tune", "--steps", "2", str(script)]) == 2
     assert "--steps must be an integer >= 5" in capsys.readouterr().err
     assert main(["tune", str(tmp_path / "nope.py")]) == 2

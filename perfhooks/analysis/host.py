@@ -1,11 +1,14 @@
-"""Host behaviour: synchronizations that stall the GPU queue, and compilation inside the window."""
+"""Host behaviour: synchronizations that stall the GPU queue, waits on device work the trace does not record, and
+compilation inside the window."""
 
 from __future__ import annotations
 
 import bisect
 from typing import Any
 
-from perfhooks.analysis import spans
+import numpy as np
+
+from perfhooks.analysis import ranges, spans
 from perfhooks.analysis.trace import Trace
 
 SYNC_RUNTIME = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
@@ -221,3 +224,66 @@ def compilation(trace: Trace) -> dict[str, bool]:
         "compiled_region": any(marker in name for name in names for marker in COMPILED_REGION_MARKERS),
         "compiling_in_window": any(is_compilation(name) for name in names),
     }
+
+
+# ----------------------------------------------------------------------------- device work the trace does not show
+# A synchronize returns when the device has finished the work it names. A host that sits 115 ms in 26 device
+# synchronizes while the trace records 0.84 ms of device work in them waited on work the tracer did not record:
+# graph replays it does not trace, warm-up runs of captured graphs, another process's kernels, or a device clock
+# offset against the host's. That time is unrecorded, not idle: utilization is judged without it, no verdict comes
+# from it, and the report says it (``metrics.unrecorded``; the ``unrecorded_device_work`` verdict).
+
+#: Runtime and driver calls that wait for the device, a stream or an event (CUDA and HIP).
+WAITING_CALLS = ("cudaDeviceSynchronize", "hipDeviceSynchronize", "cuCtxSynchronize", "cudaStreamSynchronize",
+                 "hipStreamSynchronize", "cuStreamSynchronize", "cudaEventSynchronize", "hipEventSynchronize",
+                 "cuEventSynchronize")
+#: A wait's part after the last device work recorded in it counts as unrecorded from this long (µs) ...
+UNRECORDED_MIN_US = 1_000.0
+#: ... and when it is at least this share 0..1 of the wait.
+UNRECORDED_SHARE = 0.5
+
+
+def unrecorded_waits(trace: Trace) -> dict[str, Any]:
+    """``{syncs, wait_us, device_us, unrecorded_us, spans}``: the synchronizes that waited on work the trace does
+    not record (their count, their total length, the device work recorded inside them, and the unrecorded part:
+    from the end of the last recorded device work inside each, or its start, to its return; µs), with those
+    parts' spans. Empty when there is none. Cached on the trace."""
+    cached = trace.__dict__.get("_unrecorded")
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    names = trace.names("runtimes", WAITING_CALLS)
+    waits = sorted((call for call in trace.runtimes if call.name in names and call.dur >= UNRECORDED_MIN_US),
+                   key=lambda call: call.ts)
+    found: dict[str, Any] = {}
+    if waits:
+        busy = spans.union(spans.of_events(trace.device_events))
+        starts, ends = busy
+        parts, wait_us, device_us = [], 0.0, 0.0
+        for call in waits:
+            start, end = call.ts, call.ts + call.dur
+            recorded = spans.measure(busy, [(start, end)])
+            # where the last recorded device work that began before the wait's return ended (within the wait)
+            index = int(np.searchsorted(starts, end, side="left")) - 1
+            last = min(float(ends[index]), end) if index >= 0 else start
+            tail = end - max(start, last)
+            if tail >= UNRECORDED_MIN_US and tail >= UNRECORDED_SHARE * call.dur:
+                parts.append((end - tail, end))
+                wait_us += call.dur
+                device_us += recorded
+        if parts:
+            merged = ranges.merge(parts)
+            found = {"syncs": len(parts), "wait_us": wait_us, "device_us": device_us,
+                     "unrecorded_us": ranges.total(merged), "spans": merged}
+    trace.__dict__["_unrecorded"] = found
+    return found
+
+
+def unrecorded_spans(trace: Trace) -> list[ranges.Span]:
+    """The spans (µs) of device time the trace does not record (see :func:`unrecorded_waits`)."""
+    return list(unrecorded_waits(trace).get("spans") or [])
+
+
+def unrecorded_section(trace: Trace) -> dict[str, Any]:
+    """``metrics.unrecorded``: :func:`unrecorded_waits` without its spans (empty when there is none)."""
+    found = unrecorded_waits(trace)
+    return {key: value for key, value in found.items() if key != "spans"}

@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.host import SYNC_RUNTIME
+from perfhooks.analysis.host import SYNC_RUNTIME, unrecorded_spans
 from perfhooks.analysis.trace import Event, Trace
 
 ROLES: tuple[str, ...] = ("kernel", "memcpy", "memset", "communication", "runtime", "dataloader", "cpu_exec",
@@ -324,7 +324,11 @@ def compute_overview(trace: Trace) -> Overview:
 
 
 def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) -> None:
-    span = last - first
+    """Each device's utilization, SM efficiency and occupancy over ``first`` .. ``last``, less the device time the
+    trace does not record (a synchronize's wait on work it does not show: :func:`unrecorded_spans`)."""
+    hidden = ranges.total([(max(lo, first), min(hi, last)) for lo, hi in unrecorded_spans(trace)
+                           if lo < last and hi > first])
+    span = last - first - hidden
     if span <= 0:
         return
     by_device: dict[int, list[Event]] = {}

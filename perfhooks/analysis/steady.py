@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.host import is_compilation
+from perfhooks.analysis.host import is_compilation, unrecorded_spans
 from perfhooks.analysis.kernels import startup_calls
 from perfhooks.analysis.trace import Event, Trace
 
@@ -131,7 +131,9 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
     """The window less start-up work, graph captures and compilation: ``{excluded_us, excluded_share, captures,
     capture_us, compile_us, first_call_us, mostly_not_steady, step_us, gpu_utilization}`` (µs per step;
     utilization 0..1 of the steady time, ``None`` when less than :data:`MIN_STEADY_SHARE` of the window is left or
-    :data:`MOSTLY_NOT_STEADY` of it is excluded). Empty when nothing is excluded."""
+    :data:`MOSTLY_NOT_STEADY` of it is excluded). Empty when nothing is excluded. The window is the recorded one:
+    device time the trace does not record (a synchronize's wait on work it does not show) is taken out first."""
+    window = ranges.subtract(window, unrecorded_spans(trace))
     length = ranges.total(window)
     if not length or steps <= 0:
         return {}

@@ -71,13 +71,8 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
         out.append(make(
             "low_gpu_utilization", "critical" if utilization < t.gpu_utilization / 2 else "warning",
             "The GPU is idle for much of each step",
-            f"GPU utilization {pct(utilization)} (kernels running ÷ "
-            + ("step time" if metrics.get("step_rule", "profiler_steps") == "profiler_steps" else
-               "the time of the window's activity, which has no step markers"
-               + (f"; the {metrics['lead_in_us'] / 1e3:.1f} ms before its first operator are the capture's "
-                  "lead-in, not counted" if metrics.get("lead_in_us", 0.0) >= 1_000.0 else ""))
-            + (", less one-time start-up work and graph captures" if steady else "")
-            + f"); threshold {pct(t.gpu_utilization)}",
+            f"GPU utilization {pct(utilization)} (kernels running ÷ {_utilization_basis(metrics, steady)}); "
+            f"threshold {pct(t.gpu_utilization)}",
             1 - utilization,
             "Find what the GPU waits for in the idle breakdown and the diagnoses above; then raise the work per "
             "step (a larger batch) so launch and host overheads are amortized.",
@@ -111,6 +106,21 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
         out.append(_host_bound(metrics, step_us, breakdown, utilization, host_wait, launch, t))
     out.extend(_steady_state_rules(metrics, step_us, breakdown, utilization, t))
     return out
+
+
+def _utilization_basis(metrics: dict[str, Any], steady: dict[str, Any]) -> str:
+    """What utilization was measured over, in words: the steps, or a step-less window's activity (its lead-in
+    not counted), less what the steady state leaves out and the device time the trace does not record."""
+    basis = ("step time" if metrics.get("step_rule", "profiler_steps") == "profiler_steps" else
+             "the time of the window's activity, which has no step markers"
+             + (f"; the {metrics['lead_in_us'] / 1e3:.1f} ms before its first operator are the capture's lead-in, "
+                "not counted" if metrics.get("lead_in_us", 0.0) >= 1_000.0 else ""))
+    if steady:
+        basis += ", less one-time start-up work and graph captures"
+    unrecorded = (metrics.get("unrecorded") or {}).get("unrecorded_us")
+    if unrecorded:
+        basis += f", less {unrecorded / 1e3:.1f} ms of device work the trace does not record"
+    return basis
 
 
 def _host_bound(metrics: dict[str, Any], step_us: float, breakdown: dict[str, Any], utilization: float,
@@ -157,6 +167,28 @@ def _window_not_steady(metrics: dict[str, Any], steady: dict[str, Any]) -> Diagn
         excluded_share=steady["excluded_share"])
 
 
+#: Device time the trace does not record is said (``unrecorded_device_work``) from this share 0..1 of the window;
+#: below it, it is only left out of utilization.
+UNRECORDED_SAID_SHARE = 0.05
+
+
+def _unrecorded(unrecorded: dict[str, Any], window_us: float) -> Diagnosis:
+    """``unrecorded_device_work``: synchronizes that waited far longer than the device work the trace records in
+    them; that time is the device's, unrecorded, and is not counted as idle."""
+    share = unrecorded["unrecorded_us"] / window_us if window_us else 0.0
+    return make(
+        "unrecorded_device_work", "info", "The host waited on device work this trace does not record",
+        f"the host waited {unrecorded['wait_us'] / 1e3:.1f} ms in {unrecorded['syncs']} device synchronize(s) while "
+        f"the trace records {unrecorded['device_us'] / 1e3:.1f} ms of device work in them: the device ran work this "
+        "trace does not show (graph replays, another process) or its clock is offset. The "
+        f"{unrecorded['unrecorded_us'] / 1e3:.1f} ms after the last recorded work in each ({pct(share)} of the "
+        "window) are unrecorded, not idle: utilization is judged without them",
+        0.0,
+        "Nothing to fix from this trace: to see that work, profile the process that runs it (or record the graphs' "
+        "replays: a window after the capture), and check that the device's clock and the host's agree.",
+        unrecorded_us=unrecorded["unrecorded_us"], unrecorded_share=round(share, 4), syncs=unrecorded["syncs"])
+
+
 def _not_steady_state(metrics: dict[str, Any], steady: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     """What in the window is not the steady state, said as information: start-up work, graph captures, device
     work queued behind work the trace did not record."""
@@ -193,6 +225,9 @@ def _not_steady_state(metrics: dict[str, Any], steady: dict[str, Any], t: Thresh
             "Profile after the graphs are captured (a larger Schedule(skip_first=...), or start the profiler after "
             "the model's warm-up), so that the window holds graph replays.",
             capture_share=capture_share, captures=steady["captures"]))
+    unrecorded = metrics.get("unrecorded") or {}
+    if window_us and unrecorded.get("unrecorded_us", 0.0) >= UNRECORDED_SAID_SHARE * window_us:
+        out.append(_unrecorded(unrecorded, window_us))
     queueing = metrics.get("queueing") or {}
     if queueing:
         out.append(make(

@@ -49,6 +49,7 @@ DOCS = {
     "deterministic_algorithms": "https://pytorch.org/docs/stable/notes/randomness.html",
     "profiler_running": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#disable-debugging-apis",
     "shared_host": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#cpu-specific-optimizations",
+    "unrecorded_device_work": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.profile",
     "module_not_called": "https://pytorch.org/docs/stable/generated/torch.compile.html",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
