@@ -254,3 +254,23 @@ def test_the_audit_changes_no_setting_and_holds_no_model(tmp_path: Path) -> None
 def test_thresholds_take_the_shared_host_share() -> None:
     with pytest.raises(ValueError, match="shared_host_share"):
         Thresholds(shared_host_share=-1)
+
+
+def test_a_windows_verdicts_are_fitted_to_what_the_run_knows() -> None:
+    """The README's main job on a loaded 2-CPU host got, from its window's trace, "num_workers=4"; a plain loop
+    in bf16 on a CPU got unfused_attention "at most 20% of the step" where going back to the hand-written attention
+    saved 26% (CPU flash attention's backward is slower in bf16)."""
+    from perfhooks.rules.pipeline import fitted_to_run
+    from perfhooks.rules.verdicts import make
+
+    loader = make("dataloader_bound", "warning", "t", "e", 0.3, "DataLoader(dataset, num_workers=4, ...)")
+    attention = make("unfused_attention", "warning", "t", "hand-written attention takes 40% of the step", 0.2, "sdpa")
+    fitted = {d["id"]: d for d in fitted_to_run([loader, attention], framework="lightning", accelerator=False,
+                                                  cpus=2, device_type="cpu", matmul_dtype="bf16")}
+    assert "2 CPU(s)" in fitted["dataloader_bound"]["recommendation"]
+    assert "num_workers=4" not in fitted["dataloader_bound"]["recommendation"]
+    assert (fitted["unfused_attention"]["severity"], fitted["unfused_attention"]["estimated_gain"]) == ("info", 0)
+    assert "1.5x slower in bf16" in fitted["unfused_attention"]["evidence"]
+    kept = {d["id"]: d for d in fitted_to_run([attention], framework=None, accelerator=False, cpus=8,
+                                              device_type="cpu", matmul_dtype="fp32")}
+    assert kept["unfused_attention"]["estimated_gain"] == 0.2

@@ -16,7 +16,7 @@ from perfhooks.report.throughput import throughput_section
 from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.memory import diagnose_memory
-from perfhooks.rules.pipeline import merge_verdicts
+from perfhooks.rules.pipeline import fitted_to_run, merge_verdicts
 from perfhooks.rules.settings import PHASE_VERDICTS, diagnose_settings, host_shared, module_not_called
 from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
@@ -61,9 +61,11 @@ def run_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thresho
         faults.report("live_diagnoses", error)
         local = []
     steady = stats.steady_step
-    return merge_verdicts(live=local, trace=parts.trace.diagnoses, live_steps=steady.count,
-                          window_steps=parts.trace.window_steps, thresholds=thresholds,
-                          steady_step_ms=steady.quantile(0.5) if steady.count >= MIN_STEADY_STEPS else None)
+    merged = merge_verdicts(live=local, trace=parts.trace.diagnoses, live_steps=steady.count,
+                            window_steps=parts.trace.window_steps, thresholds=thresholds,
+                            steady_step_ms=steady.quantile(0.5) if steady.count >= MIN_STEADY_STEPS else None)
+    return fitted_to_run(merged, framework=framework, accelerator=accelerator, cpus=cpus, device_type=device_type,
+                         matmul_dtype=parts.matmul_dtype[0])
 
 
 def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, peak_flops: float | None,
