@@ -77,7 +77,9 @@ def test_a_nanogpt_shaped_loop_is_split_into_phases_and_trains_the_same(tmp_path
     covered = sorted(sum(series[name][i] for name in ("data_wait", "forward", "backward", "optimizer"))
                      / (sum(series[name][i] for name in ("data_wait", "forward", "backward", "optimizer"))
                         + series["other"][i]) for i in range(6))
-    assert covered[2] >= 0.9  # at least 4 of the 6 steps
+    # at least 4 of the 6 steps: idle, the third lowest reads about 0.94 ('other' is the ~30 µs from a fetch's end
+    # to the forward); with both cores busy a preemption there read 0.896 twice in a suite run (2026-11-29)
+    assert covered[2] >= 0.8
 
 
 def test_an_error_in_the_loop_propagates_and_the_report_says_failed(tmp_path: Path) -> None:
@@ -179,6 +181,18 @@ def test_a_fault_switching_the_hooks_is_reported_once_and_the_loop_goes_on(tmp_p
     assert report["steps"] == steps
 
 
+def train_compiled(session: Any, compiled: Any, optimizer: Any, steps: int) -> None:
+    """``steps`` steps of the compiled model under ``session`` (a ``profile()``), then dynamo's caches reset."""
+    with session as perf:
+        for _ in range(steps):
+            with perf.data_wait():
+                x = torch.randn(8, 32)
+            compiled(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    torch._dynamo.reset()
+
+
 def test_a_module_the_loop_never_calls_is_said_and_no_phase_verdict_is_drawn(tmp_path: Path) -> None:
     """A user's study: ``profile()`` was given the model while the loop called its ``torch.compile`` wrapper; no
     forward hook fired, forward and backward read 0%, and a warning said the time outside the phases held the step
@@ -190,14 +204,8 @@ def test_a_module_the_loop_never_calls_is_said_and_no_phase_verdict_is_drawn(tmp
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        with profile(model, optimizer, output_dir=tmp_path, console=False, schedule=None) as perf:
-            for _ in range(20):
-                with perf.data_wait():
-                    x = torch.randn(8, 32)
-                compiled(x).square().mean().backward()
-                optimizer.step()
-                optimizer.zero_grad()
-    torch._dynamo.reset()
+        train_compiled(profile(model, optimizer, output_dir=tmp_path, console=False, schedule=None), compiled,
+                       optimizer, 20)
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["steps"] == 20 and report["phases"]["forward"]["share"] == 0
     verdicts = {d["id"]: d for d in report["diagnoses"]}
@@ -206,14 +214,8 @@ def test_a_module_the_loop_never_calls_is_said_and_no_phase_verdict_is_drawn(tmp
                 "cpu_threads"} & set(verdicts)
     assert sum("never ran a training forward" in str(w.message) for w in said) == 1
     # the compiled wrapper given: its forward is seen, and nothing is said
-    with profile(compiled, optimizer, output_dir=tmp_path / "right", console=False, schedule=None) as perf:
-        for _ in range(6):
-            with perf.data_wait():
-                x = torch.randn(8, 32)
-            compiled(x).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    torch._dynamo.reset()
+    train_compiled(profile(compiled, optimizer, output_dir=tmp_path / "right", console=False, schedule=None),
+                   compiled, optimizer, 6)
     right = json.loads((tmp_path / "right" / "report.json").read_text())
     assert "module_not_called" not in {d["id"] for d in right["diagnoses"]}
     assert right["phases"]["forward"]["share"] > 0

@@ -25,6 +25,20 @@ from helpers import mlp, random_loader
 from perfhooks.integrations.accelerate import attach
 
 
+def attached_epoch(accelerator: Any, folder: str | Path, batches: int) -> Any:
+    """``attach``, then prepare a model, an optimizer and a loader of ``batches`` and train one epoch; the session
+    (open)."""
+    session = attach(accelerator, output_dir=folder, console=False)
+    model, optimizer, loader = accelerator.prepare(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1),
+                                                   random_loader(batches))
+    session.watch_prepared()
+    for x, y in loader:
+        accelerator.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    return session, optimizer, loader
+
+
 def carries_nothing_of_perfhooks(copied: Any) -> None:
     """No attribute of the copy (nor of its hooks) is perfhooks' own: no engine, no session, no wrapper."""
     blob = pickle.dumps(copied)
@@ -37,14 +51,7 @@ def test_an_attached_accelerator_its_optimizer_and_loader_pickle_and_copy_as_pla
     Accelerator (``backward``, ``save_state``, ...), on the prepared optimizer (``step``) and the loader's swapped
     class pickled as local objects."""
     accelerator = Accelerator(cpu=True)
-    session = attach(accelerator, output_dir=tmp_path, console=False)
-    model, optimizer, loader = accelerator.prepare(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1),
-                                                   random_loader(4))
-    session.watch_prepared()
-    for x, y in loader:
-        accelerator.backward(nn.functional.mse_loss(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
+    session, optimizer, loader = attached_epoch(accelerator, tmp_path, 4)
     for thing in (accelerator, optimizer, loader):
         for copied in (pickle.loads(pickle.dumps(thing)), copy.deepcopy(thing)):
             assert type(copied).__name__ == type(thing).__name__
@@ -103,15 +110,7 @@ def test_a_dropped_accelerator_and_its_loader_are_freed_at_once_and_the_run_ends
 
 
 def _child(folder: str, rank: int) -> None:
-    accelerator = Accelerator(cpu=True)
-    session = attach(accelerator, output_dir=f"{folder}/child{rank}", console=False)
-    model, optimizer, loader = accelerator.prepare(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1),
-                                                   random_loader(3))
-    session.watch_prepared()
-    for x, y in loader:
-        accelerator.backward(nn.functional.mse_loss(model(x), y))
-        optimizer.step()
-        optimizer.zero_grad()
+    attached_epoch(Accelerator(cpu=True), f"{folder}/child{rank}", 3)
     # the child returns without closing: multiprocessing ends it with os._exit
 
 
