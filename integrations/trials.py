@@ -94,6 +94,7 @@ def install(launcher: Any, plan_path: str) -> Trial:
     launcher.hooks.add("transformers.training_args", lambda module: trial.undo.append(_hf_arguments(module, trial)))
     launcher.hooks.add("transformers.trainer", lambda module: trial.undo.append(_hf_trainer(module, trial)))
     launcher.hooks.add("accelerate", lambda module: trial.undo.append(_accelerate(module, trial)))
+    trial.undo.append(_plain_loop(trial))
     return trial
 
 
@@ -335,6 +336,41 @@ def _accelerate(module: Any, trial: Trial) -> Any:
 def _steps(value: Any) -> int | None:
     """A ``max_steps`` argument as the job's length: None when unset (-1, 0, None) or not a number."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+# ----------------------------------------------------------------------------- a plain loop (perfhooks.profile)
+def _plain_loop(trial: Trial) -> Any:
+    """A ``perfhooks.profile`` loop: its framework is ``pytorch``, and it stops at the first fetch after the planned
+    steps (its session closed first, so that its report is a completed run's, then ``SystemExit(0)``). Its losses
+    are not seen (the loop computes them itself)."""
+    from perfhooks.runtime.loops import plain_loop
+
+    loop_class, wait_class = plain_loop.ProfiledLoop, plain_loop.DataWait
+    original_init, original_enter = loop_class.__init__, wait_class.__enter__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if trial.facts.get("framework") is None:
+            trial.facts["framework"] = "pytorch"
+
+    def __enter__(self: Any) -> None:
+        loop = self.loop
+        step = getattr(loop.engine, "step", 0)
+        if not loop._closed and step >= trial.stop_after:
+            trial.stopped = f"the loop ended cleanly (SystemExit(0)) after step {step}"
+            loop.close()
+            trial.write()
+            raise SystemExit(0)
+        original_enter(self)
+
+    loop_class.__init__ = __init__  # type: ignore[method-assign]
+    wait_class.__enter__ = __enter__  # type: ignore[method-assign]
+
+    def undo() -> None:
+        loop_class.__init__ = original_init  # type: ignore[method-assign]
+        wait_class.__enter__ = original_enter  # type: ignore[method-assign]
+
+    return undo
 
 
 def plan_from_environment() -> str | None:

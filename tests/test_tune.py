@@ -374,3 +374,20 @@ def test_the_plan_tries_the_audits_fixes_only_when_it_named_them_and_workers_on_
     said = flags("dataloader_workers", {"speedup": 1.2, "base_ms": 40.0}, ["dataloader_bound"], {},
                  [base], crowded, "cpu", crowded=why)
     assert [flag["id"] for flag in said] == ["oversubscribed"] and "take turns on the CPUs" in said[0]["text"]
+
+
+@pytest.mark.slow
+def test_tune_on_a_plain_loop_measures_a_baseline_and_never_writes_over_the_users_report(tmp_path: Path) -> None:
+    """A user's study: "the baseline trial failed: no report was written", while a report was written to
+    ./perfhooks_out, over the user's own. Each trial's report is now in its own folder; the plain loop stops after
+    the planned steps; the knobs a plain loop has no seam for are skipped with the change to make."""
+    done, cwd = tune(tmp_path, "plain_debug_settings.py", "--steps", "10")
+    result = json.loads(done.stdout)
+    assert result["baseline"]["steps"] >= 10 and result["baseline"]["facts"]["framework"] == "pytorch"
+    assert result["baseline"]["stopped"].startswith("the loop ended cleanly (SystemExit(0)) after step 13")
+    assert {"anomaly_detection", "cpu_threads"} <= set(result["baseline"]["diagnoses"])
+    assert trial(result, "anomaly_off")["status"] == "measured"
+    skipped = {s["knob"]: s["reason"] for s in result["skipped"]}
+    assert skipped["compile"].startswith("a plain loop has no compile setting")
+    assert_left_alone(tmp_path, cwd)  # no ./perfhooks_out, and the script's own output not written
+    assert (tmp_path / "tuned" / "trials" / "baseline" / "report.json").is_file()

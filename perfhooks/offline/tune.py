@@ -50,6 +50,16 @@ KNOBS: tuple[Knob, ...] = (
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
 
+#: Knobs a plain loop (``perfhooks.profile``) has no setting for, and the change to make in its code instead.
+PLAIN_LOOP_SKIPS = {
+    "bf16": "a plain loop has no precision setting: wrap the forward in with torch.autocast(device_type, "
+            "dtype=torch.bfloat16): ... and measure",
+    "compile": "a plain loop has no compile setting: model = torch.compile(model), and pass the compiled module to "
+               "perfhooks.profile",
+    "sdpa": "a plain loop has no attention switch; use torch.nn.functional.scaled_dot_product_attention in the model",
+}
+
+
 def worker_count(cores: int) -> int:
     """Workers to try: the cores this process may use, at least 2 (a loader that waits on I/O or sleeps gains
     from 2 on one core), at most 8."""
@@ -94,8 +104,11 @@ def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerato
              diagnoses: list[str] = ()) -> tuple[tuple[dict[str, Any], str], str | None]:  # type: ignore[assignment]
     """``((knobs, the change to make in the user's code), None)``, or ``(_, why it is skipped)``."""
     none: tuple[dict[str, Any], str] = ({}, "")
-    if framework not in ("lightning", "transformers", "accelerate"):
-        return none, "no Lightning Trainer, transformers Trainer or Accelerator was built by the script"
+    if framework not in ("lightning", "transformers", "accelerate", "pytorch"):
+        return none, ("no Lightning Trainer, transformers Trainer, Accelerator or perfhooks.profile loop was run by "
+                      "the script")
+    if framework == "pytorch" and name in PLAIN_LOOP_SKIPS:  # a plain loop has no seam for these: the code changes
+        return none, PLAIN_LOOP_SKIPS[name]
     if name == "anomaly_off":
         if "anomaly_detection" not in diagnoses:
             return none, "autograd anomaly detection is off"

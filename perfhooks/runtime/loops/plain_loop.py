@@ -19,7 +19,7 @@ Nothing of the loop is patched: hooks only, removed at ``close()``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,6 +38,26 @@ from perfhooks.runtime.hooks.torch_hooks import (
 from perfhooks.runtime.loops.session import LoopSession, check_models_and_optimizers, listed
 from perfhooks.runtime.throughput.precision import autocast_dtype, autocast_probe
 from perfhooks.timebase import monotonic_ns
+
+#: Settings the launcher gives every ``perfhooks.profile`` in this process (``perfhooks run --output-dir ...``):
+#: defaults under the call's own arguments; ``_forced`` over them (a ``perfhooks tune`` trial's output folder, so
+#: that a trial never writes over the user's own report).
+_launched: dict[str, Any] = {}
+_forced: dict[str, Any] = {}
+
+
+def launched_settings(defaults: dict[str, Any], forced: dict[str, Any] | None = None) -> Callable[[], None]:
+    """Set the launcher's settings for the plain loops this process profiles; returns the undo."""
+    _launched.clear()
+    _launched.update(defaults)
+    _forced.clear()
+    _forced.update(forced or {})
+
+    def undo() -> None:
+        _launched.clear()
+        _forced.clear()
+
+    return undo
 
 
 def profile(model: torch.nn.Module | None = None, optimizer: Any = None, *,
@@ -62,7 +82,8 @@ def profile(model: torch.nn.Module | None = None, optimizer: Any = None, *,
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
     """
-    config = PerfConfig.from_kwargs("profile", {"output_dir": output_dir, **settings})
+    given = {"output_dir": output_dir, **settings} if output_dir is not None else dict(settings)
+    config = PerfConfig.from_kwargs("profile", {**_launched, **given, **_forced})
     models, optimizers = listed(model), listed(optimizer)
     check_models_and_optimizers("profile", models, optimizers)
     return ProfiledLoop(models, optimizers, config)
