@@ -296,6 +296,7 @@ class PerfSession(LoopSession):
 
     def _wrap_optimizer(self, optimizer: Any) -> None:
         engine = self.engine
+        engine.watch_optimizer(optimizer)
         original = self._patches.original(optimizer, "step")
         gradient_state = getattr(optimizer, "gradient_state", None) or self.accelerator.gradient_state
 

@@ -177,6 +177,8 @@ class PerfCallback(Callback):
             engine.note_precision(dtype, f"Lightning Trainer(precision={trainer.precision!r})")
         watch_optimizer_steps(trainer.optimizers, self._after_optimizer_step, self._hooks)
         engine.watch_model(pl_module)
+        for optimizer in trainer.optimizers or []:
+            engine.watch_optimizer(optimizer)
         self._wrap_fetch(trainer, engine)
         self._wrap_checkpoint(trainer, engine)
         self._time_callbacks(trainer, engine)

@@ -184,6 +184,8 @@ class PerfTrainerCallback(TrainerCallback):
         if model is not None:
             watch_training_forward(model, self._forward_start, self._forward_end, self._hooks)
             self.engine.watch_model(model)
+        if optimizer is not None:
+            self.engine.watch_optimizer(optimizer)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:

@@ -274,3 +274,76 @@ def test_a_windows_verdicts_are_fitted_to_what_the_run_knows() -> None:
     kept = {d["id"]: d for d in fitted_to_run([attention], framework=None, accelerator=False, cpus=8,
                                               device_type="cpu", matmul_dtype="fp32")}
     assert kept["unfused_attention"]["estimated_gain"] == 0.2
+
+
+def evaluated(tmp_path: Path, no_grad: bool) -> dict[str, Any]:
+    """A plain loop that evaluates under ``perf.evaluation()`` every 8 steps, with or without ``torch.no_grad()``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with perfhooks.profile(model, optimizer, output_dir=tmp_path, console=False, schedule=None) as perf:
+        for step in range(16):
+            with perf.data_wait():
+                x = torch.randn(32, 64)
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step % 8 == 7:
+                model.eval()
+                with perf.evaluation(), (torch.no_grad() if no_grad else _nothing()):
+                    for _ in range(3):
+                        model(torch.randn(32, 64))
+                model.train()
+    return json.loads((tmp_path / "report.json").read_text())
+
+
+def test_an_evaluation_that_builds_autograd_graphs_is_named_and_one_under_no_grad_is_not(tmp_path: Path) -> None:
+    graphs = evaluated(tmp_path / "grad", no_grad=False)
+    verdict = ids(graphs)["evaluation_with_grad"]
+    assert verdict["measured"]["evaluation_grad_forwards"] == 6 and verdict["gain_basis"] == "run"
+    assert verdict["estimated_gain"] == pytest.approx(graphs["run"]["evaluation_s"] / graphs["run"]["wall_s"],
+                                                      abs=1e-3)
+    assert "torch.no_grad()" in verdict["recommendation"]
+    quiet = evaluated(tmp_path / "no_grad", no_grad=True)
+    assert "evaluation_with_grad" not in ids(quiet) and quiet["settings"]["evaluation_grad_forwards"] == 0
+
+
+def test_loader_workers_and_threads_past_the_usable_cpus_are_named() -> None:
+    (crowded,) = diagnose_settings(facts(intra_op_threads=2, usable_cpus=2, loader_workers=2), STATS)
+    assert crowded["title"] == "Loader workers and training threads outnumber the CPUs"
+    assert "torch.set_num_threads(1)" in crowded["recommendation"] and crowded["estimated_gain"] == 0
+    assert diagnose_settings(facts(intra_op_threads=2, usable_cpus=4, loader_workers=2), STATS) == []
+
+
+def test_the_audit_reads_the_most_loader_workers_a_run_took_batches_from(tmp_path: Path, all_threads: int) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 8)), batch_size=8,
+                                         num_workers=2)
+    with perfhooks.profile(model, optimizer, output_dir=tmp_path, console=False, schedule=None) as perf:
+        for (x,) in perf.batches(loader):
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["settings"]["loader_workers"] >= 2
+
+
+def test_an_optimizer_built_with_foreach_false_over_many_tensors_is_information(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(30)])  # 60 parameter tensors
+    for foreach, expected in ((False, True), (None, False)):
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=foreach)
+        folder = tmp_path / str(foreach)
+        with perfhooks.profile(model, optimizer, output_dir=folder, console=False, schedule=None) as perf:
+            for _ in range(12):
+                with perf.data_wait():
+                    x = torch.randn(4, 8)
+                model(x).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        report = json.loads((folder / "report.json").read_text())
+        assert ("foreach_off" in ids(report)) is expected
+    verdict = ids(json.loads((tmp_path / "False" / "report.json").read_text()))["foreach_off"]
+    assert verdict["severity"] == "info" and verdict["measured"]["optimizers"] == [{"optimizer": "Adam",
+                                                                                    "tensors": 60}]

@@ -147,8 +147,11 @@ class SettingsAudit:
     at any read stays in the audit (``since``: the step it was first seen at)."""
 
     def __init__(self, room: Any, host: HostShare | None = None,
-                 environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+                 environ: dict[str, str] | os._Environ[str] = os.environ,
+                 workers: Callable[[], int] | None = None) -> None:
+        """``workers``: the most DataLoader worker processes the run's loaders used so far (the runtime's count)."""
         self.room = room
+        self.workers = workers
         self.environ = environ
         cpus = usable_cpus()
         self.host = host or HostShare(cpus)
@@ -156,6 +159,10 @@ class SettingsAudit:
         self.cpu_type = None if room.accelerated else faster_cpu_type()
         #: The models the run watches (weakly: the audit keeps none alive), for their parameters' dtype.
         self.models: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: Forwards inside a marked evaluation that ran with grad enabled (building autograd graphs), counted by
+        #: the runtime's evaluation probe.
+        self.evaluation_graphs = 0
         #: First step each switch was seen on at (``anomaly_detection``, ``profiler``, ...).
         self.since: dict[str, int] = {}
         self.latest: dict[str, Any] = {}
@@ -174,6 +181,9 @@ class SettingsAudit:
             "environment_threads": {name: self.environ[name] for name in THREAD_VARIABLES if name in self.environ},
             "ranks_on_host": _int(self.environ.get("LOCAL_WORLD_SIZE"), 1),
             "param_dtypes": self.param_dtypes(),
+            "loader_workers": self.workers() if self.workers is not None else None,
+            "evaluation_grad_forwards": self.evaluation_graphs,
+            "foreach_off": self.foreach_off(),
             "faster_cpu_type": self.cpu_type,
         }
         if not window_open and _profiler_on is not None:
@@ -193,9 +203,23 @@ class SettingsAudit:
         self.latest = facts
         return self.section()
 
-    def watch(self, model: Any) -> None:
-        """A model the run trains (its first floating parameter's dtype is read at each read)."""
-        self.models.add(model)
+    def watch(self, trained: Any) -> None:
+        """A model the run trains (its first floating parameter's dtype is read at each read), or an optimizer it
+        steps (its ``foreach`` and its parameters are read)."""
+        if isinstance(trained, torch.optim.Optimizer) or hasattr(trained, "param_groups"):
+            self.optimizers.add(trained)
+        else:
+            self.models.add(trained)
+
+    def foreach_off(self) -> list[dict[str, Any]]:
+        """The watched optimizers built with ``foreach=False``: ``{optimizer, tensors}`` each."""
+        found = []
+        for optimizer in list(self.optimizers):
+            inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps one
+            if getattr(inner, "defaults", {}).get("foreach") is False:
+                tensors = sum(len(group.get("params", ())) for group in getattr(inner, "param_groups", ()))
+                found.append({"optimizer": type(inner).__name__, "tensors": tensors})
+        return found
 
     def param_dtypes(self) -> list[str]:
         """The watched models' first floating parameter dtype each (``float32``, ``bfloat16``), sorted."""

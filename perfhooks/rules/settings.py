@@ -47,11 +47,13 @@ def compute_share(stats: Any) -> float:
 
 def diagnose_settings(settings: dict[str, Any] | None, stats: Any, t: Thresholds = Thresholds(), *,
                       framework: str | None = None, device_type: str = "cpu", world_size: int = 1,
-                      matmul_dtype: tuple[str, str] = ("fp32", "")) -> list[Diagnosis]:
+                      matmul_dtype: tuple[str, str] = ("fp32", ""), run: dict[str, Any] | None = None
+                      ) -> list[Diagnosis]:
     """Every setting of ``settings`` (the report's ``settings`` section) that slows this run, as verdicts.
 
     ``stats``: the run's phase statistics (the ceilings come from the phases each setting slows);
-    ``matmul_dtype``: the run's ``(dtype, its source)``.
+    ``matmul_dtype``: the run's ``(dtype, its source)``; ``run``: the report's run account (the evaluation's
+    share of the wall time).
     """
     if not settings:
         return []
@@ -64,6 +66,8 @@ def diagnose_settings(settings: dict[str, Any] | None, stats: Any, t: Thresholds
         _profiler(settings, since, stats),
         _precision(settings, stats, device_type, framework, matmul_dtype, tuple(settings.get("param_dtypes") or ())),
         _shared_host(settings, t),
+        _evaluation_grad(settings, run, framework),
+        _foreach_off(settings, stats),
     ) if verdict is not None]
 
 
@@ -101,18 +105,31 @@ def _threads(settings: dict[str, Any], stats: Any, device_type: str, ranks_on_ho
     omp = (settings.get("environment_threads") or {}).get("OMP_NUM_THREADS")
     share = compute_share(stats)
     ranks = f" ({ranks_on_host} ranks share them: {fair} each)" if ranks_on_host > 1 else ""
-    if threads < fair:
-        gain = share * (1 - threads / fair)
+    workers = int(settings.get("loader_workers") or 0)
+    room = max(1, fair - workers)  # the CPUs the loader's workers leave to training
+    if threads < room:
+        gain = share * (1 - threads / room)
         cause = f" (OMP_NUM_THREADS={omp} in the environment)" if omp else ""
+        left = f", {room} of them left by {workers} loader worker(s)" if workers else ""
         return make(
             "cpu_threads", "warning", "Training runs on fewer threads than the CPUs it may use",
             f"torch.get_num_threads() is {threads}{cause} while this process may use {cpus} CPUs "
-            f"(os.sched_getaffinity){ranks}; forward, backward and optimizer run on those threads and take "
-            f"{pct(share)} of the step: with {fair} threads they take at most {threads}/{fair} as long",
-            gain, f"torch.set_num_threads({fair}), or remove torch.set_num_threads({threads})"
+            f"(os.sched_getaffinity){ranks}{left}; forward, backward and optimizer run on those threads and take "
+            f"{pct(share)} of the step: with {room} threads they take at most {threads}/{room} as long",
+            gain, f"torch.set_num_threads({room}), or remove torch.set_num_threads({threads})"
             + (" and OMP_NUM_THREADS" if omp else "") + " from the script (torch uses every usable CPU by default).",
-            intra_op_threads=threads, usable_cpus=cpus, threads_fair=fair, compute_share=round(share, 4),
+            intra_op_threads=threads, usable_cpus=cpus, threads_fair=room, compute_share=round(share, 4),
             ceiling="compute share x (1 - threads / CPUs)")
+    if threads <= fair and workers and threads + workers > fair:
+        return make(
+            "cpu_threads", "warning", "Loader workers and training threads outnumber the CPUs",
+            f"{workers} DataLoader worker process(es) and {threads} intra-op thread(s) share the {fair} CPU(s) this "
+            f"process may use{ranks}: the workers take CPUs from forward and backward while they fetch (they take "
+            "turns on the CPUs); the cost is not measured here: perfhooks tune measures each setting",
+            0.0, f"Keep workers + threads within {fair}: torch.set_num_threads({max(1, fair - workers)}) with "
+            f"{workers} worker(s), or fewer workers (num_workers={max(0, fair - threads)}); with this few CPUs, doing "
+            "the per-sample work once before training often beats both.",
+            intra_op_threads=threads, usable_cpus=cpus, loader_workers=workers, threads_fair=fair)
     if threads > fair:
         return make(
             "cpu_threads", "warning", "More training threads than CPUs",
@@ -217,6 +234,49 @@ def _precision(settings: dict[str, Any], stats: Any, device_type: str, framework
         share, f"bf16 autocast: {setting}; or, keeping fp32 numerics close, TF32: "
         'torch.set_float32_matmul_precision("high").',
         forward_backward_share=round(share, 4), capability=list(capability), ceiling="forward and backward share")
+
+
+def _evaluation_grad(settings: dict[str, Any], run: dict[str, Any] | None, framework: str | None
+                     ) -> Diagnosis | None:
+    """``evaluation_with_grad``: forwards inside an evaluation the run marks ran with grad enabled: each builds an
+    autograd graph (and keeps its activations) that nothing backpropagates."""
+    forwards = int(settings.get("evaluation_grad_forwards") or 0)
+    if not forwards:
+        return None
+    wall, evaluation = (run or {}).get("wall_s") or 0.0, (run or {}).get("evaluation_s") or 0.0
+    share = evaluation / wall if wall else 0.0
+    fix = ("Wrap the evaluation in torch.no_grad() (or torch.inference_mode()): model.eval(); with torch.no_grad(): "
+           "for batch in eval_loader: ..." + (" (inside with perf.evaluation():)" if framework == "pytorch" else ""))
+    verdict = make(
+        "evaluation_with_grad", "warning", "Evaluation builds autograd graphs",
+        f"{forwards} forward(s) inside the evaluation ran with grad enabled: each records an autograd graph and keeps "
+        f"its activations, which nothing backpropagates; the evaluation takes {pct(share)} of the run's wall time "
+        "(the most no_grad can save; it usually saves a third or more of it, and the activations' memory)",
+        share, fix + ".", evaluation_grad_forwards=forwards, evaluation_share=round(share, 4),
+        ceiling="the evaluation's share of the run")
+    verdict["gain_basis"] = "run"
+    return verdict
+
+
+#: ``foreach=False`` is named from this many parameter tensors: one small kernel (or loop) each.
+FOREACH_TENSORS = 50
+
+
+def _foreach_off(settings: dict[str, Any], stats: Any) -> Diagnosis | None:
+    """``foreach_off`` (information): an optimizer built with ``foreach=False`` over many parameter tensors updates
+    them one by one; torch's default groups them (``foreach``, or ``fused`` on a GPU)."""
+    many = [entry for entry in settings.get("foreach_off") or [] if entry["tensors"] >= FOREACH_TENSORS]
+    if not many:
+        return None
+    share = stats.steady_share("optimizer") if getattr(stats, "sampled_steps", 0) else 0.0
+    named = ", ".join(f"{entry['optimizer']} over {entry['tensors']} tensors" for entry in many)
+    return make(
+        "foreach_off", "info", "The optimizer updates its parameters one tensor at a time",
+        f"{named} built with foreach=False: each tensor's update is its own set of small operations, where the "
+        f"default groups them; the optimizer takes {pct(share)} of the step (the most it can save)",
+        share, "Drop foreach=False (torch's default groups the tensors), or pass fused=True where the optimizer "
+        "has it; keep foreach=False only where memory is too tight for the grouped update.",
+        optimizer_share=round(share, 4), optimizers=many)
 
 
 def _shared_host(settings: dict[str, Any], t: Thresholds) -> Diagnosis | None:

@@ -50,6 +50,8 @@ DOCS = {
     "profiler_running": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#disable-debugging-apis",
     "shared_host": "https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html#cpu-specific-optimizations",
     "unrecorded_device_work": "https://pytorch.org/docs/stable/profiler.html#torch.profiler.profile",
+    "evaluation_with_grad": "https://pytorch.org/docs/stable/generated/torch.no_grad.html",
+    "foreach_off": "https://pytorch.org/docs/stable/optim.html#algorithms",
     "module_not_called": "https://pytorch.org/docs/stable/generated/torch.compile.html",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }

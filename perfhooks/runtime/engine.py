@@ -1,19 +1,16 @@
 """The profiling engine: a small façade that routes training-loop events to the parts of a run.
 
-Integrations translate their framework's hooks into these calls and nothing else: :meth:`Engine.fetch` (the loop
-asks its loader for a training batch: ``data_wait`` starts, a step whose optimizer stepped ends), ``phase_start``
-/ ``phase_end`` (``data_wait``, ``forward``, ``backward``, ``optimizer``; exclusive), ``stepped`` (the framework
-counted an optimizer step), ``aside`` (evaluation or a checkpoint, timed apart), ``idle`` (an epoch ended),
-``step_end`` (loops that know their step boundary) and ``exception`` (the user's error is on its way out).
+Integrations translate their framework's hooks into these calls and nothing else: :meth:`Engine.fetch` (a training
+batch is asked for: ``data_wait`` starts, a step whose optimizer stepped ends), ``phase_start`` / ``phase_end``
+(``data_wait``, ``forward``, ``backward``, ``optimizer``; exclusive), ``stepped`` (an optimizer step), ``aside``
+(evaluation or a checkpoint, timed apart), ``idle`` (an epoch ended), ``step_end`` and ``exception``.
 
-The parts, each in its own file: the phase and step tracker (:mod:`~perfhooks.runtime.step.tracker`), the capture
-controller, FLOP arming, compile tracking, memory and the outputs, routed at each step's moments by
+The parts, each in its own file (the tracker, :mod:`~perfhooks.runtime.step.tracker`; the capture controller, FLOP
+arming, compile tracking, memory, the settings audit, the outputs), are routed at each step's moments by
 :class:`~perfhooks.runtime.step_listener.RunParts`. At each step boundary the engine publishes one immutable
-:class:`~perfhooks.runtime.state.run_state.RunState` (:attr:`Engine.state`): every other thread reads that, never the
-parts. The run's end is :mod:`~perfhooks.runtime.ending.lifecycle`'s, through the public methods at the bottom.
-
-Every event is guarded: a fault inside perfhooks is reported once per kind and training goes on. Nothing here
-synchronizes the host with the GPU except :meth:`Engine.close`.
+:class:`~perfhooks.runtime.state.run_state.RunState` (:attr:`Engine.state`): other threads read that, never the
+parts. The run's end is :mod:`~perfhooks.runtime.ending.lifecycle`'s. Every event is guarded: a fault inside
+perfhooks is reported once per kind and training goes on. Only :meth:`Engine.close` waits on the GPU.
 """
 
 from __future__ import annotations
@@ -66,8 +63,7 @@ class Engine:
 
     #: True: this run is profiled (a :class:`NullEngine` is not).
     active = True
-    # The hot events are the tracker's own methods, set on each engine as it is built (each guards itself, so
-    # the training thread goes straight to them, without a frame of the engine's):
+    # The hot events are the tracker's own methods, set on each engine as it is built (each guards itself):
     #: The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts.
     fetch: Callable[[], None]
     #: Start phase ``name``: ends the open phase, opens a step if none is open.
@@ -170,9 +166,10 @@ class Engine:
         self.timings = TimingReader(self.tracker.pending, self.faults)  # started for a device clock only
         #: The parts, routed at each step's moments (the tracker's listener).
         self.parts = RunParts(self.tracker, self.capture, self.memory, self.flops, self.compile, self.outputs,
-                              self.writer, self.faults, self.publish, self.saving)
+                              self.writer, self.faults, self.publish, self.saving, self.hooks)
         self.room.when_lost(self.parts.device_lost)  # a CUDA error, wherever perfhooks met it first
-        self.parts.settings = self.faults.call("settings_audit", lambda: SettingsAudit(self.room))  # read now
+        audit = lambda: SettingsAudit(self.room, workers=host_batches.most_workers)  # noqa: E731  (read now)
+        self.parts.settings = self.faults.call("settings_audit", audit)
 
     def _start_memory(self) -> MemoryMonitor | None:
         config = self.config
@@ -280,8 +277,7 @@ class Engine:
         """The model whose parameters the memory census attributes; per-module NVTX ranges when asked."""
         if self.memory is not None:
             self.memory.models.append(model)
-        if self.parts.settings is not None:
-            self.parts.settings.watch(model)
+        self.watch_optimizer(model)  # the settings audit watches models and optimizers alike
         if self.flops.watch_compiled(model, self.hooks.add):  # a compiled model's FLOPs: counted on meta tensors
             self.compile.model_compiled = True
         if self.config.module_ranges:
@@ -289,6 +285,10 @@ class Engine:
             if self.compile.model_compiled:
                 self.once.warn("module_ranges_compiled", "module_ranges: no NVTX range exists inside a torch.compile "
                                "region; the ranges of compiled modules' submodules are not recorded")
+
+    def watch_optimizer(self, optimizer: Any) -> None:
+        """An optimizer (or a model) the run trains, for the settings audit (``foreach``, the parameters' dtype)."""
+        self.faults.call("watch_optimizer", lambda: self.parts.settings and self.parts.settings.watch(optimizer))
 
     compiled_in_run = property(lambda self: self.compile.compiled_in_run)  # torch.compile compiled since the start
 

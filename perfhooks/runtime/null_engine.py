@@ -99,6 +99,9 @@ class NullEngine:
     def watch_model(self, model: Any) -> None:
         pass
 
+    def watch_optimizer(self, optimizer: Any) -> None:
+        pass
+
     def defer_windows_to(self, owner: str) -> None:
         pass
 

@@ -14,16 +14,20 @@ Threading: the training thread only.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from perfhooks.capture.schedule import Action
 from perfhooks.device import cuda_extras
-from perfhooks.events import COMPILING
+from perfhooks.events import COMPILING, EVALUATION
 from perfhooks.faults import FaultLog
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.memory.monitor import MemoryMonitor
 from perfhooks.runtime.capture_control import CaptureControl
+from perfhooks.runtime.hooks.torch_hooks import HookHandles, watch_evaluation_forwards
 from perfhooks.runtime.state.outputs import RunOutputs
 from perfhooks.runtime.state.saving import ReportSaving
 from perfhooks.runtime.step.tracker import StepTracker
@@ -43,7 +47,9 @@ class RunParts:
 
     def __init__(self, tracker: StepTracker, capture: CaptureControl, memory: MemoryMonitor | None,
                  flops: FlopArming, compile: CompileTracking, outputs: RunOutputs, writer: BackgroundWriter,
-                 faults: FaultLog, published: Callable[[], Any], saving: ReportSaving) -> None:
+                 faults: FaultLog, published: Callable[[], Any], saving: ReportSaving,
+                 hooks: HookHandles | None = None) -> None:
+        """``hooks``: the run's hook handles, which the evaluation probe's join (removed with them at the end)."""
         self.tracker = tracker
         self.capture = capture
         self.memory = memory
@@ -62,6 +68,11 @@ class RunParts:
         #: The settings audit (:class:`~perfhooks.device.settings.SettingsAudit`), read at each full publication;
         #: None when it could not start.
         self.settings: Any = None
+        #: The hooks that look at an evaluation's forwards while one is open (:meth:`aside_opening`).
+        self._evaluation_probe = HookHandles()
+        self._evaluation_thread = 0
+        if hooks is not None:
+            hooks.add(self._evaluation_probe)
         #: Why the run's phases were never seen (the module given is not the one the loop calls), or None.
         self.module_not_called: str | None = None
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
@@ -166,6 +177,21 @@ class RunParts:
     def aside_opening(self, kind: str) -> None:
         if kind != COMPILING:
             self.stop_flop_count(keep=False)  # evaluation inside the counted step: no count, not a wrong one
+        if kind == EVALUATION and self.settings is not None and not self._evaluation_probe.active:
+            self.faults.call("evaluation_probe", self._probe_evaluation)
+
+    def _probe_evaluation(self) -> None:
+        """Watch the evaluation's forwards for ones that build autograd graphs (grad enabled): hooks on the run's
+        models from the evaluation's start to the first forward after it (no cost on training steps)."""
+        self._evaluation_thread = threading.get_ident()
+        watch_evaluation_forwards(list(self.settings.models), self._evaluation_forward, self._evaluation_probe)
+
+    def _evaluation_forward(self, module: Any) -> None:
+        if self.tracker.account.innermost != EVALUATION:  # the evaluation ended: the probe comes off
+            self._evaluation_probe.remove()
+        elif (torch.is_grad_enabled() and threading.get_ident() == self._evaluation_thread
+              and torch._C._current_graph_task_id() == -1):
+            self.settings.evaluation_graphs += 1
 
     def step_closing(self) -> bool:
         writer = self.writer

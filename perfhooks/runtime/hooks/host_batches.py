@@ -24,6 +24,13 @@ _lock = threading.Lock()
 #: The listener of each thread's run (the training thread's), read without the lock on each ``next()``.
 _listeners: dict[int, Listener] = {}
 _saved: tuple[Any, Any] | None = None  # (the iterator class, its own __next__)
+#: The most worker processes a DataLoader iterated on a followed thread used (the settings audit reads it).
+_workers = [0]
+
+
+def most_workers() -> int:
+    """The most worker processes of a DataLoader whose batches a run's thread took so far (0: none seen)."""
+    return _workers[0]
 
 
 @holds_lock
@@ -64,12 +71,16 @@ def let_go(listener: Listener) -> None:
 
 def _handing(original: Any) -> Any:
     get_ident = threading.get_ident
+    workers = _workers
 
     @functools.wraps(original)
     def __next__(self: Any) -> Any:
         batch = original(self)
         listener = _listeners.get(get_ident())
         if listener is not None:
+            count = getattr(self, "_num_workers", 0)  # torch's iterator's: one read a batch
+            if count > workers[0]:
+                workers[0] = count
             try:  # noqa: SIM105  (free when nothing is raised; contextlib.suppress is three calls a batch)
                 listener(batch)
             except Exception:  # the listener guards itself; the batch is the user's either way

@@ -54,6 +54,11 @@ class HookHandles:
     def add(self, handle: Any) -> None:
         self._handles.append(handle)
 
+    @property
+    def active(self) -> bool:
+        """Some hooks are registered through these handles now."""
+        return bool(self._handles)
+
     def remove(self) -> None:
         handles, self._handles = self._handles, []
         for handle in handles:
@@ -199,6 +204,18 @@ def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None]
                 on_evaluation_forward((monotonic_ns() - evaluating.pop()) / 1e6)  # type: ignore[misc]
 
         _register(model.register_forward_hook, post, handles, switch)
+
+
+def watch_evaluation_forwards(models: Iterable[torch.nn.Module], on_forward: Callable[[torch.nn.Module], None],
+                              handles: HookHandles) -> None:
+    """``on_forward(module)`` at each forward of ``models`` until ``handles`` are removed (an evaluation's probe:
+    registered when an evaluation opens, off at the first forward after it; never in a compiled region)."""
+    def pre(module: torch.nn.Module, _args: Any) -> None:
+        if not compiling():
+            on_forward(module)
+
+    for model in models:
+        handles.add(model.register_forward_pre_hook(ModuleHook(pre)))
 
 
 def add_module_ranges(model: torch.nn.Module, ranges: NvtxRanges, handles: HookHandles) -> None:

@@ -170,6 +170,8 @@ class ProfiledLoop(LoopSession):
                                        on_evaluation_forward=self._evaluation_forward, gate=self._gate,
                                        on_light_start=self._light_forward_start, switch=self._switch)
                 self.engine.watch_model(model)
+            for optimizer in optimizers:
+                self.engine.watch_optimizer(optimizer)
             watch_optimizer_steps(optimizers, self._optimizer_end, self._hooks, on_before_step=self._optimizer_start,
                                   with_args=True, switch=self._switch)
         except Exception as error:  # never into the user's loop: unwire, warn once, run unwatched

@@ -36,7 +36,7 @@ def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thres
     (not yet the trace's). ``cpus``: the CPUs this process may use; ``framework_version``: the framework's
     installed version."""
     return [*diagnose_settings(parts.settings, stats, thresholds, framework=framework, device_type=device_type,
-                               world_size=world_size, matmul_dtype=parts.matmul_dtype),
+                               world_size=world_size, matmul_dtype=parts.matmul_dtype, run=parts.run),
             *diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
                            named_work=parts.named_work, framework=framework, accelerator=accelerator, cpus=cpus,
                            framework_version=framework_version, length_grouped=parts.length_grouped,
