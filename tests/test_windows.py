@@ -268,3 +268,36 @@ def test_kineto_prints_its_usdt_lines_unless_its_log_level_is_6(level: str | Non
                           check=True)
     assert sum(line.startswith("USDT:") for line in done.stderr.splitlines()) == usdt_lines
     assert "mine" in done.stderr
+
+
+def test_a_window_says_the_rss_it_added_and_stops_early_past_its_bound(tmp_path: Path) -> None:
+    """Issue 75: a CPU accelerate job's window added 505 MB of peak RSS, unsaid. Each window's record now gives the
+    RSS before it and the most it added; a window whose process grows past its bound (the larger of the setting and
+    a quarter of the RSS before it) stops at that step, saved, says why, and its cycle opens no other window."""
+    from perfhooks.capture.heap import rss_bytes
+
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=1, warmup=1, active=2, repeat=1))
+    plain_loop(engine, steps=5)
+    engine.close()
+    (window,) = engine.final_report["windows"]
+    assert window["rss_before_bytes"] > 0 and window["peak_rss_added_bytes"] >= 0 and "stopped_early" not in window
+
+    kept: list[bytearray] = []
+    chunk = max(64 * 2**20, (rss_bytes() or 0) // 2)  # past a quarter of the RSS in one step, and past 1 MiB
+
+    def grow(step: int) -> None:
+        if 2 <= step <= 4:  # the window's steps: the process grows by a chunk a step (pages touched)
+            kept.append(bytearray(b"x" * chunk))
+
+    engine = engine_for(tmp_path / "bounded", schedule=Schedule(skip_first=1, warmup=1, active=4, repeat=1),
+                        window_rss_limit_bytes=2**20)
+    plain_loop(engine, steps=8, before_step=grow)
+    engine.close()
+    kept.clear()
+    (window,) = engine.final_report["windows"]
+    assert window["stopped_early"].startswith("stopped at step ") and "past the window's" in window["stopped_early"]
+    assert window["peak_rss_added_bytes"] >= chunk
+    assert window["last_step"] < 5  # the window was to record steps 2 to 5
+    assert len(list((tmp_path / "bounded" / "traces").glob("*.gz"))) == 1
+    cost = engine.final_report["overhead"]["windows"]
+    assert cost["count"] == 1 and cost["stopped_early"] == 1 and cost["peak_rss_added_bytes"] >= chunk

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from perfhooks.capture.heap import release_freed_heap
+from perfhooks.capture.heap import WindowMemory, peak_rss_bytes, release_freed_heap, rss_bytes
 from perfhooks.capture.labels import profiler_recording
 from perfhooks.capture.schedule import Action
 from perfhooks.device import cuda_extras
@@ -41,6 +41,9 @@ class WindowSettings:
     detach_cupti: bool = True
     max_traces: int = 5
     max_trace_bytes: int = 512 * 2**20
+    #: A window stops early once the process's RSS grew by more than the larger of this and a quarter of its RSS
+    #: before the window (bytes; None: no bound).
+    rss_limit_bytes: int | None = 150 * 2**20
 
 
 def trace_name(rank: int, first_step: int) -> str:
@@ -87,6 +90,11 @@ class CaptureWindows:
         self._for_signal: list[Callable[[], None]] | None = None
         #: ``TEARDOWN_CUPTI=1`` from the first CUDA window to the close: CUPTI let go after each window.
         self.cupti_teardown = CuptiTeardown()
+        #: The open window's RSS, against its bound; why the last window stopped early, if it did; and whether
+        #: the schedule's current cycle is given up (no window reopens until the schedule says NONE).
+        self.memory = WindowMemory(settings.rss_limit_bytes)
+        self._stopped_early: str | None = None
+        self._holding_off = False
 
     def defer_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user (e.g. Lightning's PyTorchProfiler) is configured: open no window.
@@ -106,6 +114,10 @@ class CaptureWindows:
     def at_step(self, step: int, trigger: str = "schedule") -> Action:
         """Called once per step, at its start, before any of its work; the step's action."""
         action = self.action_fn(step)
+        if self._holding_off:  # a window stopped early for memory: its cycle is given up
+            if action is not Action.NONE:
+                return Action.NONE
+            self._holding_off = False
         if self._profiler is None:
             if action is Action.NONE or self._external is not None:
                 return action
@@ -120,6 +132,14 @@ class CaptureWindows:
                 self._profiler.stop()
                 self._profiler = None
             release_freed_heap()  # the recorded step's freed tensors, kept in the heap by the profiler's events
+            added = self.memory.over_bound() if self._profiler is not None else None
+            if added is not None:  # the profiler's buffers grew past the bound: the window ends here, saved
+                self._stopped_early = (f"stopped at step {step}: the process's RSS grew by {added / 2**20:.0f} MiB, "
+                                       f"past the window's {self.memory.bound / 2**20:.0f} MiB bound")
+                self._holding_off = True
+                profiler, self._profiler = self._profiler, None
+                profiler.stop()
+                return Action.NONE
         if action.recording:
             if self._first_step is None:
                 self._first_step = step
@@ -211,6 +231,7 @@ class CaptureWindows:
             profiler._prev_schedule_action = profiler.current_action
         self._add_rank_metadata(profiler)
         self._trigger = trigger
+        self.memory.opened()
         profiler.start()
         self._profiler = profiler
 
@@ -253,7 +274,9 @@ class CaptureWindows:
         # on the writer thread. The training thread goes straight on to its next step (and collective).
         results = profiler.profiler
         record = {"path": str(final), "first_step": first, "last_step": last, "trigger": self._trigger,
-                  "pruned": False}
+                  "pruned": False, **(self.memory.closed() if self._for_signal is None else {})}
+        if self._stopped_early is not None:
+            record["stopped_early"], self._stopped_early = self._stopped_early, None
         if self._for_signal is not None:  # a signal's handler: no lock, no writer, no analysis
             self.windows.append(record)
             self._for_signal.append(lambda: self._finish(results, temp, final, record, analyse=False))
@@ -266,8 +289,12 @@ class CaptureWindows:
 
     def _finish(self, results: Any, temp: Path, final: Path, record: dict[str, Any], analyse: bool = True) -> None:
         """On the writer thread: export, compress and place the trace, prune old ones, then hand it to analysis."""
+        before, high = rss_bytes(), peak_rss_bytes()
         try:
             results.export_chrome_trace(str(temp))
+            after = peak_rss_bytes()
+            if before is not None and high is not None and after is not None and after > high:
+                self.update(record, export_peak_rss_added_bytes=after - before)  # the export set a new peak
             atomic_gzip_file(temp, final)
         except BaseException as error:
             temp.unlink(missing_ok=True)

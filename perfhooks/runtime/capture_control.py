@@ -41,7 +41,8 @@ class CaptureControl:
                 record_shapes=config.record_shapes, profile_memory=config.profile_memory,
                 with_stack=config.with_stack, cuda=cuda, nsys_capture=config.nsys_capture,
                 detach_cupti=config.detach_cupti,
-                max_traces=config.max_traces, max_trace_bytes=config.max_trace_bytes),
+                max_traces=config.max_traces, max_trace_bytes=config.max_trace_bytes,
+                rss_limit_bytes=config.window_rss_limit_bytes),
             writer, faults, once, on_saved=on_saved, on_written=on_written)
         self.trigger = OnDemandTrigger(output_dir, config.trigger_poll_s) if config.on_demand else None
         if self.trigger is not None and self.trigger.signal_skipped:

@@ -101,6 +101,7 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
         report["missed_windows"] = [dict(missed) for missed in parts.missed_windows]
     if parts.overhead is not None:
         report["overhead"] = overhead_section(parts.overhead, stats.sampled_steps)
+        report["overhead"]["windows"] = windows_cost(windows)
     return report
 
 
@@ -112,6 +113,14 @@ def overhead_section(overhead: dict[str, Any], sampled_steps: int) -> dict[str, 
     section["changes"] = [dict(change) for change in section["changes"]]
     section["sampled_steps"] = sampled_steps
     return section
+
+
+def windows_cost(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``overhead.windows``: the capture windows' count, the most RSS one added (bytes, its steps or its export's)
+    and how many stopped early at their memory bound."""
+    added = [max(w.get("peak_rss_added_bytes") or 0, w.get("export_peak_rss_added_bytes") or 0) for w in windows]
+    return {"count": len(windows), "peak_rss_added_bytes": max(added, default=0),
+            "stopped_early": sum(1 for w in windows if w.get("stopped_early"))}
 
 
 def _copy(section: dict[str, Any] | None) -> dict[str, Any] | None:
