@@ -37,7 +37,6 @@ from perfhooks.capture.schedule import Schedule
 from perfhooks.config import DEFAULT_OVERHEAD_BUDGET, PerfConfig, overhead_budget, signal_names
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.runtime.ending import exit_guard
-from perfhooks.runtime.loops.plain_loop import launched_settings
 
 #: Settings that are not command-line material (objects built in code).
 _NOT_OPTIONS = ("wandb_run", "thresholds", "schedule", "output_dir", "wandb")
@@ -327,6 +326,8 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
     plan = os.environ.get("PERFHOOKS_TUNE_TRIAL")
     # a perfhooks.profile loop takes the launcher's settings under its own; a tune trial's folder over them
     forced = {"output_dir": settings["output_dir"]} if plan and settings.get("output_dir") else {}
+    from perfhooks.runtime.loops.plain_loop import launched_settings  # torch: only when a script is run
+
     launcher.undo.append(launched_settings(settings, forced))
     if plan:  # a perfhooks tune trial: its seams, its stop and its losses (perfhooks.integrations.trials)
         from perfhooks.integrations.trials import install as install_trial
