@@ -35,6 +35,9 @@ from perfhooks.runtime.throughput.flop_arming import FlopArming
 from perfhooks.runtime.torch_compile import CompileTracking
 from perfhooks.timebase import monotonic_ns
 
+#: Bound once: a user's test that patches torch's or threading's functions changes nothing here.
+_grad_enabled, _graph_task, _thread = torch.is_grad_enabled, torch._C._current_graph_task_id, threading.get_ident
+
 #: At most this many steps, and this long (ns), pass without a step's opening (:meth:`RunParts._quiet`): a
 #: signal's on-demand request, or dynamo loaded mid-run, waits that long at most. A schedule that is a plain
 #: function (not perfhooks' :class:`~perfhooks.capture.schedule.Schedule`) is looked at that many steps ahead.
@@ -183,14 +186,13 @@ class RunParts:
     def _probe_evaluation(self) -> None:
         """Watch the evaluation's forwards for ones that build autograd graphs (grad enabled): hooks on the run's
         models from the evaluation's start to the first forward after it (no cost on training steps)."""
-        self._evaluation_thread = threading.get_ident()
+        self._evaluation_thread = _thread()
         watch_evaluation_forwards(list(self.settings.models), self._evaluation_forward, self._evaluation_probe)
 
     def _evaluation_forward(self, module: Any) -> None:
         if self.tracker.account.innermost != EVALUATION:  # the evaluation ended: the probe comes off
             self._evaluation_probe.remove()
-        elif (torch.is_grad_enabled() and threading.get_ident() == self._evaluation_thread
-              and torch._C._current_graph_task_id() == -1):
+        elif _grad_enabled() and _thread() == self._evaluation_thread and _graph_task() == -1:
             self.settings.evaluation_graphs += 1
 
     def step_closing(self) -> bool:

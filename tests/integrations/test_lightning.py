@@ -480,7 +480,7 @@ def test_callback_timing_puts_back_what_the_profiler_held_at_each_switch() -> No
     timing = CallbackTiming(profiler, lambda name: None, lambda name: None, began)
     timing.on()
     timing.on()  # a second switch on changes nothing
-    assert vars(profiler)["start"].call is timing.wrappers["start"] and not began  # inside a pickling Patched
+    assert vars(profiler)["start"].func is timing.wrappers["start"] and not began  # inside a pickling Patched
     timing.off()
     assert vars(profiler)["start"] is users_start and "stop" not in vars(profiler)
     later = lambda action_name: None  # noqa: E731

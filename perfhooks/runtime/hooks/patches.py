@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import inspect
 import operator
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -24,36 +25,37 @@ from perfhooks.timebase import monotonic_ns
 
 class WeakBound:
     """``owner.name`` as the class defines it, bound at each call to ``owner``, which it holds weakly: a wrapper
-    that calls it keeps no reference to the owner."""
+    that calls it keeps no reference to the owner. A plain function (the common case) is called with the owner as
+    its first argument, with no bound method made."""
 
-    __slots__ = ("__weakref__", "descriptor", "owner")
+    __slots__ = ("__weakref__", "bind", "function", "owner")
 
     def __init__(self, owner: Any, descriptor: Any) -> None:
         self.owner = weakref.ref(owner)
-        self.descriptor = descriptor
+        plain = isinstance(descriptor, types.FunctionType)
+        self.function = descriptor if plain else None
+        self.bind = None if plain else getattr(descriptor, "__get__", lambda *_: descriptor)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         owner = self.owner()
         if owner is None:
             raise ReferenceError("the object this method belongs to was garbage-collected")
-        bind = getattr(self.descriptor, "__get__", None)
-        method = bind(owner, type(owner)) if bind is not None else self.descriptor
-        return method(*args, **kwargs)
+        if self.function is not None:
+            return self.function(owner, *args, **kwargs)
+        return self.bind(owner, type(owner))(*args, **kwargs)  # type: ignore[misc]
 
 
-class Patched:
-    """What a patch puts in an instance's ``__dict__``: ``call``, and on the way out (pickle, deepcopy) what the
-    instance held before: the user's own value, or the class's method bound to the copy."""
+class Patched(functools.partial):  # type: ignore[type-arg]
+    """What a patch puts in an instance's ``__dict__``: ``call`` (as a ``functools.partial``, called with no frame
+    of its own), and on the way out (pickle, deepcopy) what the instance held before: the user's own value, or the
+    class's method bound to the copy."""
 
-    __slots__ = ("__weakref__", "before", "call", "name", "owner")
+    def __new__(cls, call: Callable[..., Any], owner: Any, name: str, before: Any) -> Patched:
+        patched = super().__new__(cls, call)
+        patched.__dict__.update(owner=_weak(owner), name=name, before=before)
+        return patched
 
-    def __init__(self, call: Callable[..., Any], owner: Any, name: str, before: Any) -> None:
-        self.call, self.owner, self.name, self.before = call, _weak(owner), name, before
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.call(*args, **kwargs)
-
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # type: ignore[override]
         if self.before is not _ABSENT:
             return operator.itemgetter(0), ((self.before,),)  # the user's own value, as it was
         owner = self.owner()
@@ -62,10 +64,10 @@ class Patched:
         return getattr, (owner, self.name)  # the class's method, bound to the copy
 
     def __getattr__(self, name: str) -> Any:  # __name__, __doc__, __wrapped__ ... as the method's
-        before = self.before
+        before = self.__dict__.get("before", _ABSENT)
         if before is _ABSENT:
-            owner = self.owner()
-            before = getattr(type(owner), self.name, None) if owner is not None else None
+            owner = self.__dict__["owner"]()
+            before = getattr(type(owner), self.__dict__["name"], None) if owner is not None else None
         return getattr(before, name)
 
 
