@@ -78,8 +78,9 @@ def attach(accelerator: Any, model: Any = None, optimizer: Any = None, dataloade
             default) watches every model the accelerator has prepared so far.
         optimizer: the prepared optimizer(s), likewise; ``None`` watches every one prepared so far.
         dataloader: the prepared dataloader(s), likewise; ``None`` watches every one prepared so far.
-        output_dir: where ``report.json`` and ``traces/`` go; default ``<accelerator.project_dir>/perfhooks``
-            or ``./perfhooks``.
+        output_dir: where ``report.json`` and ``traces/`` go; default ``<accelerator.logging_dir>/perfhooks_out``
+            (accelerate's folder for logs, which is ``project_dir`` unless set apart from it), else
+            ``./perfhooks_out``.
         **settings: any :class:`perfhooks.PerfConfig` field (``schedule``, ``max_traces``, ...).
     """
     config = PerfConfig.from_kwargs("attach", {"output_dir": output_dir, **settings})
@@ -93,6 +94,19 @@ def attach(accelerator: Any, model: Any = None, optimizer: Any = None, dataloade
         if not hasattr(type(loader), "__iter__"):
             raise TypeError(f"attach() dataloader must be iterable, got {type(loader).__name__}")
     return PerfSession(accelerator, models, optimizers, dataloaders, config)
+
+
+def _logging_dir(accelerator: Any) -> str | None:
+    """accelerate's folder for logs (``ProjectConfiguration.logging_dir``, its ``project_dir`` unless the job set
+    it apart), where a report is not cleared with the checkpoints; ``None`` when the job set neither."""
+    for name in ("logging_dir", "project_dir"):
+        try:
+            folder = getattr(accelerator, name, None)
+        except Exception:  # a property of an older or newer accelerate that fails: the next name
+            folder = None
+        if isinstance(folder, (str, os.PathLike)) and str(folder):
+            return os.fspath(folder)
+    return None
 
 
 def _as_base(base: type) -> Callable[..., Any]:
@@ -166,8 +180,7 @@ class PerfSession(LoopSession):
         #: Loaders a backward or optimizer step ran under (``id``s: a loader may not be hashable).
         self._training_loaders: set[int] = set()
         self._iterating: Any = None  # the loader whose batch is in hand now
-        output_dir = config.output_dir or os.path.join(getattr(accelerator, "project_dir", None) or ".",
-                                                       DEFAULT_OUTPUT_FOLDER)
+        output_dir = config.output_dir or os.path.join(_logging_dir(accelerator) or ".", DEFAULT_OUTPUT_FOLDER)
         held = weakref.ref(accelerator)
         self.engine = Engine.start(config, output_dir, framework="accelerate", device=accelerator.device,
                                    wandb_source=RunSource(lambda: _wandb_tracker_run(held())))

@@ -21,6 +21,7 @@ Only ``perfhooks tune`` starts a process in trial mode (``PERFHOOKS_TUNE_TRIAL``
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import inspect
 import json
@@ -305,8 +306,12 @@ def _accelerate(module: Any, trial: Trial) -> Any:
         trial.facts["framework"] = "accelerate"
         trial.facts["precision"] = str(arguments.get("mixed_precision") or "no")
         trial.facts["compiled"] = bool(arguments.get("dynamo_backend") or arguments.get("dynamo_plugin"))
+        folder = str(trial.folder / "accelerate")  # the job's own folders are left alone
         if arguments.get("project_dir") is not None:
-            arguments["project_dir"] = str(trial.folder / "accelerate")
+            arguments["project_dir"] = folder
+        project = arguments.get("project_config")
+        if dataclasses.is_dataclass(project) and not isinstance(project, type):  # a copy: the job's is not touched
+            arguments["project_config"] = dataclasses.replace(project, project_dir=folder, logging_dir=folder)
         if trial.knobs.get("bf16"):
             arguments["mixed_precision"] = "bf16"
         if trial.knobs.get("compile"):

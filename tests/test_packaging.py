@@ -96,3 +96,18 @@ def test_the_accelerate_hooks_import_without_accelerate_and_the_cli_says_its_ver
     version = subprocess.run([sys.executable, "-m", "perfhooks", "--version"], capture_output=True, text=True,
                              timeout=120)
     assert (version.returncode, version.stdout.strip()) == (0, f"perfhooks {perfhooks.__version__}")
+
+
+def test_a_folder_named_perfhooks_in_the_current_folder_is_named_with_its_fix(tmp_path: Path) -> None:
+    """Issue 74: with an editable install, a ``perfhooks/`` folder (an older version's report folder) is imported as a
+    namespace package in place of the package, and ``python -m perfhooks`` failed with "cannot import name
+    '__version__' ... (unknown location)". A regular install is not hidden: it runs."""
+    (tmp_path / "perfhooks").mkdir()
+    (tmp_path / "perfhooks" / "report.json").write_text("{}")
+    done = subprocess.run([sys.executable, "-m", "perfhooks", "--version"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, check=False)
+    if done.returncode == 0:
+        assert done.stdout.startswith("perfhooks ")
+    else:
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert done.stderr.count("\n") == 1 and f"{tmp_path / 'perfhooks'} hides the installed package" in done.stderr

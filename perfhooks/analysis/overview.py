@@ -87,14 +87,13 @@ def communication_ids(trace: Trace) -> set[Any]:
 
 
 def is_communication_kernel(kernel: Event, comm_ids: set[Any]) -> bool:
-    name = kernel.name or ""
-    return (name.startswith(COMMUNICATION_KERNELS) or kernel.external_id in comm_ids
-            or _communication_name(name))
+    return _communication_name(kernel.name or "") or (bool(comm_ids) and kernel.external_id in comm_ids)
 
 
 @lru_cache(maxsize=65536)
 def _communication_name(name: str) -> bool:
-    return _COMMUNICATION_KERNEL.search(name) is not None
+    """Whether a kernel's name is a collective's (tested once per distinct name)."""
+    return name.startswith(COMMUNICATION_KERNELS) or _COMMUNICATION_KERNEL.search(name) is not None
 
 
 #: How the steps of a trace were found (``metrics.step_rule``).

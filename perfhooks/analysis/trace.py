@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import codecs
 import gzip
+import itertools
 import json
 import re
 import zlib
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any, Union
 
 import msgspec
+
+from perfhooks.files.json_chunks import InvalidText, MoreMembers, split_array, text_blocks
 
 try:  # the fallback parse: faster than the standard library
     import orjson as _orjson
@@ -311,7 +314,7 @@ def read_trace_bytes(path: str | Path) -> bytes:
         if data[:2] == b"\x1f\x8b":
             raise TraceError(f"{name}: compressed twice (a gzip file inside the gzip); decompress it once: "
                              f"gunzip -c {name} > {Path(name).stem}") from None
-    if not data.strip():
+    if not data or data.isspace():
         raise TraceError(f"{name}: empty file")
     return data
 
@@ -378,23 +381,23 @@ def load_trace(path: str | Path) -> Trace:
 def load_traces(path: str | Path) -> list[Trace]:
     """One trace file's ranks: one :class:`Trace`, or a merged trace's (``perfhooks merge-traces``) ranks, each
     with its own events on its own clock, as its own file held them."""
-    data = read_trace_bytes(path)
-    _check_utf8(path, data)
-    try:
-        if data[:64].lstrip()[:1] == b"[":
-            events = _ARRAY_DECODER.decode(data)
-            metadata: dict[str, Any] = {}
-            merge = None
-        else:
-            document = _DECODER.decode(data)
-            events = document.traceEvents
-            metadata = {"distributedInfo": document.distributedInfo, "deviceProperties": document.deviceProperties}
-            merge = document.perfhooksMerge
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return split_document(read_trace_json(path, data), str(path))
-    finally:
-        _SHARED.clear()  # the strings stay shared in this trace's events; the next trace starts its own table
-    del data
+    decoded = _decode_in_pieces(path)
+    if decoded is None:  # the whole file at once: any problem gets its message there
+        data = read_trace_bytes(path)
+        _check_utf8(path, data)
+        try:
+            decoded = _decode_whole(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return split_document(read_trace_json(path, data), str(path))
+        finally:
+            _SHARED.clear()  # the strings stay shared in this trace's events; the next trace starts its own table
+        del data
+    events, document = decoded
+    metadata: dict[str, Any] = {}
+    merge = None
+    if document is not None:
+        metadata = {"distributedInfo": document.distributedInfo, "deviceProperties": document.deviceProperties}
+        merge = document.perfhooksMerge
     if isinstance(merge, dict):
         return [_sort_events(_rank_trace(str(path), entry, len(rank_events)), rank_events)
                 for entry, rank_events in _split_events(merge, events, _restore_struct)]
@@ -407,6 +410,43 @@ def load_traces(path: str | Path) -> list[Trace]:
     trace = Trace(path=str(path), events=len(events))
     _read_metadata(trace, metadata)
     return [_sort_events(trace, events)]
+
+
+def _decode_whole(data: bytes) -> tuple[list[Any], _Document | None]:
+    if data[:64].lstrip()[:1] == b"[":
+        return _ARRAY_DECODER.decode(data), None
+    document = _DECODER.decode(data)
+    return document.traceEvents, document
+
+
+def _decode_in_pieces(path: str | Path) -> tuple[list[Any], _Document | None] | None:
+    """The events and the document's other fields, decoded a few MB of text at a time, so that the text is
+    never held whole (peak memory: the decoded events and a piece); ``None`` where the file needs the whole-file
+    path: unreadable, compressed twice or in several members, not UTF-8, empty, or not cut cleanly."""
+    events: list[Any] = []
+    try:
+        blocks = text_blocks(path)
+        first = next(blocks, b"")
+        start = first.lstrip()[:1]
+        if first[:2] == b"\x1f\x8b" or start not in (b"[", b"{"):
+            return None
+        array = start == b"["
+        for last, piece in split_array(itertools.chain((first,), blocks), None if array else b"traceEvents"):
+            if not last:
+                events += _ARRAY_DECODER.decode(piece)
+            elif array:
+                events += _ARRAY_DECODER.decode(piece)
+                return events, None
+            else:
+                document = _DECODER.decode(piece)
+                events += document.traceEvents
+                document.traceEvents = []
+                return events, document
+    except (OSError, EOFError, zlib.error, MoreMembers, InvalidText, msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    finally:
+        _SHARED.clear()  # the strings stay shared in this trace's events; the next trace starts its own table
+    return None
 
 
 def split_document(document: Any, path: str) -> list[Trace]:

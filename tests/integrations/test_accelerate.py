@@ -242,3 +242,22 @@ def test_a_fault_while_wiring_is_a_warning_and_the_loop_runs(tmp_path: Path) -> 
         accelerator.backward(nn.functional.mse_loss(model(x), y))
     assert session.close() is None
     assert type(data).__module__.startswith("accelerate")
+
+
+@pytest.mark.parametrize("apart", [True, False])
+def test_the_report_goes_to_accelerates_folder_for_logs(tmp_path: Path, apart: bool) -> None:
+    """Issue 74: a report beside the checkpoints was deleted with them; accelerate's folder for logs is
+    ``logging_dir``, which is ``project_dir`` unless the job sets it apart."""
+    from accelerate.utils import ProjectConfiguration
+
+    logs = tmp_path / "logs" if apart else None
+    project = ProjectConfiguration(project_dir=str(tmp_path / "job"), logging_dir=str(logs) if logs else None)
+    accelerator = Accelerator(cpu=True, project_config=project)
+    model = mlp()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, optimizer, data = accelerator.prepare(model, optimizer, random_loader(4))
+    with attach(accelerator, model, optimizer, data, schedule=None, console=False):
+        train_epoch(accelerator, model, optimizer, data)
+    expected = (logs if apart else tmp_path / "job") / "perfhooks_out" / "report.json"
+    assert json.loads(expected.read_text())["steps"] == 4
+    assert (project.project_dir, project.logging_dir) == (str(tmp_path / "job"), str(logs or tmp_path / "job"))
