@@ -206,10 +206,14 @@ class SettingsAudit:
     def watch(self, trained: Any) -> None:
         """A model the run trains (its first floating parameter's dtype is read at each read), or an optimizer it
         steps (its ``foreach`` and its parameters are read)."""
-        if isinstance(trained, torch.optim.Optimizer) or hasattr(trained, "param_groups"):
-            self.optimizers.add(trained)
-        else:
-            self.models.add(trained)
+        try:
+            if isinstance(trained, torch.optim.Optimizer) or hasattr(trained, "param_groups"):
+                self.optimizers.add(trained)
+            elif callable(getattr(trained, "parameters", None)):
+                self.models.add(trained)
+        except TypeError:  # not weakly referable (``__slots__`` without ``__weakref__``): nothing to read
+            pass
+        # anything else (an optimizer-like object of a framework's, with a step and no parameters) has nothing to say
 
     def foreach_off(self) -> list[dict[str, Any]]:
         """The watched optimizers built with ``foreach=False``: ``{optimizer, tensors}`` each."""
