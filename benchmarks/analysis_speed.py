@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     base = baseline_rss_bytes()
     for path in traces:
         print(format_row(measure_trace(path, args.peers, args.peers_python, baseline_rss=base)), flush=True)
-    print("targets: ratio <= 1.5 (analyze time / json.loads time), RSS/JSON <= 2.0 from 50k events (peak RSS above an idle "
-          "interpreter with perfhooks imported, / uncompressed JSON bytes); peers: >= 8x")
+    print("targets: ratio <= 1.5 (analyze time / json.loads time), RSS/JSON <= 2.0 from 50k events (peak RSS above "
+          "an idle interpreter with perfhooks imported, / uncompressed JSON bytes); peers: >= 8x")
     return 0
 
 

@@ -113,8 +113,8 @@ def plain_loop(gpu: SimulatedGpu, steps: int, mode: str | bool, out: str, warmup
     import perfhooks
 
     mode = {True: "perfhooks", False: "bare"}.get(mode, mode)  # type: ignore[call-overload]
-    held_light = mode == "light"  # perfhooks, every step after the sampler's warm-up light
-    if held_light:
+    held = mode if mode in ("light", "dark") else None  # every step after the warm-up light, or dark where it may
+    if held:
         mode = "perfhooks"
     torch.random.default_generator.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
@@ -122,8 +122,9 @@ def plain_loop(gpu: SimulatedGpu, steps: int, mode: str | bool, out: str, warmup
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = torch.randn(4, 16), torch.randn(4, 1)
     perf = perfhooks.profile(model, optimizer, output_dir=out, **SETTINGS) if mode == "perfhooks" else None
-    if held_light and perf is not None:
+    if held and perf is not None:
         perf.engine.tracker.sampler.hold(0.0)
+        perf.engine.tracker.sampler.dark_share = 1.0 if held == "dark" else 0.0
     fetch: Any = contextlib.nullcontext
     if perf is not None:
         fetch = perf.data_wait
@@ -252,7 +253,7 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any]:
     what throughput pays); the ratio is perfhooks' over bare's of the same round, and the result the median of the
     rounds' ratios. A light step in place is perfhooks' own meter (the median of its light steps, inside the
     tracker) and the entry points' meter (:func:`metered`, the meters' own cost in it)."""
-    modes = ("bare", "light", "perfhooks")
+    modes = ("bare", "light", "dark", "perfhooks")
     with tempfile.TemporaryDirectory() as out:
         for mode in modes:
             plain_loop(gpu, 50, mode, out, warmup=0)
@@ -263,7 +264,7 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any]:
 
         runs = rotate_rounds(modes, run, rounds)
         means = {mode: [each["mean_us"] for each in runs[mode]] for mode in modes}
-        sections = {mode: [each["overhead"] for each in runs[mode]] for mode in ("light", "perfhooks")}
+        sections = {mode: [each["overhead"] for each in runs[mode]] for mode in ("light", "dark", "perfhooks")}
         with metered() as meter:
             plain_loop(gpu, steps, "light", out, at_steady=meter.reset)
             entry_us = (meter.inside_ns - meter.simulation_ns) / steps / 1e3
@@ -282,6 +283,11 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any]:
           f"{'met' if light_in_place <= 8 else 'NOT met'}")
     light_added = paired(means["light"], means["bare"])
     print(f"{'':>12}every step light: +{said(light_added, 1)} µs a step; ratio {said(ratios('light'))}")
+    dark_added = paired(means["dark"], means["bare"])
+    dark_share = statistics.median(section["dark_steps"] / max(1, section["dark_steps"] + section["light_steps"])
+                                   for section in sections["dark"])
+    print(f"{'':>12}dark where it may ({dark_share:.0%} of the steps): +{said(dark_added, 1)} µs a step; "
+          f"ratio {said(ratios('dark'))}")
     added = paired(means["perfhooks"], means["bare"])
     print(f"{'':>12}the defaults (budget 1%): +{said(added, 1)} µs a step; ratio {said(ratios('perfhooks'))}; "
           f"target <= 1.02: {'met' if statistics.median(ratios('perfhooks')) <= 1.02 else 'NOT met'}")
@@ -289,8 +295,11 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any]:
     print(f"{'':>12}its report's overhead (last round): detailed {last['detailed_steps']} of "
           f"{last['detailed_steps'] + last['light_steps']} steps, probability {last['probability']}, in place "
           f"{last['in_place_us']}, share of run {last['share_of_run']}, kept {last['kept']}, paired {last['paired']}")
+    print(f"{'':>12}dark steps {last['dark_steps']} (share of blocks {last['dark_share']}); measured "
+          f"{last['measured']}; against the bare rounds: {statistics.median(added) / bare:.4f}")
     return {"rounds": rounds, "steps": steps, "bare_mean_us": bare, "light_in_place_us": light_in_place,
             "entry_points_us": entry_us, "light_ratio": statistics.median(ratios("light")),
+            "dark_ratio": statistics.median(ratios("dark")), "measured": last["measured"],
             "defaults_ratio": statistics.median(ratios("perfhooks")), "defaults_added_us": statistics.median(added)}
 
 

@@ -14,7 +14,7 @@ from helpers import ManualClock, framework_step
 from perfhooks import Engine, PerfConfig
 from perfhooks.config import overhead_budget
 from perfhooks.report.schema import validate_report
-from perfhooks.runtime.step.sampling import MAX_GAP, StepSampler
+from perfhooks.runtime.step.sampling import DETAILED_EVERY_S, StepSampler
 
 STEPS = 20_000
 #: The optimizer step is slow every 50th step (the shape of periodic logging).
@@ -51,7 +51,8 @@ def test_phases_from_a_random_sample_match_every_step_detailed_and_every_step_is
     detailed = sampled["phase_steps"]
     assert 0.08 * STEPS < detailed < 0.12 * STEPS, detailed
     assert sampled["overhead"]["detailed_steps"] == detailed
-    assert sampled["overhead"]["light_steps"] == STEPS - detailed
+    assert sampled["overhead"]["light_steps"] + sampled["overhead"]["dark_steps"] == STEPS - detailed
+    assert sampled["overhead"]["dark_steps"] > 0  # between detailed steps 10 apart on average: few blocks fit
     for key in ("mean_ms", "p95_ms"):
         assert sampled["phases"]["optimizer"][key] == pytest.approx(every["phases"]["optimizer"][key], rel=0.05)
     assert sampled["phases"]["forward"]["mean_ms"] == pytest.approx(3.0)
@@ -89,17 +90,23 @@ def feed(sampler: StepSampler, step_ms: float, detailed_us: float, light_us: flo
                            detailed, step, now)
 
 
-@pytest.mark.parametrize(("step_ms", "expected"), [
-    (1.5, (0.01 * 1.5e6 - 3e3) / (40e3 - 3e3)),  # a launch-bound step: sampled
-    (35.0, 1.0),  # a GPT's step: every step detailed at the default budget
-    (0.2, 1 / MAX_GAP),  # the floor: phases are always measured
+@pytest.mark.parametrize(("step_ms", "expected", "dark"), [
+    # a launch-bound step: light steps (3 us) fit in half the budget (7.5 us) at the least dark share
+    (1.5, (0.01 * 1.5e6 - 0.5 * 3e3) / (40e3 - 3e3), 0.5),
+    # a shorter one: light steps in a third of the blocks (1 us of 3 a step), the rest to detailed steps
+    (0.2, (0.01 * 0.2e6 - 0.5 * 0.01 * 0.2e6) / (40e3 - 3e3), 1 - 0.5 * 0.01 * 0.2e6 / 3e3),
+    (35.0, 1.0, 0.5),  # a GPT's step: every step detailed at the default budget, half the light blocks dark
+    # a sub-millisecond step: the most blocks dark, and the floor of detailed steps one every 0.25 s of steps
+    (0.01, 0.01e6 / (DETAILED_EVERY_S * 1e9), 0.9),
 ])
-def test_the_chance_follows_the_budget(step_ms: float, expected: float) -> None:
-    """p = (budget x step - light cost) / (detailed cost - light cost), between 1/64 and 1."""
-    sampler = StepSampler(0.01, warmup_steps=0, adjust_every_s=1000.0)
+def test_the_chance_follows_the_budget(step_ms: float, expected: float, dark: float) -> None:
+    """p = (budget x step - light share x light cost) / (detailed cost - light cost), at least one detailed step
+    every 0.25 s; light steps take at most half the budget (the rest of their blocks dark)."""
+    sampler = StepSampler(0.01, warmup_steps=200)  # fed in its warm-up: set once, below
     feed(sampler, step_ms, detailed_us=40.0, light_us=3.0)
     sampler.adjust(200)
     assert sampler.probability == pytest.approx(expected, rel=1e-6)
+    assert sampler.dark_share == pytest.approx(dark, rel=1e-6)
     section = sampler.section()
     assert section["in_place_us"] == {"detailed": 40.0, "light": 3.0}
     assert section["share_of_run"] == pytest.approx(21.5e-3 / step_ms, abs=1e-6)

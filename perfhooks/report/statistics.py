@@ -57,6 +57,10 @@ EXACT_VALUES = 4096
 LIGHT_BUCKETS_EVERY = 4
 
 
+#: A light step's fetch time when its wait was not timed (a step that began dark): far below any sum of waits.
+UNTIMED_FETCH = -(1 << 62)
+
+
 @dataclass
 class StreamingStats:
     """Summary of a stream of non-negative durations in milliseconds."""
@@ -316,6 +320,8 @@ class PhaseStatistics:
         self._unfolded_light: list[tuple[int, int, int, bool, bool]] = []
         #: Detailed steps, their time (ms) in all, and the same over the steady ones.
         self.detailed_steps = 0
+        #: Steps counted in blocks, none timed alone (:meth:`add_dark`).
+        self.dark_steps = 0
         self._detailed_ms = 0.0
         self._steady_detailed = 0
         self._steady_detailed_ms = 0.0
@@ -386,6 +392,22 @@ class PhaseStatistics:
         if len(light) >= 256:
             self._fold()
 
+    def add_dark(self, steps: int, wall_ns: int, own: bool) -> None:
+        """Dark steps, each of one micro-batch: counted, and their time as one block (ns); in no distribution, since
+        no step of them was timed alone."""
+        ms = max(0, wall_ns) / 1e6
+        self._folded_copy = None
+        self.dark_steps += steps
+        self._step.count += steps
+        self._step.total += ms
+        self.training_ms += ms
+        self._micro_batches += steps
+        if own:
+            self.own_steps += steps
+        else:
+            self._steady_step.count += steps
+            self._steady_step.total += ms
+
     def _fold(self) -> None:
         """Fold the steps waiting into the summaries, in one batch (the per-step work in C-level maps: this runs
         on the training thread, once every ``fold_every`` steps)."""
@@ -430,7 +452,10 @@ class PhaseStatistics:
         step_ns = list(map(_FIRST, light))
         start = self._sample(LIGHT_BUCKETS_EVERY)
         keys = self._step.add_many_ns(step_ns, start=start, every=LIGHT_BUCKETS_EVERY)
-        self._fetch.add_many_ns(list(map(_SECOND, light)), start=start, every=LIGHT_BUCKETS_EVERY)
+        fetches = list(map(_SECOND, light))
+        if min(fetches) < 0:  # a step whose wait was not timed (it began dark): out of the fetch figures
+            fetches = [fetch for fetch in fetches if fetch >= 0]
+        self._fetch.add_many_ns(fetches, start=start, every=LIGHT_BUCKETS_EVERY)
         self.training_ms += max(0, sum(step_ns)) / 1e6
         micro_batches = list(map(_THIRD, light))
         if min(micro_batches) >= 1:

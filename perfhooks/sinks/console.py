@@ -80,9 +80,25 @@ def overhead_line(report: dict[str, Any]) -> str | None:
     kept = {True: "within budget", False: "over budget", None: "no budget"}[overhead.get("kept")]
     captures = overhead.get("captures_share") or 0.0
     apart = f"; capture windows and FLOP counts {captures:.2%} more" if captures >= 0.0001 else ""
-    return (f"  phases from {sampled:,} of {steps:,} steps ({how}); perfhooks' own time "
-            f"{overhead.get('share_of_run', 0.0):.2%} of the steps ({kept}; a step in place: {costs or 'n/a'}"
-            f"{apart})")
+    measured = overhead.get("measured") or {}
+    if measured.get("resolved"):
+        cost_text = (f"perfhooks cost {measured['share']:.2%} of the steps, measured on the wall clock (95%: "
+                     f"{measured['low']:.2%} to {measured['high']:.2%}; {kept}; in place {costs or 'n/a'}{apart})")
+    else:
+        cost_text = (f"perfhooks' own time {overhead.get('share_of_run', 0.0):.2%} of the steps, in place: a lower "
+                     f"bound, the wall-clock figure is unresolved ({kept}; a step in place: {costs or 'n/a'}{apart})")
+    where = _where_the_cost_is(overhead, steps)
+    return f"  phases from {sampled:,} of {steps:,} steps ({how}); {cost_text}{where}"
+
+
+def _where_the_cost_is(overhead: dict[str, Any], steps: int) -> str:
+    """Where perfhooks' cost is when it is not in the median step: a run whose steps were all detailed (its
+    warm-up, its windows) pays the detailed price on each."""
+    detailed = overhead.get("detailed_steps") or 0
+    if steps and overhead.get("budget") is not None and detailed >= steps:
+        return (f"; every one of the {steps:,} steps was detailed (a run's first 50 are, and a window's), so each "
+                "paid the detailed price: a longer run's steps are mostly light or dark")
+    return ""
 
 
 def fresh_line() -> str:

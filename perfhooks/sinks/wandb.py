@@ -373,7 +373,8 @@ def summary_keys(report: dict[str, Any], diagnoses: list[dict[str, Any]]) -> dic
         summary["perf/mfu"] = headline["perf/mfu"]
     overhead = report.get("overhead") or {}
     if overhead:  # perfhooks' own time, a share of the steps' (its budget is in the perf/figures table)
-        summary["perf/overhead"] = overhead.get("share_of_run", 0.0)
+        measured = overhead.get("measured") or {}
+        summary["perf/overhead"] = measured["share"] if measured.get("resolved") else overhead.get("share_of_run", 0.0)
     return summary
 
 
@@ -385,6 +386,8 @@ def _figures_table(report: dict[str, Any], memory: dict[str, Any]) -> Any:
     overhead = report.get("overhead") or {}
     if overhead:  # what perfhooks cost, and how many steps the phases come from
         figures["perf/overhead/share_of_run"] = overhead.get("share_of_run", 0.0)
+        measured = overhead.get("measured") or {}
+        figures["perf/overhead/measured"] = measured.get("share") if measured.get("resolved") else "unresolved"
         figures["perf/overhead/phase_steps"] = report.get("phase_steps", 0)
         figures["perf/overhead/kept"] = str(overhead.get("kept"))
         figures["perf/overhead/budget"] = str(overhead.get("budget"))

@@ -72,10 +72,11 @@ def device_calls(per_step: dict[str, float]) -> float:
 
 
 def light_steps_only(engine: Any) -> None:
-    """Every step light from the first (the sampler's warm-up skipped, its chance held near 0)."""
+    """Every step light from the first (the sampler's warm-up skipped, its chance held near 0, no dark block)."""
     sampler = engine.tracker.sampler
     sampler.warmup_steps = 0
     sampler.hold(1e-9)
+    sampler.dark_share = 0.0
 
 
 def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool, light: bool = False) -> StepCounts:

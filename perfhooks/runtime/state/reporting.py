@@ -111,6 +111,12 @@ def overhead_section(overhead: dict[str, Any], sampled_steps: int) -> dict[str, 
     section = dict(overhead)
     section["in_place_us"] = dict(section["in_place_us"])
     section["changes"] = [dict(change) for change in section["changes"]]
+    measured = section.get("measured")
+    if measured is not None:
+        section["measured"] = {key: dict(value) if isinstance(value, dict) else value
+                               for key, value in measured.items()}
+    if section.get("paired") is not None:
+        section["paired"] = dict(section["paired"])
     section["sampled_steps"] = sampled_steps
     return section
 

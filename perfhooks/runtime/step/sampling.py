@@ -8,7 +8,7 @@ perfhooks meters its own time on the training thread, in place, separately for t
 time (one step's start to the next's). Every :data:`ADJUST_EVERY_S` it sets the chance that a step is detailed to
 what the budget affords::
 
-    p = (budget x step - light cost) / (detailed cost - light cost),   between 1 / MAX_GAP and 1
+    p = (budget x step - light share x light cost) / detailed cost,   between step / DETAILED_EVERY_S and 1
 
 Detailed steps are picked at random gaps (a seeded generator: geometric gaps of mean 1 / p), never every N-th
 step, so that a loop's periodic work (logging every 50 steps, gradient accumulation, evaluation) cannot alias with
@@ -17,6 +17,19 @@ their own time; JFR's and Go's samplers draw random gaps.
 
 Always detailed (forced): the run's first :data:`WARMUP_STEPS` steps, every step of a capture window, the steps
 near a memory capture, and every step while an NVTX tool is attached (its ranges are the point).
+
+*Dark* steps are the third tier: counted and nothing else (the fetch that ends one reads the clock, no more), in
+blocks of :data:`DARK_BLOCK` that a run of light steps may give way to, drawn at random (:meth:`dark_block`). A
+block is timed as a whole, so the step count and the run's time stay exact. Dark and light blocks in random order
+price a light step by the wall clock, where the user pays it (a light step's Python also slows the user's forward
+and backward, which no meter in place sees): the mean light step just before a dark block less the block's mean
+step (:meth:`dark_ended`). The detailed steps are priced the same way against their light neighbours. Together they
+give ``overhead.measured``: the share of the run perfhooks cost above a dark step, with its 95% interval.
+
+The governor spends at most half the budget on light steps (the rest are dark, between :data:`MIN_DARK_SHARE` and
+:data:`MAX_DARK_SHARE` of the blocks), and the other half on detailed steps, each at its measured price once it has
+:data:`MIN_PAIRS` pairs (its price in place before). Detailed steps never fall below one every
+:data:`DETAILED_EVERY_S` of steps (a time, not a count: a sub-millisecond loop still gets four a second).
 
 Threading: the training thread only; :meth:`StepSampler.section` is read on it too (the report's slower parts).
 """
@@ -28,8 +41,13 @@ import random
 from collections import deque
 from typing import Any
 
-#: The least share of steps that are detailed: about 1 step in this many, whatever the budget.
-MAX_GAP = 64
+#: The least share of steps that are detailed: one every this many seconds of steps, whatever the budget.
+DETAILED_EVERY_S = 0.25
+#: Steps in a dark block, and the share of light-step blocks that are dark (the governor moves it within these).
+DARK_BLOCK = 16
+MIN_DARK_SHARE, MAX_DARK_SHARE = 0.5, 0.9
+#: The measured share is resolved (``kept`` is judged on it) once its 95% interval is within this of it.
+RESOLVED_WITHIN = 0.005
 #: Steps at a run's start that are always detailed (warm-up, compilation).
 WARMUP_STEPS = 50
 #: Seconds of steps between two settings of the chance that a step is detailed.
@@ -77,6 +95,13 @@ class StepSampler:
         self._held: tuple[int, int] | None = None  # (detailed wall, light wall before it), waiting for its next
         self._pairs = 0
         self._pair_sum = self._pair_squares = 0.0
+        #: The chance that a block of light steps is dark instead (0: no dark steps; none without a budget).
+        self.dark_share = MIN_DARK_SHARE if budget is not None else 0.0
+        self._dark_random = random.Random(seed + 1).random  # its own: the detailed steps drawn do not move
+        self.dark_steps = 0
+        #: A light step against the dark block after it (ns a step; n, sum, sum of squares).
+        self._dark_pairs = 0
+        self._dark_sum = self._dark_squares = 0.0
 
     # ----------------------------------------------------------------- per step (training thread)
     def next_is_detailed(self, step: int, forced: bool) -> bool:
@@ -177,6 +202,31 @@ class StepSampler:
         if now_ns >= self._adjust_at_ns and self.budget is not None and step - 1 >= self.warmup_steps:
             self._adjust(step - 1, now_ns)
 
+    def dark_block(self, surely_light: int) -> int:
+        """How many of the next steps, all ``surely_light``, are dark: a block of :data:`DARK_BLOCK` with chance
+        :attr:`dark_share`, else 0 (they stay light)."""
+        if surely_light < DARK_BLOCK or self.dark_share <= 0.0:
+            return 0
+        return DARK_BLOCK if self._dark_random() < self.dark_share else 0
+
+    def dark_ended(self, steps: int, wall_ns: int, light_before_ns: list[int], step: int, now_ns: int) -> None:
+        """A dark block of ``steps`` ended at ``now_ns`` after ``wall_ns``; ``light_before_ns``: the walls of the light
+        steps just before it (a mean of :data:`DARK_BLOCK` // 2 or more prices a light step against it)."""
+        self._countdown = max(1, self._countdown - steps)
+        self.dark_steps += steps
+        self.wall_ns += wall_ns
+        self._wall_ns += wall_ns
+        self._steps += steps
+        self._held = None  # a detailed step's pair needs a light step after it
+        self._light_before = -1
+        if steps and len(light_before_ns) >= DARK_BLOCK // 2:
+            difference = sum(light_before_ns) / len(light_before_ns) - wall_ns / steps
+            self._dark_pairs += 1
+            self._dark_sum += difference
+            self._dark_squares += difference * difference
+        if now_ns >= self._adjust_at_ns and self.budget is not None and step >= self.warmup_steps:
+            self._adjust(step, now_ns)
+
     def _close_pair(self, after_ns: int) -> None:
         """The light step after a held detailed one ended in ``after_ns``: the detailed step's wall time less the
         mean of its two light neighbours' goes into the paired figure."""
@@ -202,42 +252,91 @@ class StepSampler:
             light = 0.0
         if self._steps and self._wall_ns > 0 and self.budget is not None and detailed is not None:
             step_ns = self._wall_ns / self._steps
-            extra = detailed - light
-            allowed = self.budget * step_ns - light
+            light_over_dark, detailed_over_light = self._measured_means()
+            light_cost = light if light_over_dark is None else max(0.0, light_over_dark)
+            extra = detailed - light if detailed_over_light is None else max(detailed - light, detailed_over_light)
+            light_share = 1.0
+            if self.dark_share > 0.0:  # light steps take at most half the budget; the other blocks are dark
+                wanted = 0.5 * self.budget * step_ns / light_cost if light_cost > 0 else 1.0
+                light_share = min(1.0 - MIN_DARK_SHARE, max(1.0 - MAX_DARK_SHARE, wanted))
+                self.dark_share = 1.0 - light_share
+            allowed = self.budget * step_ns - light_share * light_cost
             p = 1.0 if extra <= 0 else allowed / extra
-            p = min(1.0, max(1.0 / MAX_GAP, p))
+            p = min(1.0, max(min(1.0, step_ns / (DETAILED_EVERY_S * 1e9)), p))
             if abs(p - self.probability) > 0.05 * self.probability:
                 self.changes.append((step, round(p, 4)))
                 self.probability = p
                 self._countdown = min(self._countdown, self._gap())
         self._steps = self._wall_ns = 0
 
+    def _measured_means(self) -> tuple[float | None, float | None]:
+        """A light step's wall ns over a dark one's, and a detailed step's over a light one's, each once it has
+        :data:`MIN_PAIRS` pairs (else ``None``)."""
+        light = self._dark_sum / self._dark_pairs if self._dark_pairs >= MIN_PAIRS else None
+        detailed = self._pair_sum / self._pairs if self._pairs >= MIN_PAIRS else None
+        return light, detailed
+
     # ----------------------------------------------------------------- the report
     def section(self) -> dict[str, Any]:
         """The report's ``overhead`` section (docs/report.md)."""
-        steps = self.detailed_steps + self.light_steps
+        steps = self.detailed_steps + self.light_steps + self.dark_steps
         share = (self.own_ns - self.captures_ns) / self.wall_ns if self.wall_ns > 0 else 0.0
         captures = self.captures_ns / self.wall_ns if self.wall_ns > 0 else 0.0
-        paired = None
-        if self._pairs >= MIN_PAIRS:
-            mean = self._pair_sum / self._pairs
-            variance = max(0.0, (self._pair_squares - self._pairs * mean * mean) / (self._pairs - 1))
-            half = 1.96 * math.sqrt(variance / self._pairs)
-            paired = {"pairs": self._pairs, "mean_us": round(mean / 1e3, 3),
-                      "low_us": round((mean - half) / 1e3, 3), "high_us": round((mean + half) / 1e3, 3)}
+        measured = self.measured(share)
+        kept = None
+        if self.budget is not None:
+            kept = measured["share"] <= self.budget if measured["resolved"] else share <= self.budget
         return {
             "budget": self.budget,
             "detailed_steps": self.detailed_steps,
             "light_steps": self.light_steps,
+            "dark_steps": self.dark_steps,
             "detailed_share": round(self.detailed_steps / steps, 6) if steps else 0.0,
             "probability": round(self.probability, 6),
+            "dark_share": round(self.dark_share, 6),
             "changes": [{"step": step, "probability": p} for step, p in self.changes],
             "in_place_us": {"detailed": _median_us(self._detailed_recent), "light": _median_us(self._light_recent)},
             "share_of_run": round(share, 6),
             "captures_share": round(captures, 6),
-            "kept": None if self.budget is None else share <= self.budget,
-            "paired": paired,
+            "kept": kept,
+            "kept_on": "measured" if measured["resolved"] else "in_place",
+            "paired": _paired_us(self._pairs, self._pair_sum, self._pair_squares),
+            "measured": measured,
         }
+
+    def measured(self, in_place: float) -> dict[str, Any]:
+        """``overhead.measured``: the share of the steps' wall time perfhooks cost above a dark step, from the paired
+        prices (a light step over the dark block after it, a detailed step over its light neighbours) times the
+        steps of each kind, with its 95% interval; ``resolved`` once the interval is within
+        :data:`RESOLVED_WITHIN` of it. Until then ``share`` is the in-place figure, a lower bound."""
+        light = _paired_us(self._dark_pairs, self._dark_sum, self._dark_squares)
+        detailed = _paired_us(self._pairs, self._pair_sum, self._pair_squares)
+        out: dict[str, Any] = {"share": round(in_place, 6), "low": None, "high": None, "resolved": False,
+                               "light_over_dark": light, "detailed_over_light": detailed}
+        if self.wall_ns <= 0 or light is None or (detailed is None and self.detailed_steps):
+            return out
+        above_dark = self.light_steps + self.detailed_steps  # each pays a light step's price over a dark one
+        cost = above_dark * light["mean_us"]
+        variance = (above_dark * light["half_us"] / 1.96) ** 2
+        if detailed is not None:
+            cost += self.detailed_steps * detailed["mean_us"]
+            variance += (self.detailed_steps * detailed["half_us"] / 1.96) ** 2
+        wall_us = self.wall_ns / 1e3
+        share, half = cost / wall_us, 1.96 * math.sqrt(variance) / wall_us
+        out.update(share=round(share, 6), low=round(share - half, 6), high=round(share + half, 6),
+                   resolved=half <= RESOLVED_WITHIN)
+        return out
+
+
+def _paired_us(pairs: int, total: float, squares: float) -> dict[str, Any] | None:
+    """A paired difference's mean and 95% interval (µs) from its ns sums, once it has :data:`MIN_PAIRS` pairs."""
+    if pairs < MIN_PAIRS:
+        return None
+    mean = total / pairs
+    variance = max(0.0, (squares - pairs * mean * mean) / (pairs - 1))
+    half = 1.96 * math.sqrt(variance / pairs)
+    return {"pairs": pairs, "mean_us": round(mean / 1e3, 3), "low_us": round((mean - half) / 1e3, 3),
+            "high_us": round((mean + half) / 1e3, 3), "half_us": round(half / 1e3, 3)}
 
 
 def _median(values: deque[int]) -> float | None:

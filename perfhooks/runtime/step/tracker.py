@@ -36,10 +36,10 @@ from perfhooks.capture.nvtx import NvtxRanges
 from perfhooks.device.clock import HostClock
 from perfhooks.events import ASIDES, DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog
-from perfhooks.report.statistics import PhaseStatistics
+from perfhooks.report.statistics import UNTIMED_FETCH, PhaseStatistics
 from perfhooks.runtime.step.batches import BatchCounter
 from perfhooks.runtime.step.run_account import RunAccount
-from perfhooks.runtime.step.sampling import StepSampler
+from perfhooks.runtime.step.sampling import DARK_BLOCK, StepSampler
 from perfhooks.runtime.step.steps import PendingSteps, StepRecord
 from perfhooks.timebase import monotonic_ns
 
@@ -174,6 +174,14 @@ class StepTracker:
         self._short_walls: list[int] = []
         self._short_fetches: list[int] = []
         self._short_owns: list[int] = []
+        #: The open dark block (:meth:`_dark_fetch`): its steps left (0: none open), its start and its last step's
+        #: end (the steps' clock, ns), its steps so far; where in ``_short_walls`` the light steps since the last
+        #: block start, and the light steps on the short path until the next draw of a block's kind.
+        self._dark_left = 0
+        self._dark_start_ns = self._dark_last_ns = 0
+        self._dark_steps = 0
+        self._light_run_from = 0
+        self._light_block_left = DARK_BLOCK
         #: The open detailed step was forced (a window, a count, NVTX), not drawn by the sampler; by a capture
         #: (a window, a FLOP count, an allocation history), whose cost is reported apart from the budget's.
         self._forced = False
@@ -237,6 +245,8 @@ class StepTracker:
     def fetch(self) -> None:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
         device, the step's end mark is the next step's start (one event fewer a step) when the next is detailed."""
+        if self._dark_left and self._dark_fetch():
+            return
         started = monotonic_ns()
         if self.light_stepped and self._short_left and started < self._short_until_ns and self.light:
             try:
@@ -296,12 +306,107 @@ class StepTracker:
         self._light_fetch_ns = 0
         self._light_micro = 1
         self.phase_now = (DATA_WAIT, now / 1e9, step)
+        left = self._light_block_left - 1
+        self._light_block_left = left
+        if left <= 0:  # a block of light steps ended: the next block is light or dark, at random
+            self._light_block_left = DARK_BLOCK
+            if self._short_left >= DARK_BLOCK and self.sampler.dark_block(self._short_left):
+                self._start_dark(now, DARK_BLOCK)
         self._own_ns = monotonic_ns() - started
+
+    # ----------------------------------------------------------------- dark steps
+    def _dark_fetch(self) -> bool:
+        """A fetch in a dark step: the step that stepped ends (its end read on the clock, nothing else) and the next
+        opens, dark too until the block's last. False when the fetch is to go on as a light step's (a second fetch
+        in a step: the open step turns light)."""
+        if not self.light_stepped:
+            self._dark_to_light()
+            return False
+        self.light_stepped = self._light_phased = False
+        started = monotonic_ns()
+        now = started if self._same_clock else self._step_now()
+        self._dark_last_ns = now
+        self._dark_steps += 1
+        self.step += 1
+        self._short_left -= 1
+        left = self._dark_left - 1
+        if left and self._short_left > 0 and started < self._short_until_ns:
+            self._dark_left = left
+            return True
+        self._end_dark(now, started)
+        return True
+
+    def _start_dark(self, now: int, steps: int) -> None:
+        """The step that opened at ``now`` starts a dark block of ``steps``."""
+        self._dark_left = steps
+        self._dark_start_ns = self._dark_last_ns = now
+        self._dark_steps = 0
+        self._wait_from = 0  # a dark step's wait is not timed
+        self.phase_now = (None, now / 1e9, self.step)
+
+    def _close_dark(self) -> None:
+        """The open dark block's ended steps, into the statistics and the sampler; no block is open after."""
+        steps, wall = self._dark_steps, self._dark_last_ns - self._dark_start_ns
+        self._dark_left = self._dark_steps = 0
+        # the light steps before it, less the first after a boundary (its wall holds the long path's or the last
+        # block's bookkeeping, which dark steps pay too)
+        before = self._short_walls[self._light_run_from + 1:][-DARK_BLOCK:]
+        self._light_run_from = len(self._short_walls)
+        self._light_block_left = DARK_BLOCK
+        if steps:
+            self.stats.add_dark(steps, wall, self._light_own or self.listener.step_closing())
+            self.sampler.dark_ended(steps, wall, before, self.step - 1, self._dark_last_ns)
+
+    def _end_dark(self, now: int, started: int) -> None:
+        """The dark block ends with its last step at ``now`` (the steps' clock; ``started``: ``monotonic_ns``); the
+        next step opens: light on the short path when it may, else as the long path opens a step."""
+        try:
+            self._close_dark()
+            if self._short_left > 0 and started < self._short_until_ns:
+                self._light_start_ns = self._wait_from = now
+                self._light_fetch_ns = 0
+                self._light_micro = 1
+                self.phase_now = (DATA_WAIT, now / 1e9, self.step)
+                if self._short_left >= DARK_BLOCK and self.sampler.dark_block(self._short_left):
+                    self._start_dark(now, DARK_BLOCK)  # the next block is dark too
+                return
+            self.light = False
+            if self._short_walls:
+                self._fold_short()
+            if self.pending._resolved:
+                self.pending.collect(self.stats)
+            if now >= self._publish_at or self.step >= self.publish_at_step:
+                self._publish_at = now + LIGHT_PUBLISH_EVERY_NS
+                self.listener.step_closed()
+            self.open_step(now)
+            if self.light:
+                self._wait_from = now
+                self._light_micro = 1
+                self.phase_now = (DATA_WAIT, now / 1e9, self.step)
+            else:
+                self._phase_start(DATA_WAIT, now)
+        except Exception as error:
+            self._dark_left = 0
+            self.faults.report("fetch", error)
+        finally:
+            self._own_ns = monotonic_ns() - started
+
+    def _dark_to_light(self) -> None:
+        """The open dark block ends before its time (an aside, the loader's end, a second fetch, the close): its
+        ended steps are counted, and the step in progress is the open light step, from the last one's end."""
+        self._close_dark()
+        self._short_left = 0
+        self._light_start_ns = self._dark_last_ns
+        self._light_fetch_ns = UNTIMED_FETCH  # its wait was not timed: it stays out of the fetch figures
+        self._light_aside_ns = 0
+        self._light_micro = 1
+        self._wait_from = 0
 
     def _fold_short(self) -> None:
         """The light steps that ended on the short path, into the statistics and the sampler (in order)."""
         walls, fetches, owns = self._short_walls, self._short_fetches, self._short_owns
         self._short_walls, self._short_fetches, self._short_owns = [], [], []
+        self._light_run_from = 0
         own = self._light_own or self.listener.step_closing()  # perfhooks' writer ran in these steps
         self.stats.add_lights(walls, fetches, own)
         self.sampler.lights_ended(walls, owns, self.step, self._light_start_ns)
@@ -311,19 +416,24 @@ class StepTracker:
         it: it only sets two attributes)."""
         self.quiet_until_step = 0
         self._short_left = 0
+        self._short_until_ns = 0  # an open dark block ends at its next step's end
 
     def publish_soon(self) -> None:
         """The next step's end publishes the run's state (another thread may call it: two attribute writes)."""
         self._publish_at = 0
         self._short_left = 0
+        self._short_until_ns = 0
 
     def stop(self) -> None:
         """No event is taken from now on (the run closes)."""
         self.closed = True
         self._short_left = 0
+        self._short_until_ns = 0
 
     def light_compiled_now(self) -> None:
         """torch.compile compiled in the open light step: it is not steady, and it ends on the long path."""
+        if self._dark_left:
+            self._dark_to_light()
         self.light_compiled = True
         self._short_left = 0
 
@@ -364,6 +474,8 @@ class StepTracker:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
         record = self.record
         if batches > 1:
+            if self._dark_left:
+                self._dark_to_light()
             if record is not None:
                 record.micro_batches += batches - 1
             elif self.light:
@@ -527,6 +639,8 @@ class StepTracker:
 
     def step_end(self) -> None:
         """End the open step (and its open phase); its timings are read once the device is done."""
+        if self._dark_left:
+            self._dark_to_light()
         started = monotonic_ns()
         try:
             now = started if self._same_clock else self._step_now()
@@ -576,6 +690,8 @@ class StepTracker:
 
     def idle(self) -> None:
         """Time from now until the next phase belongs to no step (an epoch's end, the loader ran out)."""
+        if self._dark_left:
+            self._dark_to_light()
         if self.light:
             now = self._step_now()
             if self.light_stepped:
@@ -600,6 +716,8 @@ class StepTracker:
         """The open step is no step: close its ``ProfilerStep`` label and return its marks."""
         self.end_step_label()
         self._own_ns = 0
+        if self._dark_left:
+            self._dark_to_light()
         if self.light:
             if self._short_walls:
                 self._fold_short()
@@ -615,6 +733,8 @@ class StepTracker:
         short."""
         while self.account.depth:
             self.aside_end(self.account.innermost)  # type: ignore[arg-type]
+        if self._dark_left:
+            self._dark_to_light()
         if self.light:
             if self.light_stepped and count_last:
                 self._end_light(self._step_now(), monotonic_ns())
@@ -636,6 +756,8 @@ class StepTracker:
         if kind not in ASIDES:
             raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
         self.listener.aside_opening(kind)
+        if self._dark_left:
+            self._dark_to_light()
         if self.phase is not None:
             self.close_phase()
         self.end_step_label()
