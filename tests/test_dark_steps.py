@@ -17,10 +17,11 @@ STEPS = 6000
 
 
 def run(tmp_path: Path, dark: bool, light_ms: float = 0.0, detailed_ms: float = 0.0, steps: int = STEPS,
-        every_epoch: int = 0) -> dict[str, Any]:
+        every_epoch: int = 0, live: list[float] | None = None) -> dict[str, Any]:
     """A framework's loop on a manual clock, one step in a hundred detailed; ``light_ms``/``detailed_ms``: what a light
     step and a detailed one add to the user's time (the clock moves that much more in such a step's fetch).
-    ``every_epoch``: an epoch's end (the loader runs out) and a checkpoint every that many steps."""
+    ``every_epoch``: an epoch's end (the loader runs out) and a checkpoint every that many steps. ``live`` gets
+    what ``perfhooks top`` would show at the end (the published share)."""
     clock = ManualClock()
     config = PerfConfig(schedule=None, console=False, on_demand=False, memory=False, overhead_budget=0.01)
     engine = Engine(config, tmp_path, "test", clock=clock)
@@ -39,6 +40,8 @@ def run(tmp_path: Path, dark: bool, light_ms: float = 0.0, detailed_ms: float = 
         if every_epoch and step % every_epoch == every_epoch - 1:
             engine.idle()
             clock.advance(5.0)
+    if live is not None:
+        live.append(engine.publish().own_share)
     report = engine.close()
     assert report is not None and validate_report(report) == []
     return report
@@ -65,7 +68,8 @@ def test_dark_steps_keep_the_step_count_the_run_account_and_throughput_exact(tmp
 def test_the_wall_clock_prices_of_light_and_detailed_steps_are_measured_in_the_run(tmp_path: Path) -> None:
     """A light step that costs the user 20 us more than a dark one, and a detailed step 200 us more than a light
     one: the paired prices find both, and the measured share is what they cost the run."""
-    report = run(tmp_path, dark=True, light_ms=0.02, detailed_ms=0.2)
+    live: list[float] = []
+    report = run(tmp_path, dark=True, light_ms=0.02, detailed_ms=0.2, live=live)
     overhead = report["overhead"]
     measured = overhead["measured"]
     assert measured["light_over_dark"]["mean_us"] == pytest.approx(20.0, abs=0.01)
@@ -77,6 +81,7 @@ def test_the_wall_clock_prices_of_light_and_detailed_steps_are_measured_in_the_r
     assert measured["share"] == pytest.approx(cost_us / wall_us, rel=1e-3)
     assert measured["resolved"] and measured["low"] <= measured["share"] <= measured["high"]
     assert overhead["kept_on"] == "measured" and overhead["kept"] is (measured["share"] <= 0.01)
+    assert live == [pytest.approx(measured["share"], rel=1e-3)], "perfhooks top shows the measured share"
     # perfhooks' own time in place is not what these steps cost the run: the measured figure is
     assert measured["share"] > overhead["share_of_run"]
 

@@ -311,7 +311,7 @@ class Engine:
         sampler = tracker.sampler
         state = RunState(tracker.step, tracker.global_step, self.status, phase, since if phase is not None else None,
                          monotonic_ns() / 1e9, tracker.stats.snapshot(), parts, self.signal,
-                         (sampler.own_ns - sampler.captures_ns) / sampler.wall_ns if sampler.wall_ns > 0 else 0.0)
+                         sampler.live_share())
         self.state = state
         return state
 

@@ -101,8 +101,8 @@ class RunState(NamedTuple):
     parts: ReportParts
     #: The signal that ended the run (``SIGTERM``), once one arrived (a run that went on to complete survived it).
     signal: str | None = None
-    #: perfhooks' own time on the training thread so far, a share of the steps' (the report's
-    #: ``overhead.share_of_run``, fresh at each publication).
+    #: What perfhooks costs the steps so far, a share of their time: ``overhead.measured.share`` once resolved, else
+    #: its own time on the training thread (``overhead.share_of_run``); fresh at each publication.
     own_share: float = 0.0
 
     def with_parts(self, **changes: Any) -> RunState:

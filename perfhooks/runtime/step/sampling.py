@@ -269,6 +269,15 @@ class StepSampler:
                 self._countdown = min(self._countdown, self._gap())
         self._steps = self._wall_ns = 0
 
+    def live_share(self) -> float:
+        """What perfhooks costs the steps now (``top``'s figure): the measured share once resolved, else its own time
+        in place (a lower bound), the captures left out of both."""
+        in_place = (self.own_ns - self.captures_ns) / self.wall_ns if self.wall_ns > 0 else 0.0
+        if self._dark_pairs < MIN_PAIRS:
+            return in_place
+        measured = self.measured(in_place)
+        return measured["share"] if measured["resolved"] else in_place
+
     def _measured_means(self) -> tuple[float | None, float | None]:
         """A light step's wall ns over a dark one's, and a detailed step's over a light one's, each once it has
         :data:`MIN_PAIRS` pairs (else ``None``)."""
