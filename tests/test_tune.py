@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ctrl_c_state, plain_ctrl_c
-from perfhooks.offline.tune import loss_delta, plan, speedup
+from perfhooks.offline.tune import flags, loss_delta, plan, slower_operator, speedup
 
 SCRIPTS = Path(__file__).parent / "scripts" / "tune"
 
@@ -47,7 +47,7 @@ def assert_left_alone(tmp_path: Path, cwd: Path) -> None:
 def test_tune_on_a_lightning_script_measures_the_loader_workers(tmp_path: Path) -> None:
     done, cwd = tune(tmp_path, "lightning_slow_data.py")
     result = json.loads(done.stdout)
-    assert result["baseline"]["stopped"] == "trainer.should_stop = True after step 43"
+    assert result["baseline"]["stopped"] == "trainer.should_stop = True after step 46"  # 3 + 40, and the window's 3
     baseline = result["baseline"]
     assert baseline["steps"] == 40 and "dataloader_bound" in baseline["diagnoses"]
     assert baseline["p50_interval"][0] <= baseline["p50_ms"] <= baseline["p50_interval"][1]
@@ -64,7 +64,8 @@ def test_tune_on_a_lightning_script_measures_the_loader_workers(tmp_path: Path) 
     assert result["trials"][0]["knob"] == "dataloader_workers"  # ranked by measured speedup
     saved = json.loads((tmp_path / "tuned" / "tune.json").read_text())
     assert [t["knob"] for t in saved["trials"]] == [t["knob"] for t in result["trials"]]
-    assert (tmp_path / "tuned" / "trials" / "dataloader_workers" / "report.json").is_file()
+    kept = json.loads((tmp_path / "tuned" / "trials" / "dataloader_workers" / "report.json").read_text())
+    assert kept["windows"][-1]["metrics"]["top_operators"], "a window after the measured steps: its operators"
     assert "trial(s) of about" in done.stderr  # announced up front
     assert_left_alone(tmp_path, cwd)
 
@@ -74,7 +75,7 @@ def test_tune_on_an_hf_trainer_script_reporting_to_wandb(tmp_path: Path) -> None
     done, cwd = tune(tmp_path, "hf_slow_data.py", "--only", "dataloader_workers", REPORT_TO="wandb",
                      WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"))
     result = json.loads(done.stdout)
-    assert result["baseline"]["stopped"] == "control.should_training_stop = True after step 43"
+    assert result["baseline"]["stopped"] == "control.should_training_stop = True after step 46"
     workers = trial(result, "dataloader_workers")
     assert workers["speedup"] >= 1.5 and workers["loss_delta"]["identical"]
     assert workers["change"].startswith("TrainingArguments(dataloader_num_workers=")
@@ -97,7 +98,7 @@ def test_bf16_runs_on_a_cpu_hf_script_that_does_not_set_use_cpu(tmp_path: Path) 
 def test_tune_on_an_accelerate_loop(tmp_path: Path) -> None:
     done, cwd = tune(tmp_path, "accelerate_slow_data.py", "--only", "dataloader_workers,sdpa")
     result = json.loads(done.stdout)
-    assert result["baseline"]["stopped"] == "the script ended cleanly (SystemExit(0)) after step 43"
+    assert result["baseline"]["stopped"] == "the script ended cleanly (SystemExit(0)) after step 46"
     workers = trial(result, "dataloader_workers")
     assert workers["speedup"] >= 1.5 and workers["loss_delta"]["identical"]
     assert [s["knob"] for s in result["skipped"]] == ["sdpa"]
@@ -384,10 +385,31 @@ def test_tune_on_a_plain_loop_measures_a_baseline_and_never_writes_over_the_user
     done, cwd = tune(tmp_path, "plain_debug_settings.py", "--steps", "10")
     result = json.loads(done.stdout)
     assert result["baseline"]["steps"] >= 10 and result["baseline"]["facts"]["framework"] == "pytorch"
-    assert result["baseline"]["stopped"].startswith("the loop ended cleanly (SystemExit(0)) after step 13")
+    assert result["baseline"]["stopped"].startswith("the loop ended cleanly (SystemExit(0)) after step 16")
     assert {"anomaly_detection", "cpu_threads"} <= set(result["baseline"]["diagnoses"])
     assert trial(result, "anomaly_off")["status"] == "measured"
     skipped = {s["knob"]: s["reason"] for s in result["skipped"]}
     assert skipped["compile"].startswith("a plain loop has no compile setting")
     assert_left_alone(tmp_path, cwd)  # no ./perfhooks_out, and the script's own output not written
     assert (tmp_path / "tuned" / "trials" / "baseline" / "report.json").is_file()
+
+
+def _window_report(operators: dict[str, float]) -> dict:
+    return {"windows": [{"metrics": {"top_operators": [{"name": name, "ms_per_step": ms}
+                                                       for name, ms in operators.items()]}}]}
+
+
+def test_an_operator_that_got_slower_in_a_trial_whose_step_got_faster_is_flagged() -> None:
+    """Issue 74: under bf16 on a CPU, the step got faster while SDPA's flash backward went from 31 to 91 ms a step;
+    the trial says so (from its window after the measured steps), and says nothing where no operator grew."""
+    flash = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+    base = _window_report({"aten::mm": 60.0, flash: 31.0, "aten::addmm": 20.0})
+    trial = _window_report({"aten::mm": 20.0, flash: 91.0, "aten::addmm": 8.0})
+    text = slower_operator(base, trial, 1.3)
+    assert text is not None and text.startswith(f"{flash} took 2.9x as long a step (31.0 -> 91.0 ms)")
+    assert slower_operator(base, trial, 0.9) is None, "a slower step: the table already says so"
+    assert slower_operator(base, _window_report({"aten::mm": 20.0, flash: 30.0}), 1.3) is None
+    assert slower_operator({}, trial, 1.3) is None, "no window: nothing said"
+    figures = {"speedup": 1.3, "base_ms": 100.0}
+    said = flags("bf16", figures, [], {}, [base], trial, "cpu")
+    assert [flag["id"] for flag in said] == ["operator_slower"]

@@ -40,9 +40,20 @@ from perfhooks.offline.tune import (
 )
 
 #: The variables a trial's process gets on top of the user's environment.
-TRIAL_ENVIRONMENT = {"PERFHOOKS_SCHEDULE": "none", "PERFHOOKS_CONSOLE": "0", "PERFHOOKS_WANDB": "0",
+TRIAL_ENVIRONMENT = {"PERFHOOKS_CONSOLE": "0", "PERFHOOKS_WANDB": "0",
                      "PERFHOOKS_REPORT_EVERY_S": "0", "PERFHOOKS_CONSOLE_EVERY_S": "0", "WANDB_MODE": "disabled",
                      "PYTHONHASHSEED": "0"}
+
+
+#: A trial's capture window, after its measured steps (its steps are perfhooks' own, out of the figures): one step
+#: of the profiler's warm-up and two recorded, whose top operators tell an operator that got slower in a trial
+#: whose step got faster (:func:`perfhooks.offline.tune.flags`).
+WINDOW_WARMUP, WINDOW_ACTIVE = 1, 2
+
+
+def trial_schedule(measured_steps: int) -> str:
+    """``PERFHOOKS_SCHEDULE`` for a trial of ``measured_steps`` (its warm-up and steady steps): a window after them."""
+    return f"skip_first={measured_steps},wait=0,warmup={WINDOW_WARMUP},active={WINDOW_ACTIVE},repeat=1"
 
 
 class Tuner:
@@ -63,10 +74,12 @@ class Tuner:
         folder = self.work / name
         folder.mkdir(parents=True)
         plan_path, result_path = folder / "plan.json", folder / "trial.json"
-        plan_path.write_text(json.dumps({"name": name, "knobs": knobs, "stop_after": WARMUP_STEPS + self.steps,
+        measured = WARMUP_STEPS + self.steps
+        plan_path.write_text(json.dumps({"name": name, "knobs": knobs,
+                                         "stop_after": measured + WINDOW_WARMUP + WINDOW_ACTIVE,
                                          "folder": str(folder / "framework"), "result": str(result_path)}))
         env = {**os.environ, **self.settings_env, **TRIAL_ENVIRONMENT, "PERFHOOKS_TUNE_TRIAL": str(plan_path),
-               "PERFHOOKS_OUTPUT_DIR": str(folder / "perfhooks")}
+               "PERFHOOKS_OUTPUT_DIR": str(folder / "perfhooks"), "PERFHOOKS_SCHEDULE": trial_schedule(measured)}
         command = [sys.executable, "-m", "perfhooks", "run", self.target, *self.arguments]
         started = time.monotonic()
         with open(folder / "stdout.txt", "wb") as out, open(folder / "stderr.txt", "wb") as err:

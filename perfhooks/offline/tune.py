@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfhooks.events import OTHER, PHASES
+from perfhooks.offline.diff import slower_operators
 from perfhooks.offline.gate import COVERAGE, RESAMPLES, WARMUP_STEPS, bootstrap_interval, steady_steps_ms, steady_values
 
 
@@ -274,6 +275,9 @@ def flags(knob: str, figures: dict[str, Any], named_by: list[str], base_ceilings
     changed = _machine_changed(base_reports)
     if changed:
         out.append({"id": "machine_changed", "text": changed})
+    slower = slower_operator(base_reports[0], trial_report, ratio)
+    if slower:
+        out.append({"id": "operator_slower", "text": slower})
     untouched = UNTOUCHED.get(knob) or (UNTOUCHED_ON_CPU if device in ("cpu", None) else ())
     step_ms = figures.get("base_ms")
     for phase in untouched if step_ms else ():
@@ -284,6 +288,33 @@ def flags(knob: str, figures: dict[str, Any], named_by: list[str], base_ceilings
         if moved:
             out.append({"id": "untouched_phase_moved", "text": moved})
     return out
+
+
+def slower_operator(base_report: dict[str, Any], trial_report: dict[str, Any], speedup: float | None) -> str | None:
+    """In a trial whose step got faster, the operators of its window that took :data:`~perfhooks.offline.diff.GREW`
+    times as long a step as in the baseline's window, or more (CPU flash attention's backward in bf16): said, so that
+    a fix's net gain is not read as every operator's."""
+    if speedup is None or speedup <= 1.0:
+        return None
+    before, after = _window_operators(base_report), _window_operators(trial_report)
+    rows = [{"name": name, "before_us": before[name], "after_us": ms, "change_us": ms - before[name]}
+            for name, ms in after.items() if name in before]
+    grown = slower_operators(rows, None)
+    if not grown:
+        return None
+    return "; ".join(f"{row['name']} took {row['ratio']:.1f}x as long a step ({row['before_us'] / 1e3:.1f} -> "
+                     f"{row['after_us'] / 1e3:.1f} ms)" for row in grown[:3]) + \
+        " while the step got faster: the change slows these, and another fix of them may gain more"
+
+
+def _window_operators(report: dict[str, Any]) -> dict[str, float]:
+    """The latest analysed window's top operators: name -> µs a step."""
+    for window in reversed(report.get("windows") or []):
+        operators = (window.get("metrics") or {}).get("top_operators")
+        if operators:
+            return {op["name"]: float(op["ms_per_step"]) * 1e3 for op in operators
+                    if op.get("name") and isinstance(op.get("ms_per_step"), (int, float))}
+    return {}
 
 
 def _machine_changed(base_reports: list[dict[str, Any]]) -> str | None:

@@ -85,8 +85,8 @@ def overhead_line(report: dict[str, Any]) -> str | None:
         cost_text = (f"perfhooks cost {measured['share']:.2%} of the steps, measured on the wall clock (95%: "
                      f"{measured['low']:.2%} to {measured['high']:.2%}; {kept}; in place {costs or 'n/a'}{apart})")
     else:
-        cost_text = (f"perfhooks' own time {overhead.get('share_of_run', 0.0):.2%} of the steps, in place: a lower "
-                     f"bound, the wall-clock figure is unresolved ({kept}; a step in place: {costs or 'n/a'}{apart})")
+        cost_text = (f"perfhooks' own time {overhead.get('share_of_run', 0.0):.2%} of the steps ({kept}; a step in "
+                     f"place: {costs or 'n/a'}{apart}; in place, a lower bound)")
     where = _where_the_cost_is(overhead, steps)
     return f"  phases from {sampled:,} of {steps:,} steps ({how}); {cost_text}{where}"
 
@@ -96,8 +96,7 @@ def _where_the_cost_is(overhead: dict[str, Any], steps: int) -> str:
     warm-up, its windows) pays the detailed price on each."""
     detailed = overhead.get("detailed_steps") or 0
     if steps and overhead.get("budget") is not None and detailed >= steps:
-        return (f"; every one of the {steps:,} steps was detailed (a run's first 50 are, and a window's), so each "
-                "paid the detailed price: a longer run's steps are mostly light or dark")
+        return "; every step detailed, as a run's first 50 are"
     return ""
 
 

@@ -362,6 +362,8 @@ class StepTracker:
         next step opens: light on the short path when it may, else as the long path opens a step."""
         try:
             self._close_dark()
+            if self.closed:  # the run closed while the block ran: no step opens
+                return
             if self._short_left > 0 and started < self._short_until_ns:
                 self._light_start_ns = self._wait_from = now
                 self._light_fetch_ns = 0
