@@ -71,15 +71,17 @@ def device_calls(per_step: dict[str, float]) -> float:
     return sum(count for kind, count in per_step.items() if kind in DEVICE_CALLS)
 
 
-def light_steps_only(engine: Any) -> None:
-    """Every step light from the first (the sampler's warm-up skipped, its chance held near 0, no dark block)."""
+def light_steps_only(engine: Any, dark: bool = False) -> None:
+    """Every step light from the first (the sampler's warm-up skipped, its chance held near 0), with no dark block,
+    or with ``dark`` every block that may be dark."""
     sampler = engine.tracker.sampler
     sampler.warmup_steps = 0
     sampler.hold(1e-9)
-    sampler.dark_share = 0.0
+    sampler.dark_share = 1.0 if dark else 0.0
 
 
-def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool, light: bool = False) -> StepCounts:
+def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool, light: bool = False, dark: bool = False
+               ) -> StepCounts:
     import perfhooks
     from helpers import mlp
 
@@ -91,7 +93,7 @@ def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool, light: bool = 
     counts = StepCounts(gpu)
     perf = perfhooks.profile(model, optimizer, output_dir=tmp_path / "perf", **SETTINGS) if profiled else None
     if perf is not None and light:
-        light_steps_only(perf.engine)
+        light_steps_only(perf.engine, dark)
     for step in range(WARM_STEPS + MEASURED_STEPS + 2):
         counts.at(step)
         if perf is not None:
@@ -108,7 +110,9 @@ def plain_loop(gpu: SimulatedGpu, tmp_path: Path, profiled: bool, light: bool = 
         assert report["steps"] == WARM_STEPS + MEASURED_STEPS + 2 and report["faults"] == [], report["faults"]
         assert report["device"]["type"] == "cuda"
         if light:
-            assert report["overhead"]["light_steps"] == report["steps"] and report["phase_steps"] == 0
+            overhead = report["overhead"]
+            assert overhead["light_steps"] + overhead["dark_steps"] == report["steps"] and report["phase_steps"] == 0
+            assert (overhead["dark_steps"] > 0) is dark
         else:
             assert report["phases"]["backward"]["p50_ms"] >= BACKWARD_MS, "still timed on the device"
     counts.done()
@@ -181,6 +185,16 @@ def test_a_light_step_adds_at_most_one_device_call_to_the_bare_loop(tmp_path: Pa
     assert device_calls(profiled) - device_calls(bare) <= 1.0, kinds
     assert kinds.get("event_record", 0.0) == kinds.get("capture_check", 0.0) == 0.0, kinds
     assert counts.run["elapsed_time"] == 0, "no mark to read"
+
+
+def test_a_dark_step_makes_no_device_call(tmp_path: Path, on_cuda: SimulatedGpu) -> None:
+    """Dark steps (issue 75): counted and nothing else; on the training thread, no device call beyond what the light
+    steps between their blocks make."""
+    bare = plain_loop(on_cuda, tmp_path, profiled=False).per_step()
+    light = plain_loop(on_cuda, tmp_path / "light", profiled=True, light=True).per_step()
+    dark = plain_loop(on_cuda, tmp_path / "dark", profiled=True, light=True, dark=True).per_step()
+    assert bare.get("kernel") == dark.get("kernel") == 2.0
+    assert device_calls(dark) - device_calls(bare) <= device_calls(light) - device_calls(bare) <= 1.0
 
 
 def test_a_run_that_is_never_quiet_holds_at_most_the_limit_of_pending_steps(tmp_path: Path,
