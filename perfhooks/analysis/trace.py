@@ -419,12 +419,21 @@ def _decode_whole(data: bytes) -> tuple[list[Any], _Document | None]:
     return document.traceEvents, document
 
 
+#: Files from this size on disk (gzipped; eight times it uncompressed) are decoded in pieces. A smaller one (a CPU
+#: window's trace, which the training process analyses itself) is read whole: its text is a few MB at most, and
+#: one buffer leaves the process's heap as it found it where many pieces would not.
+PIECES_FROM_BYTES = 1 << 18
+
+
 def _decode_in_pieces(path: str | Path) -> tuple[list[Any], _Document | None] | None:
-    """The events and the document's other fields, decoded a few MB of text at a time, so that the text is
+    """The events and the document's other fields, decoded half a MB of text at a time, so that the text is
     never held whole (peak memory: the decoded events and a piece); ``None`` where the file needs the whole-file
-    path: unreadable, compressed twice or in several members, not UTF-8, empty, or not cut cleanly."""
+    path: small, unreadable, compressed twice or in several members, not UTF-8, empty, or not cut cleanly."""
     events: list[Any] = []
     try:
+        compressed = str(path).endswith(".gz")
+        if Path(path).stat().st_size < PIECES_FROM_BYTES * (1 if compressed else 8):
+            return None
         blocks = text_blocks(path)
         first = next(blocks, b"")
         start = first.lstrip()[:1]

@@ -41,6 +41,7 @@ def _same(left: list[trace_module.Trace], right: list[trace_module.Trace]) -> No
 def small_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Pieces of 16 KB, so that even a small trace is cut many times; the list gathers each piece's size."""
     monkeypatch.setattr(json_chunks, "PIECE_BYTES", 16 << 10)
+    monkeypatch.setattr(trace_module, "PIECES_FROM_BYTES", 0)
     sizes: list[int] = []
     split = json_chunks.split_array
 
@@ -106,3 +107,12 @@ def test_a_trace_whose_events_come_last_after_a_long_head(tmp_path: Path, monkey
     file.write_text(json.dumps(document))
     (only,) = load_traces(file)
     assert len(only.cpu_ops) == 50
+
+
+def test_a_small_trace_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU window's trace (under 256 KB gzipped), which the training process analyses itself, is read in one
+    buffer: many pieces would leave its heap larger than it found it."""
+    calls: list[str] = []
+    monkeypatch.setattr(trace_module, "split_array", lambda *args: calls.append("pieces") or iter(()))
+    (small,) = load_traces(path("mi250_minitoy_train.json.gz"))
+    assert small.kernels and calls == []
