@@ -24,20 +24,13 @@ from typing import Any, Union
 
 import msgspec
 
-from perfhooks.files.json_chunks import InvalidText, MoreMembers, split_array, text_blocks
+from perfhooks.files.json_chunks import INFLATE, INFLATE_ERROR, InvalidText, MoreMembers, split_array, text_blocks
 
 try:  # the fallback parse: faster than the standard library
     import orjson as _orjson
 except ImportError:  # pragma: no cover - orjson is a dependency
     _orjson = None
 
-try:  # ISA-L's inflate (the isal package, a dependency where it has wheels): zlib's API, 5x its speed
-    from isal import isal_zlib as _INFLATE
-
-    _INFLATE_ERROR: type[Exception] = _INFLATE.error
-except ImportError:  # pragma: no cover - a platform without isal wheels
-    _INFLATE = zlib  # type: ignore[assignment]
-    _INFLATE_ERROR = zlib.error
 
 _INT64_MAX = 2**63 - 1
 #: An event longer than this (µs, 24 h) cannot be real profiler data: the trace is warned about.
@@ -324,10 +317,10 @@ def _gunzip(data: bytes) -> bytes:
     CRC as it goes: by ISA-L (``isal``, 5x zlib's speed: 5 ms for a 15 MB trace where zlib takes 28) where it is
     installed, else by zlib (``gzip.decompress`` computes the CRC again, 10% more). Several members go to
     ``gzip``. A corrupt stream raises ``zlib.error``."""
-    inflater = _INFLATE.decompressobj(31)
+    inflater = INFLATE.decompressobj(31)
     try:
         out = inflater.decompress(data)
-    except _INFLATE_ERROR as error:
+    except INFLATE_ERROR as error:
         raise zlib.error(str(error)) from None
     if not inflater.eof:
         raise EOFError("Compressed file ended before the end-of-stream marker was reached")

@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-try:  # ISA-L's inflate: zlib's API, 5x its speed
-    from isal import isal_zlib as _INFLATE
+try:  # ISA-L's inflate (the isal package, a dependency where it has wheels): zlib's API, 5x its speed
+    from isal import isal_zlib as INFLATE
 
-    _INFLATE_ERROR: type[Exception] = _INFLATE.error
+    INFLATE_ERROR: type[Exception] = INFLATE.error
 except ImportError:  # pragma: no cover - a platform without isal wheels
-    _INFLATE = zlib  # type: ignore[assignment]
-    _INFLATE_ERROR = zlib.error
+    INFLATE = zlib  # type: ignore[assignment]
+    INFLATE_ERROR = zlib.error
 
 #: Compressed bytes read at a time (a trace inflates 5 to 20 times).
 READ_BYTES = 1 << 18
@@ -71,7 +71,7 @@ def _plain(handle: BinaryIO) -> Iterator[bytes]:
 
 
 def _inflated(handle: BinaryIO) -> Iterator[bytes]:
-    inflater = _INFLATE.decompressobj(31)
+    inflater = INFLATE.decompressobj(31)
     data = handle.read(READ_BYTES)
     while data:
         try:
@@ -79,7 +79,7 @@ def _inflated(handle: BinaryIO) -> Iterator[bytes]:
             while out:
                 yield out
                 out = inflater.decompress(inflater.unconsumed_tail, PIECE_BYTES) if inflater.unconsumed_tail else b""
-        except _INFLATE_ERROR as error:
+        except INFLATE_ERROR as error:
             raise zlib.error(str(error)) from None
         if inflater.eof:
             if inflater.unused_data.strip(b"\x00") or handle.read(READ_BYTES).strip(b"\x00"):

@@ -272,11 +272,15 @@ class StepSampler:
     def live_share(self) -> float:
         """What perfhooks costs the steps now (``top``'s figure): the measured share once resolved, else its own time
         in place (a lower bound), the captures left out of both."""
-        in_place = (self.own_ns - self.captures_ns) / self.wall_ns if self.wall_ns > 0 else 0.0
+        in_place = self._in_place_share()
         if self._dark_pairs < MIN_PAIRS:
             return in_place
         measured = self.measured(in_place)
         return measured["share"] if measured["resolved"] else in_place
+
+    def _in_place_share(self) -> float:
+        """perfhooks' own time on the training thread over the steps' wall time, the captures' left out."""
+        return (self.own_ns - self.captures_ns) / self.wall_ns if self.wall_ns > 0 else 0.0
 
     def _measured_means(self) -> tuple[float | None, float | None]:
         """A light step's wall ns over a dark one's, and a detailed step's over a light one's, each once it has
@@ -289,7 +293,7 @@ class StepSampler:
     def section(self) -> dict[str, Any]:
         """The report's ``overhead`` section (docs/report.md)."""
         steps = self.detailed_steps + self.light_steps + self.dark_steps
-        share = (self.own_ns - self.captures_ns) / self.wall_ns if self.wall_ns > 0 else 0.0
+        share = self._in_place_share()
         captures = self.captures_ns / self.wall_ns if self.wall_ns > 0 else 0.0
         measured = self.measured(share)
         kept = None

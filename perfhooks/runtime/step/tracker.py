@@ -310,8 +310,7 @@ class StepTracker:
         self._light_block_left = left
         if left <= 0:  # a block of light steps ended: the next block is light or dark, at random
             self._light_block_left = DARK_BLOCK
-            if self._short_left >= DARK_BLOCK and self.sampler.dark_block(self._short_left):
-                self._start_dark(now, DARK_BLOCK)
+            self._maybe_dark(now)
         self._own_ns = monotonic_ns() - started
 
     # ----------------------------------------------------------------- dark steps
@@ -336,8 +335,12 @@ class StepTracker:
         self._end_dark(now, started)
         return True
 
-    def _start_dark(self, now: int, steps: int) -> None:
-        """The step that opened at ``now`` starts a dark block of ``steps``."""
+    def _maybe_dark(self, now: int) -> None:
+        """The step that opened at ``now`` starts a dark block, if the sampler draws one and the steps surely light
+        from here hold it."""
+        steps = self.sampler.dark_block(self._short_left)
+        if not steps:
+            return
         self._dark_left = steps
         self._dark_start_ns = self._dark_last_ns = now
         self._dark_steps = 0
@@ -369,17 +372,14 @@ class StepTracker:
                 self._light_fetch_ns = 0
                 self._light_micro = 1
                 self.phase_now = (DATA_WAIT, now / 1e9, self.step)
-                if self._short_left >= DARK_BLOCK and self.sampler.dark_block(self._short_left):
-                    self._start_dark(now, DARK_BLOCK)  # the next block is dark too
+                self._maybe_dark(now)  # the next block may be dark too
                 return
             self.light = False
             if self._short_walls:
                 self._fold_short()
             if self.pending._resolved:
                 self.pending.collect(self.stats)
-            if now >= self._publish_at or self.step >= self.publish_at_step:
-                self._publish_at = now + LIGHT_PUBLISH_EVERY_NS
-                self.listener.step_closed()
+            self._publish_if_due(now)
             self.open_step(now)
             if self.light:
                 self._wait_from = now
@@ -464,13 +464,18 @@ class StepTracker:
         self.step = step + 1
         if self.pending._resolved:
             self.pending.collect(self.stats)
-        if now_ns >= self._publish_at or self.step >= self.publish_at_step:  # the run's state, W&B rows, saves
-            self._publish_at = now_ns + LIGHT_PUBLISH_EVERY_NS
-            listener.step_closed()
+        self._publish_if_due(now_ns)
         done = monotonic_ns()
         self.sampler.light_ended(self._own_ns + done - started, wall_ns, step, now_ns)
         self._own_ns = 0
         return done
+
+    def _publish_if_due(self, now_ns: int) -> None:
+        """A light step's or a dark block's end publishes the run's state (W&B rows, saves) on its cadence, or from
+        the step the listener asked for."""
+        if now_ns >= self._publish_at or self.step >= self.publish_at_step:
+            self._publish_at = now_ns + LIGHT_PUBLISH_EVERY_NS
+            self.listener.step_closed()
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
