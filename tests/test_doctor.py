@@ -79,9 +79,12 @@ def test_on_the_simulated_gpu_every_device_check_runs_and_passes(monkeypatch: py
     for name in DEVICE_CHECKS:
         assert checks[name]["status"] == "pass", checks[name]
     timing = checks["device timing"]["figure"]
-    (event_ms, _, gap_ms), = [trial for trial in trials if round(trial[1], 3) == timing["host_ms"]
-                              and round(trial[0], 3) == timing["event_ms"]]
-    assert timing["floor_ms"] == 50.0 and event_ms - gap_ms == pytest.approx(50.0, abs=0.01)  # the peak clock's
+    # the trial the figure came from (two trials may round to the same figures: each then holds)
+    matched = [trial for trial in trials if round(trial[1], 3) == timing["host_ms"]
+               and round(trial[0], 3) == timing["event_ms"]]
+    assert matched and timing["floor_ms"] == 50.0
+    for event_ms, _, gap_ms in matched:
+        assert event_ms - gap_ms == pytest.approx(50.0, abs=0.01)  # the peak clock's
     assert timing["host_ms"] >= 50.0  # the host sees the kernel done after it is, never before
     assert checks["cupti"]["status"] == "warn", "a CPU build of torch records no CUDA activity"
     assert checks["reader timer"]["status"] == "skip" and "no CUDA runtime library" in checks["reader timer"]["detail"]
