@@ -80,37 +80,85 @@ def test_a_forced_step_is_detailed_and_the_warmup_is() -> None:
     assert all(StepSampler(None).next_is_detailed(step, forced=False) for step in range(100))
 
 
-def feed(sampler: StepSampler, step_ms: float, detailed_us: float, light_us: float, steps: int = 200) -> None:
-    """Steps of ``step_ms`` alternating detailed and light with the given own costs; the chance is set once."""
-    now = 0
-    for step in range(steps):
-        now += int(step_ms * 1e6)
-        detailed = step % 2 == 0
-        sampler.step_ended(detailed, int((detailed_us if detailed else light_us) * 1e3), int(step_ms * 1e6),
-                           detailed, step, now)
+#: :func:`feed`'s blocks: 16 steps (15 light, the middle one detailed), then a dark block of 64.
+BLOCKS = 12
+LIGHT_SEEN = 15 / (15 + 64)  # the light steps' share of the light and dark ones
 
 
-@pytest.mark.parametrize(("step_ms", "expected", "dark"), [
-    # a launch-bound step: light steps (3 us) fit in half the budget (7.5 us) at the least dark share
-    (1.5, (0.01 * 1.5e6 - 0.5 * 3e3) / (40e3 - 3e3), 0.5),
-    # a shorter one: light steps in a third of the blocks (1 us of 3 a step), the rest to detailed steps
-    (0.2, (0.01 * 0.2e6 - 0.5 * 0.01 * 0.2e6) / (40e3 - 3e3), 1 - 0.5 * 0.01 * 0.2e6 / 3e3),
-    (35.0, 1.0, 0.5),  # a GPT's step: every step detailed at the default budget, half the light blocks dark
-    # a sub-millisecond step: the most blocks dark, and the floor of detailed steps one every 0.25 s of steps
-    (0.01, 0.01e6 / (DETAILED_EVERY_S * 1e9), 0.9),
+def feed(sampler: StepSampler, step_ms: float, detailed_us: float, light_us: float) -> None:
+    """:data:`BLOCKS` blocks of 16 steps of ``step_ms`` plus 3 us (light ones, and a detailed one in the middle that
+    its neighbours price at 40 us in place and 0 on the wall clock), each followed by a dark block of 64 steps of
+    ``step_ms``: a light step costs 3 us over a dark one on the wall clock. Own costs as given; fed in the warm-up,
+    so that the chance is set once, by the test."""
+    now = step = 0
+    wall = int((step_ms + 3e-3) * 1e6)
+    for _ in range(BLOCKS):
+        for index in range(16):
+            detailed = index == 8
+            now += wall
+            sampler.step_ended(detailed, int((detailed_us if detailed else light_us) * 1e3), wall, detailed, step,
+                               now)
+            step += 1
+        dark_wall = 64 * int(step_ms * 1e6)
+        now += dark_wall
+        sampler.dark_ended(64, dark_wall, [wall] * 15, step + 63, now)
+        step += 64
+
+
+def light_steps(dark: float) -> float:
+    """The share of steps that are light when a block is dark with chance ``dark`` (light blocks of 16 steps, dark
+    ones of 64)."""
+    return 16 * (1 - dark) / (16 * (1 - dark) + 64 * dark)
+
+
+@pytest.mark.parametrize(("step_ms", "dark"), [
+    (1.5, 0.5),  # a launch-bound step: light steps (3 us) fit in half the budget at the least dark share
+    (0.2, 0.5),  # a shorter one: half the budget is a third of the steps light (1 us of 3); a fifth are
+    (35.0, 0.5),  # a GPT's step: every step detailed at the default budget, half the light blocks dark
+    (0.06, 16 * 0.9 / (16 * 0.9 + 64 * 0.1)),  # a tenth of the steps light for half the budget: 69% of the blocks
+    (0.01, 0.9),  # a sub-millisecond step: the most blocks dark (3% of the steps light)
+    (0.002, 0.9),  # a shorter one: light steps alone spend more than the budget; detailed steps at their floor
 ])
-def test_the_chance_follows_the_budget(step_ms: float, expected: float, dark: float) -> None:
-    """p = (budget x step - light share x light cost) / (detailed cost - light cost), at least one detailed step
-    every 0.25 s; light steps take at most half the budget (the rest of their blocks dark)."""
-    sampler = StepSampler(0.01, warmup_steps=200)  # fed in its warm-up: set once, below
+def test_the_chance_follows_the_budget(step_ms: float, dark: float) -> None:
+    """Priced on the wall clock (a light step 3 us over a dark one, a detailed step 37 us over a light one in place
+    and 0 paired: the larger), light steps take at most half the budget (the rest of their blocks dark), and
+    p = (budget x step - light share x light cost) / detailed cost, at least one detailed step every 0.25 s of
+    steps; the light share is the larger of the blocks' and the one seen."""
+    sampler = StepSampler(0.01, warmup_steps=10_000)
     feed(sampler, step_ms, detailed_us=40.0, light_us=3.0)
-    sampler.adjust(200)
+    sampler.adjust(10_000)
+    step_ns = step_ms * 1e6 + 3e3 * 16 / 80  # a fifth of the steps are 3 us longer
+    wanted = min(1.0, 0.5 * 0.01 * step_ns / 3e3)  # the light steps' share that spends half the budget
+    blocks = 16 * (1 - wanted) / (16 * (1 - wanted) + 64 * wanted)  # the chance of a dark block that gives it
+    assert sampler.dark_share == pytest.approx(min(0.9, max(0.5, blocks)), rel=1e-9)
+    assert sampler.dark_share == pytest.approx(dark, rel=1e-2)
+    light_share = max(light_steps(dark), LIGHT_SEEN)
+    expected = min(1.0, max(step_ns / (DETAILED_EVERY_S * 1e9), (0.01 * step_ns - light_share * 3e3) / 37e3))
     assert sampler.probability == pytest.approx(expected, rel=1e-6)
-    assert sampler.dark_share == pytest.approx(dark, rel=1e-6)
+    if step_ms == 0.002:
+        assert expected == step_ns / (DETAILED_EVERY_S * 1e9)
     section = sampler.section()
     assert section["in_place_us"] == {"detailed": 40.0, "light": 3.0}
-    assert section["share_of_run"] == pytest.approx(21.5e-3 / step_ms, abs=1e-6)
-    assert section["kept"] is (21.5e-3 / step_ms <= 0.01)
+    share = BLOCKS * (40e3 + 15 * 3e3) / (BLOCKS * 80 * step_ns)
+    assert section["share_of_run"] == pytest.approx(share, abs=1e-6)
+    measured = section["measured"]
+    assert measured["light_over_dark"]["mean_us"] == pytest.approx(3.0)
+    assert measured["detailed_over_light"]["mean_us"] == 0.0
+
+
+def test_an_unpriced_tier_gets_the_least(tmp_path: Path) -> None:
+    """Before a tier is priced on the wall clock (10 pairs), the governor spends as little on it as it may: detailed
+    steps at their floor, dark blocks at their most, whatever the in-place prices would afford."""
+    sampler = StepSampler(0.01, warmup_steps=10)
+    now = 0
+    for step in range(400):  # a 35 ms step: in place, every step could be detailed
+        now += 35_000_000
+        detailed = sampler.next_is_detailed(step, forced=False)
+        sampler.step_ended(detailed, 40_000 if detailed else 3_000, 35_000_000, detailed, step, now)
+    assert sampler.dark_share == 0.9
+    assert sampler.changes[0] == (10, round(35e6 / (DETAILED_EVERY_S * 1e9), 4))
+    assert sampler.section()["paired"] is not None, "priced by its light neighbours"
+    assert sampler.probability == 1.0, "then every step, as the budget affords"
 
 
 def test_the_paired_difference_is_a_detailed_step_against_its_light_neighbours() -> None:

@@ -302,8 +302,10 @@ class PhaseStatistics:
         self._phases: dict[str, StreamingStats] = {name: StreamingStats() for name in (*PHASES, OTHER)}
         self._micro_batches = 0
         self._fetch = StreamingStats()
-        #: Steps that perfhooks' own work overlapped, and totals over the others (the steady steps).
+        #: Steps that perfhooks' own work overlapped (a window, its export, a memory capture) and their time (ms),
+        #: and totals over the others (the steady steps).
         self.own_steps = 0
+        self.own_ms = 0.0
         #: Steps in which torch.compile compiled (and no perfhooks work overlapped): not steady either.
         self.compiled_steps = 0
         self._steady_step = StreamingStats()
@@ -404,6 +406,7 @@ class PhaseStatistics:
         self._micro_batches += steps
         if own:
             self.own_steps += steps
+            self.own_ms += ms
         else:
             self._steady_step.count += steps
             self._steady_step.total += ms
@@ -436,6 +439,7 @@ class PhaseStatistics:
         steady = batch
         if own or compiled:
             self.own_steps += own
+            self.own_ms += sum(_STEP_MS(timing) for timing in batch if timing.own)
             self.compiled_steps += sum(1 for timing in batch if timing.compiled and not timing.own)
             steady = [timing for timing in batch if not timing.own and not timing.compiled]
             step_ms, phases = list(map(_STEP_MS, steady)), list(map(_PHASE_MS, steady))
@@ -466,6 +470,8 @@ class PhaseStatistics:
         compiled = sum(1 for entry in light if entry[4] and not entry[3]) if any(map(_FIFTH, light)) else 0
         self.own_steps += own
         self.compiled_steps += compiled
+        if own:
+            self.own_ms += max(0, sum(entry[0] for entry in light if entry[3])) / 1e6
         if own or compiled:
             self._steady_step.add_many_ns([entry[0] for entry in light if not entry[3] and not entry[4]],
                                           start=start, every=LIGHT_BUCKETS_EVERY)

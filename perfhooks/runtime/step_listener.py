@@ -81,8 +81,10 @@ class RunParts:
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
         self.tag_allocations = memory is not None and memory.cuda and cuda_extras.tags_supported()
         self._writer_seen = self._captures_seen = 0
-        #: The schedule is a plain function of the step (looked at step by step to find the next window).
-        self._plain_schedule = not hasattr(capture.config.schedule or capture, "next_action_step")
+        #: The schedule is a plain function of the step (looked at step by step to find the next window); a run
+        #: with no schedule has none to look at.
+        schedule = capture.config.schedule
+        self._plain_schedule = schedule is not None and not hasattr(schedule, "next_action_step")
         #: The step that just opened must be detailed (set at each step's opening).
         self.needs_detail = False
         tracker.listener = self

@@ -87,8 +87,19 @@ def overhead_line(report: dict[str, Any]) -> str | None:
     else:
         cost_text = (f"perfhooks' own time {overhead.get('share_of_run', 0.0):.2%} of the steps ({kept}; a step in "
                      f"place: {costs or 'n/a'}{apart}; in place, a lower bound)")
-    where = _where_the_cost_is(overhead, steps)
+    where = _where_the_cost_is(overhead, steps) + _windows_time(overhead)
     return f"  phases from {sampled:,} of {steps:,} steps ({how}); {cost_text}{where}"
+
+
+def _windows_time(overhead: dict[str, Any]) -> str:
+    """What the steps that overlapped capture windows and perfhooks' own work (exports, analyses) took beyond a
+    steady step, on the wall clock, when it is a tenth of a percent of the steps or more."""
+    windows = overhead.get("windows") or {}
+    share = windows.get("time_share") or 0.0
+    if share < 0.001:
+        return ""
+    return (f"; the {windows['steps']} steps that overlapped capture windows and their exports took "
+            f"{windows['added_s']:.2f} s more than steady steps ({share:.1%} of the steps' time)")
 
 
 def _where_the_cost_is(overhead: dict[str, Any], steps: int) -> str:

@@ -141,6 +141,7 @@ class NoGate:
     """A gate that never closes: every step is detailed."""
 
     light = False
+    dark_left = 0
 
 
 def watch_training_forward(model: torch.nn.Module, on_start: Callable[..., None],

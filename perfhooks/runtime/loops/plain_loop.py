@@ -121,7 +121,10 @@ class DataWait:
         self.resume = None if loop._stepped else loop.engine.open_phase
         loop._stepped = False
         loop.engine.fetch()  # ends the step that stepped, opens data_wait
-        if loop._gate.light is loop._switch.on and loop._switching:  # the step's kind changed: its hooks follow
+        gate = loop._gate
+        if gate.dark_left:  # a dark step: its wait is not timed, and the exit returns at once
+            self.timed = False
+        elif gate.light is loop._switch.on and loop._switching:  # the step's kind changed: its hooks follow
             loop._follow_step_kind()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -5,8 +5,8 @@ A *detailed* step also gets its phases (forward, backward, optimizer) with their
 memory at phase ends and the framework's named hooks. A *light* step gets nothing more.
 
 perfhooks meters its own time on the training thread, in place, separately for the two kinds, and the step's wall
-time (one step's start to the next's). Every :data:`ADJUST_EVERY_S` it sets the chance that a step is detailed to
-what the budget affords::
+time (one step's start to the next's). Every :data:`ADJUST_EVERY_S` (more often at first) it sets the chance that a
+step is detailed to what the budget affords::
 
     p = (budget x step - light share x light cost) / detailed cost,   between step / DETAILED_EVERY_S and 1
 
@@ -19,17 +19,21 @@ Always detailed (forced): the run's first :data:`WARMUP_STEPS` steps, every step
 near a memory capture, and every step while an NVTX tool is attached (its ranges are the point).
 
 *Dark* steps are the third tier: counted and nothing else (the fetch that ends one reads the clock, no more), in
-blocks of :data:`DARK_BLOCK` that a run of light steps may give way to, drawn at random (:meth:`dark_block`). A
-block is timed as a whole, so the step count and the run's time stay exact. Dark and light blocks in random order
-price a light step by the wall clock, where the user pays it (a light step's Python also slows the user's forward
-and backward, which no meter in place sees): the mean light step just before a dark block less the block's mean
-step (:meth:`dark_ended`). The detailed steps are priced the same way against their light neighbours. Together they
-give ``overhead.measured``: the share of the run perfhooks cost above a dark step, with its 95% interval.
+blocks of :data:`DARK_BLOCK` that a run of light steps may give way to, drawn at random (:meth:`dark_block`) where
+light blocks are :data:`LIGHT_BLOCK` long. A block is timed as a whole, so the step count and the run's time stay
+exact. Dark and light blocks in random order price a light step by the wall clock, where the user pays it (a light
+step's Python also slows the user's forward and backward, which no meter in place sees): the mean light step just
+before a dark block less the block's mean step (:meth:`dark_ended`). The detailed steps are priced the same way
+against their light neighbours. Together, with perfhooks' own time at the blocks' ends and on the long path (in
+place: no paired wall holds it), they give ``overhead.measured``: the share of the run perfhooks cost above a dark
+step, with its 95% interval.
 
 The governor spends at most half the budget on light steps (the rest are dark, between :data:`MIN_DARK_SHARE` and
-:data:`MAX_DARK_SHARE` of the blocks), and the other half on detailed steps, each at its measured price once it has
-:data:`MIN_PAIRS` pairs (its price in place before). Detailed steps never fall below one every
-:data:`DETAILED_EVERY_S` of steps (a time, not a count: a sub-millisecond loop still gets four a second).
+:data:`MAX_DARK_SHARE` of the blocks), and the other half on detailed steps, each at its price on the wall clock. A
+tier not priced yet (:data:`MIN_PAIRS` pairs) gets the least: dark blocks at their most, detailed steps at their
+floor, one every :data:`DETAILED_EVERY_S` of steps (a time, not a count: a sub-millisecond loop still gets four a
+second). The prices settle in a run's first second: the settings come a sixteenth of :data:`ADJUST_EVERY_S` apart at
+first, twice as far each time.
 
 Threading: the training thread only; :meth:`StepSampler.section` is read on it too (the report's slower parts).
 """
@@ -43,8 +47,9 @@ from typing import Any
 
 #: The least share of steps that are detailed: one every this many seconds of steps, whatever the budget.
 DETAILED_EVERY_S = 0.25
-#: Steps in a dark block, and the share of light-step blocks that are dark (the governor moves it within these).
-DARK_BLOCK = 16
+#: Steps in a block of light steps and in a dark block (longer: its end's bookkeeping is shared by more steps), and
+#: the chance that a block is dark (the governor moves it within these: 80% to 97% of the steps).
+LIGHT_BLOCK, DARK_BLOCK = 16, 64
 MIN_DARK_SHARE, MAX_DARK_SHARE = 0.5, 0.9
 #: The measured share is resolved (``kept`` is judged on it) once its 95% interval is within this of it.
 RESOLVED_WITHIN = 0.005
@@ -69,6 +74,9 @@ class StepSampler:
         self.budget = budget
         self.warmup_steps = warmup_steps
         self._adjust_every_ns = int(adjust_every_s * 1e9)
+        #: The next setting comes this long after the last (ns): a sixteenth of ``adjust_every_s`` at first, twice as
+        #: long each time (the prices settle in a run's first second).
+        self._adjust_gap_ns = self._adjust_every_ns // 16
         self._random = random.Random(seed).random
         #: The chance that an unforced step is detailed (1 until the first setting).
         self.probability = 1.0
@@ -76,10 +84,9 @@ class StepSampler:
         self._countdown = 1
         #: The next setting of the chance, on the steps' clock (ns; 0: at the warm-up's end).
         self._adjust_at_ns = 0
-        #: The last setting had no light step to price: the next comes after a sixteenth of the interval.
-        self._adjust_soon = False
-        # since the last setting: the steps and their wall ns
+        # since the last setting: the steps and their wall ns, the light and the dark ones
         self._steps = self._wall_ns = 0
+        self._light_since = self._dark_since = 0
         # over the whole run
         self.detailed_steps = self.light_steps = 0
         self.own_ns = self.wall_ns = 0
@@ -96,9 +103,12 @@ class StepSampler:
         self._pairs = 0
         self._pair_sum = self._pair_squares = 0.0
         #: The chance that a block of light steps is dark instead (0: no dark steps; none without a budget).
-        self.dark_share = MIN_DARK_SHARE if budget is not None else 0.0
+        self.dark_share = MAX_DARK_SHARE if budget is not None else 0.0
         self._dark_random = random.Random(seed + 1).random  # its own: the detailed steps drawn do not move
         self.dark_steps = 0
+        #: perfhooks' own time at the blocks' ends and on the long path (ns, in place): no paired wall holds it (the
+        #: step after a boundary is left out of the pairs), so the measured share adds it at this price, a lower bound.
+        self.boundaries_ns = 0
         #: A light step against the dark block after it (ns a step; n, sum, sum of squares).
         self._dark_pairs = 0
         self._dark_sum = self._dark_squares = 0.0
@@ -174,6 +184,7 @@ class StepSampler:
         self.wall_ns += wall_ns
         self._wall_ns += wall_ns
         self._steps += 1
+        self._light_since += 1
         self.light_steps += 1
         self._light_recent.append(own_ns)
         if self._held is not None:  # the light step after a sampled detailed one: the pair is complete
@@ -194,6 +205,7 @@ class StepSampler:
         self.wall_ns += wall_ns
         self._wall_ns += wall_ns
         self._steps += count
+        self._light_since += count
         self.light_steps += count
         self._light_recent.extend(owns_ns)
         if self._held is not None:
@@ -202,24 +214,32 @@ class StepSampler:
         if now_ns >= self._adjust_at_ns and self.budget is not None and step - 1 >= self.warmup_steps:
             self._adjust(step - 1, now_ns)
 
+    @property
+    def pair_open(self) -> bool:
+        """A sampled detailed step waits for the light step after it (its pair closes with that step's wall)."""
+        return self._held is not None
+
     def dark_block(self, surely_light: int) -> int:
-        """How many of the next steps, all ``surely_light``, are dark: a block of :data:`DARK_BLOCK` with chance
-        :attr:`dark_share`, else 0 (they stay light)."""
-        if surely_light < DARK_BLOCK or self.dark_share <= 0.0:
+        """How many of the next steps, all ``surely_light``, are dark: a block of :data:`DARK_BLOCK` (fewer where
+        fewer are surely light, :data:`LIGHT_BLOCK` at least) with chance :attr:`dark_share`, else 0 (they stay
+        light)."""
+        if surely_light <= LIGHT_BLOCK or self.dark_share <= 0.0:
             return 0
-        return DARK_BLOCK if self._dark_random() < self.dark_share else 0
+        # a light step is left before the next detailed step: its neighbour before it, for its pair
+        return min(DARK_BLOCK, surely_light - 1) if self._dark_random() < self.dark_share else 0
 
     def dark_ended(self, steps: int, wall_ns: int, light_before_ns: list[int], step: int, now_ns: int) -> None:
         """A dark block of ``steps`` ended at ``now_ns`` after ``wall_ns``; ``light_before_ns``: the walls of the light
-        steps just before it (a mean of :data:`DARK_BLOCK` // 2 or more prices a light step against it)."""
+        steps just before it (a mean of :data:`LIGHT_BLOCK` // 2 or more prices a light step against it)."""
         self._countdown = max(1, self._countdown - steps)
         self.dark_steps += steps
         self.wall_ns += wall_ns
         self._wall_ns += wall_ns
         self._steps += steps
+        self._dark_since += steps
         self._held = None  # a detailed step's pair needs a light step after it
         self._light_before = -1
-        if steps and len(light_before_ns) >= DARK_BLOCK // 2:
+        if steps and len(light_before_ns) >= LIGHT_BLOCK // 2:
             difference = sum(light_before_ns) / len(light_before_ns) - wall_ns / steps
             self._dark_pairs += 1
             self._dark_sum += difference
@@ -239,35 +259,42 @@ class StepSampler:
 
     # ----------------------------------------------------------------- the budget
     def _adjust(self, step: int, now_ns: int) -> None:
-        self._adjust_soon = False
         self.adjust(step)
-        self._adjust_at_ns = now_ns + (self._adjust_every_ns // 16 if self._adjust_soon else self._adjust_every_ns)
+        self._adjust_at_ns = now_ns + self._adjust_gap_ns
+        self._adjust_gap_ns = min(self._adjust_every_ns, 2 * self._adjust_gap_ns)
 
     def adjust(self, step: int) -> None:
-        """Set the chance that a step is detailed from each kind's median cost (the latest
-        :data:`KEPT_STEPS` of each) and the mean step since the last setting."""
+        """Set the chance that a step is detailed, and that a block is dark, from each tier's price on the wall
+        clock (:meth:`_measured_means`) and the mean step since the last setting. A tier not priced yet is spent
+        on as little as it may be: detailed steps at their floor, dark blocks at their most."""
         detailed, light = _median(self._detailed_recent), _median(self._light_recent)
-        if light is None:  # no light step priced yet (the warm-up's end): set again soon, once some are
-            self._adjust_soon = True
-            light = 0.0
         if self._steps and self._wall_ns > 0 and self.budget is not None and detailed is not None:
             step_ns = self._wall_ns / self._steps
+            floor = min(1.0, step_ns / (DETAILED_EVERY_S * 1e9))
             light_over_dark, detailed_over_light = self._measured_means()
+            light = light or 0.0
             light_cost = light if light_over_dark is None else max(0.0, light_over_dark)
-            extra = detailed - light if detailed_over_light is None else max(detailed - light, detailed_over_light)
-            light_share = 1.0
-            if self.dark_share > 0.0:  # light steps take at most half the budget; the other blocks are dark
+            if self.dark_share > 0.0 and light_over_dark is not None:  # light steps: at most half the budget
                 wanted = 0.5 * self.budget * step_ns / light_cost if light_cost > 0 else 1.0
-                light_share = min(1.0 - MIN_DARK_SHARE, max(1.0 - MAX_DARK_SHARE, wanted))
-                self.dark_share = 1.0 - light_share
-            allowed = self.budget * step_ns - light_share * light_cost
-            p = 1.0 if extra <= 0 else allowed / extra
-            p = min(1.0, max(min(1.0, step_ns / (DETAILED_EVERY_S * 1e9)), p))
+                self.dark_share = min(MAX_DARK_SHARE, max(MIN_DARK_SHARE, _dark_blocks(wanted)))
+            # the light steps' share as it is (a loop whose steps cannot be dark has no dark block)
+            light_share = max(_light_steps(self.dark_share), self._light_share_now())
+            p = floor
+            if detailed_over_light is not None:
+                extra = max(detailed - light, detailed_over_light)
+                allowed = self.budget * step_ns - light_share * light_cost
+                p = 1.0 if extra <= 0 else min(1.0, max(floor, allowed / extra))
             if abs(p - self.probability) > 0.05 * self.probability:
                 self.changes.append((step, round(p, 4)))
                 self.probability = p
                 self._countdown = min(self._countdown, self._gap())
         self._steps = self._wall_ns = 0
+        self._light_since = self._dark_since = 0
+
+    def _light_share_now(self) -> float:
+        """Of the light and dark steps since the last setting, the light ones' share (0 with none)."""
+        steps = self._light_since + self._dark_since
+        return self._light_since / steps if steps else 0.0
 
     def live_share(self) -> float:
         """What perfhooks costs the steps now (``top``'s figure): the measured share once resolved, else its own time
@@ -324,21 +351,39 @@ class StepSampler:
         :data:`RESOLVED_WITHIN` of it. Until then ``share`` is the in-place figure, a lower bound."""
         light = _paired_us(self._dark_pairs, self._dark_sum, self._dark_squares)
         detailed = _paired_us(self._pairs, self._pair_sum, self._pair_squares)
+        wall_us = self.wall_ns / 1e3
+        boundaries = self.boundaries_ns / 1e3 / wall_us if wall_us > 0 else 0.0
         out: dict[str, Any] = {"share": round(in_place, 6), "low": None, "high": None, "resolved": False,
-                               "light_over_dark": light, "detailed_over_light": detailed}
-        if self.wall_ns <= 0 or light is None or (detailed is None and self.detailed_steps):
+                               "light_over_dark": light, "detailed_over_light": detailed,
+                               "boundaries_share": round(boundaries, 6)}
+        if wall_us <= 0 or light is None:
             return out
         above_dark = self.light_steps + self.detailed_steps  # each pays a light step's price over a dark one
-        cost = above_dark * light["mean_us"]
+        cost = above_dark * light["mean_us"] + self.boundaries_ns / 1e3
         variance = (above_dark * light["half_us"] / 1.96) ** 2
         if detailed is not None:
             cost += self.detailed_steps * detailed["mean_us"]
             variance += (self.detailed_steps * detailed["half_us"] / 1.96) ** 2
-        wall_us = self.wall_ns / 1e3
+        elif self.detailed_steps:  # not priced yet: at its price in place, a lower bound (unresolved)
+            extra = (_median(self._detailed_recent) or 0.0) - (_median(self._light_recent) or 0.0)
+            cost += self.detailed_steps * max(0.0, extra) / 1e3
         share, half = cost / wall_us, 1.96 * math.sqrt(variance) / wall_us
         out.update(share=round(share, 6), low=round(share - half, 6), high=round(share + half, 6),
-                   resolved=half <= RESOLVED_WITHIN)
+                   resolved=half <= RESOLVED_WITHIN and (detailed is not None or not self.detailed_steps))
         return out
+
+
+def _dark_blocks(light_steps: float) -> float:
+    """The chance that a block is dark for ``light_steps`` of the steps to be light (blocks of unequal lengths)."""
+    light_steps = min(1.0, max(0.0, light_steps))
+    light = LIGHT_BLOCK * (1.0 - light_steps)
+    return light / (light + DARK_BLOCK * light_steps) if light > 0 else 0.0
+
+
+def _light_steps(dark_blocks: float) -> float:
+    """The share of steps that are light when a block is dark with chance ``dark_blocks``."""
+    light = LIGHT_BLOCK * (1.0 - dark_blocks)
+    return light / (light + DARK_BLOCK * dark_blocks)
 
 
 def _paired_us(pairs: int, total: float, squares: float) -> dict[str, Any] | None:

@@ -39,7 +39,7 @@ from perfhooks.faults import FaultLog
 from perfhooks.report.statistics import UNTIMED_FETCH, PhaseStatistics
 from perfhooks.runtime.step.batches import BatchCounter
 from perfhooks.runtime.step.run_account import RunAccount
-from perfhooks.runtime.step.sampling import DARK_BLOCK, StepSampler
+from perfhooks.runtime.step.sampling import LIGHT_BLOCK, StepSampler
 from perfhooks.runtime.step.steps import PendingSteps, StepRecord
 from perfhooks.timebase import monotonic_ns
 
@@ -52,8 +52,15 @@ MAX_NAMED_WORK = 256
 #: may miss the last few milliseconds of steps, never more. The run's first steps (the sampler's warm-up), steps
 #: a window or a count forced, and every step when every step is detailed (no budget) publish at their end.
 LIGHT_PUBLISH_EVERY_NS = 20_000_000
+#: The long path (what light steps fold, the published state, a step's opening) is taken at most once every this
+#: long (ns), or so that its measured cost in place stays within :data:`LONG_PATH_SHARE` of the steps' clock, at most
+#: once every :data:`PUBLISH_EVERY_MAX_NS` (a signal's report or ``top`` may miss the last second of steps).
+PUBLISH_EVERY_MAX_NS = 1_000_000_000
+#: The long path's share of the steps' clock, in place: half of 0.1%, since on the wall clock it costs more (its
+#: Python slows the user's next steps; 1.5 to 3 times on the simulated launch-bound loop).
+LONG_PATH_SHARE = 0.0005
 #: Light steps in a row that may end on the short path before the long one folds them (and publishes).
-SHORT_RUN = 256
+SHORT_RUN = 8192
 class StepListener(Protocol):
     """What the rest of a run does at a step's moments (the engine routes each to its part)."""
 
@@ -165,6 +172,10 @@ class StepTracker:
         #: (:data:`LIGHT_PUBLISH_EVERY_NS`).
         self.publish_at_step = 1 << 62
         self._publish_at = 0
+        #: How often the long path is taken (ns): :data:`LIGHT_PUBLISH_EVERY_NS` and up, from its cost in place
+        #: (``_long_path_ns``, a running mean of the latest long paths' own ns; :meth:`_long_path_took`).
+        self.publish_every_ns = LIGHT_PUBLISH_EVERY_NS
+        self._long_path_ns = 0.0
         #: The light step's data wait started then (0: not waiting).
         self._wait_from = 0
         #: Light steps that may still end on the short path (:meth:`_short_fetch`), until ``monotonic_ns()``
@@ -174,14 +185,15 @@ class StepTracker:
         self._short_walls: list[int] = []
         self._short_fetches: list[int] = []
         self._short_owns: list[int] = []
-        #: The open dark block (:meth:`_dark_fetch`): its steps left (0: none open), its start and its last step's
-        #: end (the steps' clock, ns), its steps so far; where in ``_short_walls`` the light steps since the last
-        #: block start, and the light steps on the short path until the next draw of a block's kind.
-        self._dark_left = 0
+        #: The open dark block (:meth:`fetch` ends each of its steps): its steps left (0: none open; a loop's hooks
+        #: read it to return at once), its start and its last step's end (the steps' clock, ns), its steps so far;
+        #: where in ``_short_walls`` the light steps since the last block start, and the light steps on the short
+        #: path until the next draw of a block's kind.
+        self.dark_left = 0
         self._dark_start_ns = self._dark_last_ns = 0
         self._dark_steps = 0
         self._light_run_from = 0
-        self._light_block_left = DARK_BLOCK
+        self._light_block_left = LIGHT_BLOCK
         #: The open detailed step was forced (a window, a count, NVTX), not drawn by the sampler; by a capture
         #: (a window, a FLOP count, an allocation history), whose cost is reported apart from the budget's.
         self._forced = False
@@ -232,7 +244,7 @@ class StepTracker:
             self._short_left = max(0, min(SHORT_RUN, sampler.surely_light_after(), self.quiet_until_step - step - 1,
                                           self.publish_at_step - step - 1))
             if self._short_left:
-                self._short_until_ns = min(self.quiet_until_ns, monotonic_ns() + LIGHT_PUBLISH_EVERY_NS)
+                self._short_until_ns = min(self.quiet_until_ns, monotonic_ns() + self.publish_every_ns)
             return
         self._forced = forced
         self._captured = forced and not quiet and listener.needs_detail
@@ -245,8 +257,23 @@ class StepTracker:
     def fetch(self) -> None:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
         device, the step's end mark is the next step's start (one event fewer a step) when the next is detailed."""
-        if self._dark_left and self._dark_fetch():
-            return
+        left = self.dark_left
+        if left:
+            if self.light_stepped:  # a dark step ends (the block's work, inline: most of a sampled run's steps)
+                started = now = monotonic_ns()
+                if not self._same_clock:
+                    now = self._step_now()
+                self.light_stepped = self._light_phased = False
+                self._dark_last_ns = now
+                self._dark_steps += 1
+                self.step += 1
+                short = self._short_left = self._short_left - 1
+                if left > 1 and short > 0 and started < self._short_until_ns:
+                    self.dark_left = left - 1
+                else:
+                    self._end_dark(now, started)
+                return
+            self._dark_to_light()  # a second fetch in a step: the open step turns light
         started = monotonic_ns()
         if self.light_stepped and self._short_left and started < self._short_until_ns and self.light:
             try:
@@ -261,8 +288,12 @@ class StepTracker:
             now = started if self._same_clock else self._step_now()
             if self.light:
                 if self.light_stepped:  # the light step ends here, and the next one opens
-                    started = self._end_light(now, started)
+                    ended = self._end_light(now, started)
                     self.open_step(now)
+                    took = monotonic_ns() - started
+                    self._long_path_took(took)
+                    self.sampler.boundaries_ns += took
+                    started = ended
                     if not self.light:
                         self._phase_start(DATA_WAIT, now)
                         return
@@ -289,7 +320,7 @@ class StepTracker:
         """The short path of a light step's end (most of a sampled run's steps): the step that stepped is noted
         and the next, light too, opens with its data wait. What the long path does at each step end (the
         statistics, the sampler, the published state) is done for these steps together, at the next long one
-        (:meth:`_fold_short`), at most :data:`SHORT_RUN` steps and :data:`LIGHT_PUBLISH_EVERY_NS` later."""
+        (:meth:`_fold_short`), at most :data:`SHORT_RUN` steps and :attr:`publish_every_ns` later."""
         now = started if self._same_clock else self._step_now()
         fetch_ns = self._light_fetch_ns
         if self._wait_from:
@@ -309,39 +340,18 @@ class StepTracker:
         left = self._light_block_left - 1
         self._light_block_left = left
         if left <= 0:  # a block of light steps ended: the next block is light or dark, at random
-            self._light_block_left = DARK_BLOCK
+            self._light_block_left = LIGHT_BLOCK
             self._maybe_dark(now)
         self._own_ns = monotonic_ns() - started
 
     # ----------------------------------------------------------------- dark steps
-    def _dark_fetch(self) -> bool:
-        """A fetch in a dark step: the step that stepped ends (its end read on the clock, nothing else) and the next
-        opens, dark too until the block's last. False when the fetch is to go on as a light step's (a second fetch
-        in a step: the open step turns light)."""
-        if not self.light_stepped:
-            self._dark_to_light()
-            return False
-        self.light_stepped = self._light_phased = False
-        started = monotonic_ns()
-        now = started if self._same_clock else self._step_now()
-        self._dark_last_ns = now
-        self._dark_steps += 1
-        self.step += 1
-        self._short_left -= 1
-        left = self._dark_left - 1
-        if left and self._short_left > 0 and started < self._short_until_ns:
-            self._dark_left = left
-            return True
-        self._end_dark(now, started)
-        return True
-
     def _maybe_dark(self, now: int) -> None:
         """The step that opened at ``now`` starts a dark block, if the sampler draws one and the steps surely light
         from here hold it."""
         steps = self.sampler.dark_block(self._short_left)
         if not steps:
             return
-        self._dark_left = steps
+        self.dark_left = steps
         self._dark_start_ns = self._dark_last_ns = now
         self._dark_steps = 0
         self._wait_from = 0  # a dark step's wait is not timed
@@ -350,12 +360,15 @@ class StepTracker:
     def _close_dark(self) -> None:
         """The open dark block's ended steps, into the statistics and the sampler; no block is open after."""
         steps, wall = self._dark_steps, self._dark_last_ns - self._dark_start_ns
-        self._dark_left = self._dark_steps = 0
+        self.dark_left = self._dark_steps = 0
         # the light steps before it, less the first after a boundary (its wall holds the long path's or the last
         # block's bookkeeping, which dark steps pay too)
-        before = self._short_walls[self._light_run_from + 1:][-DARK_BLOCK:]
+        walls = self._short_walls
+        before = walls[max(self._light_run_from + 1, len(walls) - LIGHT_BLOCK):]
         self._light_run_from = len(self._short_walls)
-        self._light_block_left = DARK_BLOCK
+        self._light_block_left = LIGHT_BLOCK
+        if walls and self.sampler.pair_open:  # a detailed step's light neighbour after it is among them: told first
+            self._fold_short()
         if steps:
             self.stats.add_dark(steps, wall, self._light_own or self.listener.step_closing())
             self.sampler.dark_ended(steps, wall, before, self.step - 1, self._dark_last_ns)
@@ -381,6 +394,7 @@ class StepTracker:
                 self.pending.collect(self.stats)
             self._publish_if_due(now)
             self.open_step(now)
+            self._long_path_took(monotonic_ns() - started)
             if self.light:
                 self._wait_from = now
                 self._light_micro = 1
@@ -388,10 +402,11 @@ class StepTracker:
             else:
                 self._phase_start(DATA_WAIT, now)
         except Exception as error:
-            self._dark_left = 0
+            self.dark_left = 0
             self.faults.report("fetch", error)
         finally:
-            self._own_ns = monotonic_ns() - started
+            own = self._own_ns = monotonic_ns() - started
+            self.sampler.boundaries_ns += own
 
     def _dark_to_light(self) -> None:
         """The open dark block ends before its time (an aside, the loader's end, a second fetch, the close): its
@@ -434,7 +449,7 @@ class StepTracker:
 
     def light_compiled_now(self) -> None:
         """torch.compile compiled in the open light step: it is not steady, and it ends on the long path."""
-        if self._dark_left:
+        if self.dark_left:
             self._dark_to_light()
         self.light_compiled = True
         self._short_left = 0
@@ -470,18 +485,24 @@ class StepTracker:
         self._own_ns = 0
         return done
 
+    def _long_path_took(self, ns: int) -> None:
+        """A light step or a dark block ended on the long path, which took ``ns`` in place: the next are taken at
+        most :data:`LONG_PATH_SHARE` of the steps' clock apart (:attr:`publish_every_ns`)."""
+        mean = self._long_path_ns = ns if not self._long_path_ns else 0.75 * self._long_path_ns + 0.25 * ns
+        self.publish_every_ns = int(min(PUBLISH_EVERY_MAX_NS, max(LIGHT_PUBLISH_EVERY_NS, mean / LONG_PATH_SHARE)))
+
     def _publish_if_due(self, now_ns: int) -> None:
         """A light step's or a dark block's end publishes the run's state (W&B rows, saves) on its cadence, or from
         the step the listener asked for."""
         if now_ns >= self._publish_at or self.step >= self.publish_at_step:
-            self._publish_at = now_ns + LIGHT_PUBLISH_EVERY_NS
+            self._publish_at = now_ns + self.publish_every_ns
             self.listener.step_closed()
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
         record = self.record
         if batches > 1:
-            if self._dark_left:
+            if self.dark_left:
                 self._dark_to_light()
             if record is not None:
                 record.micro_batches += batches - 1
@@ -646,7 +667,7 @@ class StepTracker:
 
     def step_end(self) -> None:
         """End the open step (and its open phase); its timings are read once the device is done."""
-        if self._dark_left:
+        if self.dark_left:
             self._dark_to_light()
         started = monotonic_ns()
         try:
@@ -684,7 +705,7 @@ class StepTracker:
             sampler = self.sampler
             if (self._forced or now >= self._publish_at or self.step >= self.publish_at_step
                     or sampler.budget is None or step < sampler.warmup_steps):
-                self._publish_at = now + LIGHT_PUBLISH_EVERY_NS
+                self._publish_at = now + self.publish_every_ns
                 self.listener.step_closed()
         except Exception as error:
             self.faults.report("step_end", error)
@@ -697,7 +718,7 @@ class StepTracker:
 
     def idle(self) -> None:
         """Time from now until the next phase belongs to no step (an epoch's end, the loader ran out)."""
-        if self._dark_left:
+        if self.dark_left:
             self._dark_to_light()
         if self.light:
             now = self._step_now()
@@ -723,7 +744,7 @@ class StepTracker:
         """The open step is no step: close its ``ProfilerStep`` label and return its marks."""
         self.end_step_label()
         self._own_ns = 0
-        if self._dark_left:
+        if self.dark_left:
             self._dark_to_light()
         if self.light:
             if self._short_walls:
@@ -740,7 +761,7 @@ class StepTracker:
         short."""
         while self.account.depth:
             self.aside_end(self.account.innermost)  # type: ignore[arg-type]
-        if self._dark_left:
+        if self.dark_left:
             self._dark_to_light()
         if self.light:
             if self.light_stepped and count_last:
@@ -763,7 +784,7 @@ class StepTracker:
         if kind not in ASIDES:
             raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
         self.listener.aside_opening(kind)
-        if self._dark_left:
+        if self.dark_left:
             self._dark_to_light()
         if self.phase is not None:
             self.close_phase()
