@@ -144,6 +144,9 @@ class PerfConfig:
         window_rss_limit_bytes: a capture window stops early, saved, once the process's RSS grew by more than the
             larger of this and a quarter of its RSS before the window (torch's profiler keeps an allocation per
             event until the window ends); default 150 MiB; ``None``: no bound. The window's record says it.
+        window_micro_batches: a capture window stops early, saved, after the recorded step that brings its recorded
+            micro-batches to this many (a job that accumulates gradients over 8 micro-batches records one step, not
+            three: each recorded micro-batch costs the job time and memory); default 8; ``None``: no bound.
         record_shapes: passed to ``torch.profiler.profile``.
         profile_memory: passed to ``torch.profiler.profile``; off by default, as in torch and its peers (it makes
             every window heavier: an event per allocation). The memory monitor and its snapshots cover memory.
@@ -218,6 +221,7 @@ class PerfConfig:
     max_traces: int = 5
     max_trace_bytes: int = 512 * 2**20
     window_rss_limit_bytes: int | None = 150 * 2**20
+    window_micro_batches: int | None = 8
     record_shapes: bool = True
     profile_memory: bool = False
     with_stack: bool = False
@@ -263,9 +267,10 @@ class PerfConfig:
             raise TypeError(f"output_dir must be a path (str or os.PathLike) or None, "
                             f"got {type(self.output_dir).__name__}")
         for name in ("max_traces", "max_trace_bytes", "on_demand_active", "memory_history_entries",
-                     "max_memory_captures", "wandb_log_every", "wandb_queue", "window_rss_limit_bytes"):
+                     "max_memory_captures", "wandb_log_every", "wandb_queue", "window_rss_limit_bytes",
+                     "window_micro_batches"):
             value = getattr(self, name)
-            if value is None and name in ("wandb_log_every", "window_rss_limit_bytes"):  # the cadence, no bound
+            if value is None and name in ("wandb_log_every", "window_rss_limit_bytes", "window_micro_batches"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

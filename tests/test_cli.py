@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -185,3 +186,26 @@ def test_analyze_html_numbers_the_steps_as_the_trace_does(tmp_path: Path, monkey
     x_labels = re.findall(r'text-anchor="(?:middle|end)" font-size="11" fill="#555">(\d+)</text>', page)
     assert x_labels[:3] == ["2", "3", "4"]
     assert "step 2: " in page and "step 0: " not in page
+
+
+def test_a_runs_own_window_analysis_runs_on_idle_cpu(tmp_path: Path) -> None:
+    """The child that analyses a large window asks for SCHED_IDLE (it runs when a CPU would idle, not in the steps'
+    way); ``perfhooks analyze --idle`` gives the same result as without."""
+    import subprocess
+
+    from perfhooks.capture.window_job import analysis_command
+    from perfhooks.rules.thresholds import Thresholds
+
+    command = analysis_command(RESNET_0, Thresholds())
+    assert "--idle" in command
+    probe = ("import os; from perfhooks.cli.main import _on_idle_cpu; _on_idle_cpu(); "
+             "print(getattr(os, 'SCHED_IDLE', None) in (None, os.sched_getscheduler(0)))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"
+    idle = subprocess.run([sys.executable, "-m", "perfhooks", "analyze", str(RESNET_0), "--format", "json", "--idle"],
+                          capture_output=True, text=True, check=True)
+    plain = subprocess.run([sys.executable, "-m", "perfhooks", "analyze", str(RESNET_0), "--format", "json"],
+                           capture_output=True, text=True, check=True)
+    with_idle, without = json.loads(idle.stdout), json.loads(plain.stdout)
+    with_idle.pop("updated_at"), without.pop("updated_at")
+    assert with_idle == without

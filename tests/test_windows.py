@@ -301,3 +301,29 @@ def test_a_window_says_the_rss_it_added_and_stops_early_past_its_bound(tmp_path:
     assert len(list((tmp_path / "bounded" / "traces").glob("*.gz"))) == 1
     cost = engine.final_report["overhead"]["windows"]
     assert cost["count"] == 1 and cost["stopped_early"] == 1 and cost["peak_rss_added_bytes"] >= chunk
+
+
+@pytest.mark.parametrize(("accumulate", "recorded", "stopped"), [(1, 3, False), (3, 3, False), (4, 2, True),
+                                                                 (8, 1, True)])
+def test_a_window_records_at_most_its_bound_of_micro_batches(tmp_path: Path, accumulate: int, recorded: int,
+                                                            stopped: bool) -> None:
+    """Issue 75: a job that accumulates gradients over 8 micro-batches recorded 24 in a default window, at +30% a
+    step and +400 MB of peak RSS on the CPU. A window stops, saved, after the recorded step that brings it to 8
+    micro-batches (``window_micro_batches``), and says what it gave up; one step is always recorded, and the step
+    that passes the bound is the window's last."""
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=2, warmup=1, active=3, repeat=1))
+    plain_loop(engine, steps=9, accumulate=accumulate)
+    report = engine.close()
+    (window,) = report["windows"]
+    assert (window["first_step"], window["last_step"]) == (3, 3 + recorded - 1)
+    trace = load_trace(Path(window["path"]))
+    labels = sorted(n for n in annotation_names(trace) if n.startswith("ProfilerStep#"))
+    assert labels == [f"ProfilerStep#{step}" for step in range(3, 3 + recorded)]
+    assert annotation_names(trace).count("forward") == recorded * accumulate
+    if stopped:
+        assert window["stopped_early"] == (f"stopped at step {3 + recorded}: it recorded {recorded * accumulate} "
+                                           f"micro-batches (steps 3 to {3 + recorded - 1}), the window's bound of 8")
+        assert report["overhead"]["windows"]["stopped_early"] == 1
+    else:
+        assert "stopped_early" not in window
+    assert len(list((tmp_path / "traces").glob("*.gz"))) == 1

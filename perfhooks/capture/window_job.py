@@ -4,7 +4,8 @@ A small trace (at most :data:`IN_PROCESS_MAX_BYTES` on disk, gzipped; a CPU run'
 analysed in the training process: a few ms, where starting a Python child costs about 0.2 s, which a short run
 pays at its close and a fast one in the steps it overlaps. A larger one (a GPU window) would hold the GIL for
 a second or so and slow the steps it overlaps, so it goes to a separate interpreter (``perfhooks analyze``,
-which imports no torch) at a lower CPU priority (``nice``), beside training rather than in its way. The ranks
+which imports no torch) at a lower CPU priority (``nice`` while it starts, then ``SCHED_IDLE``: it runs on CPU
+time the steps leave idle), beside training rather than in its way. The ranks
 of a node take turns (:func:`node_lock`): one analysis process per node at a time, so the memory a window's
 analysis needs (peak RSS 2-3x the trace's uncompressed JSON) is paid once per node, not once per rank.
 """
@@ -42,7 +43,7 @@ CHILD_NICENESS = 10
 
 
 def analysis_command(path: Path, thresholds: Any) -> list[str]:
-    command = [sys.executable, "-m", "perfhooks", "analyze", str(path), "--format", "json",
+    command = [sys.executable, "-m", "perfhooks", "analyze", str(path), "--format", "json", "--idle",
                "--thresholds", json.dumps(dataclasses.asdict(thresholds))]
     nice = shutil.which("nice")
     return [nice, "-n", str(CHILD_NICENESS), *command] if nice else command

@@ -44,6 +44,9 @@ class WindowSettings:
     #: A window stops early once the process's RSS grew by more than the larger of this and a quarter of its RSS
     #: before the window (bytes; None: no bound).
     rss_limit_bytes: int | None = 150 * 2**20
+    #: A window stops early after the recorded step that brings its recorded micro-batches to this many (None: no
+    #: bound).
+    max_micro_batches: int | None = 8
 
 
 def trace_name(rank: int, first_step: int) -> str:
@@ -95,6 +98,8 @@ class CaptureWindows:
         self.memory = WindowMemory(settings.rss_limit_bytes)
         self._stopped_early: str | None = None
         self._holding_off = False
+        #: Micro-batches the open window recorded so far (against ``settings.max_micro_batches``).
+        self._recorded_micro_batches = 0
 
     def defer_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user (e.g. Lightning's PyTorchProfiler) is configured: open no window.
@@ -111,8 +116,9 @@ class CaptureWindows:
         return self._profiler is not None
 
     @holds_lock
-    def at_step(self, step: int, trigger: str = "schedule") -> Action:
-        """Called once per step, at its start, before any of its work; the step's action."""
+    def at_step(self, step: int, trigger: str = "schedule", micro_batches: int = 0) -> Action:
+        """Called once per step, at its start, before any of its work; the step's action. ``micro_batches``: those of
+        the step that just ended (a recorded one's count towards the window's bound)."""
         action = self.action_fn(step)
         if self._holding_off:  # a window stopped early for memory: its cycle is given up
             if action is not Action.NONE:
@@ -127,6 +133,14 @@ class CaptureWindows:
                 return action
             self._open(step, action, trigger)
         else:
+            if self._last_step == step - 1:  # the step that ended was recorded
+                self._recorded_micro_batches += max(1, micro_batches)
+            bound = self.settings.max_micro_batches
+            if action.recording and bound is not None and self._recorded_micro_batches >= bound:
+                # before the next step's label opens: the trace ends with the last step it recorded
+                return self._stop_early(f"stopped at step {step}: it recorded {self._recorded_micro_batches} "
+                                        f"micro-batches (steps {self._first_step} to {self._last_step}), the "
+                                        f"window's bound of {bound}")
             self._profiler.step()  # may save the previous cycle through _on_trace_ready
             if action is Action.NONE:
                 self._profiler.stop()
@@ -134,18 +148,22 @@ class CaptureWindows:
             release_freed_heap()  # the recorded step's freed tensors, kept in the heap by the profiler's events
             added = self.memory.over_bound() if self._profiler is not None else None
             if added is not None:  # the profiler's buffers grew past the bound: the window ends here, saved
-                self._stopped_early = (f"stopped at step {step}: the process's RSS grew by {added / 2**20:.0f} MiB, "
-                                       f"past the window's {self.memory.bound / 2**20:.0f} MiB bound")
-                self._holding_off = True
-                profiler, self._profiler = self._profiler, None
-                profiler.stop()
-                return Action.NONE
+                return self._stop_early(f"stopped at step {step}: the process's RSS grew by {added / 2**20:.0f} "
+                                        f"MiB, past the window's {self.memory.bound / 2**20:.0f} MiB bound")
         if action.recording:
             if self._first_step is None:
                 self._first_step = step
                 self._nsys(start=True)
             self._last_step = step
         return action
+
+    def _stop_early(self, why: str) -> Action:
+        """End the open window here, saved, and give up the rest of its cycle; ``why`` goes in its record."""
+        self._stopped_early = why
+        self._holding_off = True
+        profiler, self._profiler = self._profiler, None
+        profiler.stop()
+        return Action.NONE
 
     @holds_lock
     def end_step_label(self) -> None:
@@ -231,6 +249,7 @@ class CaptureWindows:
             profiler._prev_schedule_action = profiler.current_action
         self._add_rank_metadata(profiler)
         self._trigger = trigger
+        self._recorded_micro_batches = 0
         self.memory.opened()
         profiler.start()
         self._profiler = profiler

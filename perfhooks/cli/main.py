@@ -6,7 +6,9 @@ Exit status: 0 on success, 2 on bad input (one line on stderr naming the file an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ def _analyze(args: argparse.Namespace) -> int:
     from perfhooks.offline.analyze import analyze_paths
     from perfhooks.rules.thresholds import Thresholds
 
+    if args.idle:
+        _on_idle_cpu()
     try:
         thresholds = Thresholds(**json.loads(args.thresholds)) if args.thresholds else None
     except (ValueError, TypeError) as error:
@@ -51,6 +55,16 @@ def _analyze(args: argparse.Namespace) -> int:
 
         text = format_analysis(report)
     return _emit(text, args.output)
+
+
+def _on_idle_cpu() -> None:
+    """This process runs only when a CPU would otherwise idle (``SCHED_IDLE``), or at the lowest nice where the OS
+    has no such class; as it was where neither can be set."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        with contextlib.suppress(AttributeError, OSError):
+            os.nice(19 - os.nice(0))
 
 
 def _analyze_snapshots(args: argparse.Namespace) -> int:
@@ -123,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--workers", type=int, default=None, help="processes for multi-rank folders")
     analyze.add_argument("--thresholds", default=None, help="diagnosis thresholds as JSON, e.g. "
                          "'{\"gpu_utilization\": 0.5}' (fields of perfhooks.Thresholds)")
+    analyze.add_argument("--idle", action="store_true", help="run on idle CPU only (Linux's SCHED_IDLE; elsewhere "
+                         "the lowest nice): what a training run's own window analysis uses, beside its steps")
     analyze.set_defaults(run=_analyze)
     report = commands.add_parser("report", help="regenerate report.html in a perfhooks output folder")
     report.add_argument("output_dir")

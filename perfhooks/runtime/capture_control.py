@@ -42,7 +42,7 @@ class CaptureControl:
                 with_stack=config.with_stack, cuda=cuda, nsys_capture=config.nsys_capture,
                 detach_cupti=config.detach_cupti,
                 max_traces=config.max_traces, max_trace_bytes=config.max_trace_bytes,
-                rss_limit_bytes=config.window_rss_limit_bytes),
+                rss_limit_bytes=config.window_rss_limit_bytes, max_micro_batches=config.window_micro_batches),
             writer, faults, once, on_saved=on_saved, on_written=on_written)
         self.trigger = OnDemandTrigger(output_dir, config.trigger_poll_s) if config.on_demand else None
         if self.trigger is not None and self.trigger.signal_skipped:
@@ -119,9 +119,10 @@ class CaptureControl:
         """Another ``torch.profiler`` user is configured (e.g. Lightning's PyTorchProfiler): open no window."""
         self.windows.defer_to(owner)
 
-    def at_step(self, step: int) -> Action:
+    def at_step(self, step: int, micro_batches: int = 0) -> Action:
         """A step starts: take the triggers, then open, step or close the window (once per step number: a step
-        discarded by ``idle`` has driven the windows already); the step's action."""
+        discarded by ``idle`` has driven the windows already); the step's action. ``micro_batches``: those of the
+        step that just ended."""
         if self._driven_at == step:
             return self.action(step)
         self._driven_at = step
@@ -132,7 +133,7 @@ class CaptureControl:
         except Exception as error:
             self.faults.report("trigger", error)
         try:
-            return self.windows.at_step(step, trigger)
+            return self.windows.at_step(step, trigger, micro_batches)
         except Exception as error:
             self.faults.report("window", error)
             return self.action(step)

@@ -114,7 +114,7 @@ class RunParts:
         """A step opens: windows, compile watch, memory, FLOPs. True when perfhooks' own work overlaps it."""
         capture = self.capture
         # a window's profiler would call the broken device
-        action = capture.action(step) if self.device_broken else capture.at_step(step)
+        action = capture.action(step) if self.device_broken else capture.at_step(step, self.tracker.last_micro_batches)
         self.compile.watch.maybe_install()  # dynamo's callbacks once dynamo is loaded (a check after)
         memory = self.memory
         if memory is not None and not self.device_broken and monotonic_ns() >= memory.next_step_ns:

@@ -122,6 +122,8 @@ class StepTracker:
         #: the steps it leaves out are counted in :attr:`unnamed_steps`, out of the per-step figure).
         self.naming = True
         self.unnamed_steps = 0
+        #: Micro-batches of the last detailed step that ended (a capture window counts those it recorded).
+        self.last_micro_batches = 0
         #: What the step's batches hold: samples, tokens, padding, shapes (counted on detailed steps).
         self.batches = BatchCounter()
         #: No event is taken any more (the run closed).
@@ -697,6 +699,7 @@ class StepTracker:
             if not self.naming:
                 self.unnamed_steps += 1
             record.micro_batches = max(1, record.micro_batches)  # a loop that reports no fetch: one batch
+            self.last_micro_batches = record.micro_batches
             if self.listener.step_closing():
                 record.own = True
             step = self.step
