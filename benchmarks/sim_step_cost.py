@@ -296,11 +296,19 @@ def budget(gpu: SimulatedGpu, steps: int, rounds: int) -> dict[str, Any]:
           f"{last['detailed_steps'] + last['light_steps']} steps, probability {last['probability']}, in place "
           f"{last['in_place_us']}, share of run {last['share_of_run']}, kept {last['kept']}, paired {last['paired']}")
     print(f"{'':>12}dark steps {last['dark_steps']} (share of blocks {last['dark_share']}); measured "
-          f"{last['measured']}; against the bare rounds: {statistics.median(added) / bare:.4f}")
+          f"{last['measured']}")
+    shares = [section["measured"]["share"] for section in sections["perfhooks"]]
+    resolved = sum(bool(section["measured"]["resolved"]) for section in sections["perfhooks"])
+    against = statistics.median(ratios("perfhooks")) - 1
+    within = abs(statistics.median(shares) - against) <= 0.01
+    print(f"{'':>12}the report's measured share, median of the rounds: {statistics.median(shares):.4f} (rounds "
+          f"{min(shares):.4f} to {max(shares):.4f}; resolved in {resolved} of {len(shares)}); against the bare "
+          f"rounds: {against:.4f}; within 1 point: {'yes' if within else 'NO'}")
     return {"rounds": rounds, "steps": steps, "bare_mean_us": bare, "light_in_place_us": light_in_place,
             "entry_points_us": entry_us, "light_ratio": statistics.median(ratios("light")),
             "dark_ratio": statistics.median(ratios("dark")), "measured": last["measured"],
-            "defaults_ratio": statistics.median(ratios("perfhooks")), "defaults_added_us": statistics.median(added)}
+            "defaults_ratio": statistics.median(ratios("perfhooks")), "defaults_added_us": statistics.median(added),
+            "measured_share": statistics.median(shares), "measured_resolved": resolved}
 
 
 def _bookkeeping_cuts() -> dict[str, list[tuple[type, str, Any]]]:

@@ -20,6 +20,8 @@ The sections, in the order they run (``--only NAME``; each module also runs alon
   come from ``--peers-python`` (an interpreter with benchmarks/requirements.txt) or this one if it has them.
 - ``memory_capture``: a capture's pause on the training thread (``memory_capture.py``).
 - ``top_frame``: one frame of ``perfhooks top`` over 1,000 ranks' live files (``top_frame.py``).
+- ``short_jobs``: two short CPU jobs (a small GPT under accelerate with 8 micro-batches a step, and a plain loop),
+  whole loops and peak RSS, plain against the defaults, in fresh processes (``short_jobs.py``).
 - ``budget``, ``reader``, ``lightning_parts``: on the simulated GPU (``tests/simulated_gpu.py``, each device call
   charged its host cost on an H100), the cost budget's checks, the timing reader's Python a step, and a host-bound
   Lightning fit with each part of perfhooks off in turn (``sim_step_cost.py``).
@@ -54,6 +56,7 @@ import analysis_speed  # noqa: E402
 import annotation_cost  # noqa: E402
 import memory_capture  # noqa: E402
 import overhead  # noqa: E402
+import short_jobs  # noqa: E402
 import sim_step_cost  # noqa: E402
 import synthetic  # noqa: E402
 import top_frame  # noqa: E402
@@ -271,6 +274,12 @@ def budget_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[s
     return result
 
 
+def short_jobs_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> list[dict[str, Any]]:
+    pairs = 1 if args.quick else 3
+    print(f"two short CPU jobs, plain against the defaults, whole loops in fresh processes ({pairs} pairs)")
+    return [short_jobs.run(job, pairs) for job in ("accelerate", "plain")]
+
+
 def reader_section(args: argparse.Namespace, verdicts: dict[str, Any]) -> dict[str, Any]:
     print("the timing reader's Python a step, on the simulated GPU")
     with on_the_simulated_gpu() as gpu:
@@ -313,6 +322,7 @@ SECTIONS: dict[str, Callable[[argparse.Namespace, dict[str, Any]], Any]] = {
     "memory_capture": memory_capture_section,
     "top_frame": top_frame_section,
     "budget": budget_section,
+    "short_jobs": short_jobs_section,
     "reader": reader_section,
     "lightning_parts": lightning_parts_section,
     "cuda": cuda_only_section,
