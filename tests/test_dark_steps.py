@@ -150,3 +150,60 @@ def test_the_summary_names_the_steps_that_hold_the_cost_when_they_are_not_the_me
            "(7.0% of the steps' time)" in line
     overhead["windows"].update(added_s=0.001, time_share=0.0001)
     assert "overlapped" not in (overhead_line({"steps": 20, "phase_steps": 20, "overhead": overhead}) or "")
+
+
+@pytest.mark.parametrize("dark", [True, False])
+def test_a_plain_loops_step_count_is_exact_across_evaluations_and_the_loaders_end(tmp_path: Path,
+                                                                                  dark: bool) -> None:
+    """A real ``perfhooks.profile`` loop, every block that may be dark dark (or none): the step count and the global
+    step stay exact across evaluations, the loader's end inside a block and the close."""
+    import torch
+
+    import perfhooks
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = [torch.randn(2, 4) for _ in range(2000)]
+    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
+    sampler = perf.engine.tracker.sampler
+    sampler.hold(0.0)
+    sampler.dark_share = 1.0 if dark else 0.0
+    for step, x in enumerate(perf.batches(data)):
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 700 == 699:
+            with perf.evaluation():
+                model(data[0])
+    report = perf.close()
+    assert report["steps"] == report["global_step"] == 2000
+    assert (report["overhead"]["dark_steps"] > 1000) is dark
+
+
+def test_a_skipped_step_the_loop_ends_itself_ends_a_dark_block_exactly(tmp_path: Path) -> None:
+    """A ``GradScaler`` that skips a step: the loop calls ``perf.step()`` for it (the optimizer's hook did not fire).
+    Inside a dark block, that ends the block and the step, each counted once."""
+    import torch
+
+    import perfhooks
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
+    sampler = perf.engine.tracker.sampler
+    sampler.hold(0.0)
+    sampler.dark_share = 1.0
+    x = torch.randn(2, 4)
+    for step in range(1500):
+        with perf.data_wait():
+            batch = x
+        model(batch).square().mean().backward()
+        if step % 97 == 96:  # the scaler found an inf: no optimizer step, the loop says the step ended
+            perf.step()
+        else:
+            optimizer.step()
+        optimizer.zero_grad()
+    report = perf.close()
+    assert report["steps"] == report["global_step"] == 1500
+    assert report["overhead"]["dark_steps"] > 500
