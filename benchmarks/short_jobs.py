@@ -3,6 +3,7 @@ process's peak RSS, plain against profiled, each run a fresh process, in pairs w
 each profiled run's report said it cost.
 
     python benchmarks/short_jobs.py [--pairs 3] [--job accelerate] [--job plain] [--out FILE.json]
+    python benchmarks/short_jobs.py --job plain --perfhooks-from OLD_CHECKOUT      # an older perfhooks
 
 - ``accelerate`` (``jobs/accelerate_gpt.py``): a small GPT under an ``Accelerator``, 8 micro-batches a step,
   anomaly detection on, 20 steps; profiled by ``perfhooks run`` with its defaults.
@@ -42,11 +43,12 @@ def command(job: str, profiled: bool, out: Path) -> list[str]:
     return [sys.executable, str(JOBS / "plain_gpt.py"), *(["--perfhooks", str(out)] if profiled else [])]
 
 
-def run_once(job: str, profiled: bool) -> dict[str, Any]:
-    """One fresh process: its JSON line, and with perfhooks its report's ``overhead``."""
+def run_once(job: str, profiled: bool, perfhooks_from: Path = REPO) -> dict[str, Any]:
+    """One fresh process: its JSON line, and with perfhooks its report's ``overhead``. ``perfhooks_from``: the
+    checkout whose ``perfhooks`` the job imports (an older one, to compare; the plain job only)."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "perf"
-        env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(perfhooks_from)}
         done = subprocess.run(command(job, profiled, out), capture_output=True, text=True, env=env, cwd=folder,
                               timeout=900, check=False)
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -71,11 +73,11 @@ def said_cost_s(result: dict[str, Any]) -> float:
     return (measured + (overhead.get("captures_share") or 0.0)) * result["loop_s"] + windows
 
 
-def run(job: str, pairs: int) -> dict[str, Any]:
+def run(job: str, pairs: int, perfhooks_from: Path = REPO) -> dict[str, Any]:
     plain, profiled = [], []
     for pair in range(pairs):
         for kind in ((False, True) if pair % 2 == 0 else (True, False)):
-            (profiled if kind else plain).append(run_once(job, kind))
+            (profiled if kind else plain).append(run_once(job, kind, perfhooks_from))
     lost = [p["loop_s"] - b["loop_s"] for p, b in zip(profiled, plain, strict=True)]
     ratio = [p["loop_s"] / b["loop_s"] for p, b in zip(profiled, plain, strict=True)]
     rss = [(p["peak_rss"] - b["peak_rss"]) / 2**20 for p, b in zip(profiled, plain, strict=True)]
@@ -100,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--job", action="append", choices=("accelerate", "plain"))
     parser.add_argument("--out", type=Path, default=None, help="write the figures here (JSON)")
+    parser.add_argument("--perfhooks-from", type=Path, default=REPO,
+                        help="a checkout whose perfhooks the jobs import (git worktree add DIR REV), to compare")
     args = parser.parse_args(argv)
     print(describe_machine(), flush=True)
-    results = [run(job, args.pairs) for job in args.job or ("accelerate", "plain")]
+    results = [run(job, args.pairs, args.perfhooks_from) for job in args.job or ("accelerate", "plain")]
     if args.out is not None:
         args.out.write_text(json.dumps({"machine": describe_machine(), "results": results}, indent=1))
     return 0
