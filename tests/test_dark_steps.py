@@ -207,3 +207,14 @@ def test_a_skipped_step_the_loop_ends_itself_ends_a_dark_block_exactly(tmp_path:
     report = perf.close()
     assert report["steps"] == report["global_step"] == 1500
     assert report["overhead"]["dark_steps"] > 500
+
+
+def test_wandbs_figures_table_says_what_perfhooks_cost_and_the_windows_time(tmp_path: Path) -> None:
+    """The ``perf/figures`` table: the measured share once resolved, and the windows' steps beyond steady ones."""
+    from perfhooks.sinks.wandb import _figures_table
+
+    report = run(tmp_path, dark=True, light_ms=0.02, detailed_ms=0.2)
+    rows = dict(_figures_table(report, {})().data)
+    overhead = report["overhead"]
+    assert rows["perf/overhead/measured"] == str(overhead["measured"]["share"])
+    assert rows["perf/overhead/windows_time_share"] == str(overhead["windows"]["time_share"])

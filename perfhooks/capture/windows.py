@@ -120,7 +120,7 @@ class CaptureWindows:
         """Called once per step, at its start, before any of its work; the step's action. ``micro_batches``: those of
         the step that just ended (a recorded one's count towards the window's bound)."""
         action = self.action_fn(step)
-        if self._holding_off:  # a window stopped early for memory: its cycle is given up
+        if self._holding_off:  # a window stopped early (memory, its micro-batches): its cycle is given up
             if action is not Action.NONE:
                 return Action.NONE
             self._holding_off = False

@@ -391,6 +391,9 @@ def _figures_table(report: dict[str, Any], memory: dict[str, Any]) -> Any:
         figures["perf/overhead/phase_steps"] = report.get("phase_steps", 0)
         figures["perf/overhead/kept"] = str(overhead.get("kept"))
         figures["perf/overhead/budget"] = str(overhead.get("budget"))
+        windows = overhead.get("windows") or {}
+        if windows.get("time_share") is not None:  # the windows' and exports' steps against the steady ones
+            figures["perf/overhead/windows_time_share"] = windows["time_share"]
     for key, value in (report.get("run") or {}).items():
         if isinstance(value, (int, float)):
             figures[f"perf/run/{key}"] = value

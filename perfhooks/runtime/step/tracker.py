@@ -48,13 +48,14 @@ _PHASE_NAMES = frozenset(PHASES)
 #: pathological one).
 MAX_NAMED_WORK = 256
 #: Light steps and the detailed steps the sampler drew publish the run's state at most this often (ns of their
-#: clock), unless the listener asks for a step (:attr:`StepTracker.publish_at_step`): a signal's report or ``top``
-#: may miss the last few milliseconds of steps, never more. The run's first steps (the sampler's warm-up), steps
-#: a window or a count forced, and every step when every step is detailed (no budget) publish at their end.
+#: clock; more seldom as the long path costs more, :attr:`StepTracker.publish_every_ns`), unless the listener asks for
+#: a step (:attr:`StepTracker.publish_at_step`). The run's first steps (the sampler's warm-up), steps a window or a
+#: count forced, and every step when every step is detailed (no budget) publish at their end.
 LIGHT_PUBLISH_EVERY_NS = 20_000_000
-#: The long path (what light steps fold, the published state, a step's opening) is taken at most once every this
-#: long (ns), or so that its measured cost in place stays within :data:`LONG_PATH_SHARE` of the steps' clock, at most
-#: once every :data:`PUBLISH_EVERY_MAX_NS` (a signal's report or ``top`` may miss the last second of steps).
+#: The long path (what light steps fold, the published state, a step's opening) comes at most every
+#: :data:`LIGHT_PUBLISH_EVERY_NS`, and further apart as it costs more, so that its cost in place stays within
+#: :data:`LONG_PATH_SHARE` of the steps' clock; never more than :data:`PUBLISH_EVERY_MAX_NS` apart (a signal's report
+#: or ``top`` may miss the last second of steps, not more).
 PUBLISH_EVERY_MAX_NS = 1_000_000_000
 #: The long path's share of the steps' clock, in place: half of 0.1%, since on the wall clock it costs more (its
 #: Python slows the user's next steps; 1.5 to 3 times on the simulated launch-bound loop).
@@ -488,8 +489,9 @@ class StepTracker:
         return done
 
     def _long_path_took(self, ns: int) -> None:
-        """A light step or a dark block ended on the long path, which took ``ns`` in place: the next are taken at
-        most :data:`LONG_PATH_SHARE` of the steps' clock apart (:attr:`publish_every_ns`)."""
+        """A light step or a dark block ended on the long path, which took ``ns`` in place: the next come far enough
+        apart (:attr:`publish_every_ns`) that the long path's running mean cost stays within
+        :data:`LONG_PATH_SHARE` of the steps' clock."""
         mean = self._long_path_ns = ns if not self._long_path_ns else 0.75 * self._long_path_ns + 0.25 * ns
         self.publish_every_ns = int(min(PUBLISH_EVERY_MAX_NS, max(LIGHT_PUBLISH_EVERY_NS, mean / LONG_PATH_SHARE)))
 
