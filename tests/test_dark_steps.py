@@ -218,3 +218,52 @@ def test_wandbs_figures_table_says_what_perfhooks_cost_and_the_windows_time(tmp_
     overhead = report["overhead"]
     assert rows["perf/overhead/measured"] == str(overhead["measured"]["share"])
     assert rows["perf/overhead/windows_time_share"] == str(overhead["windows"]["time_share"])
+
+
+def test_the_plain_loops_fast_path_through_a_dark_block_stops_at_a_wake_and_fits_its_horizon(tmp_path: Path) -> None:
+    """The plain loop ends a dark block's steps on a small object of its own, reading no clock (the tracker's state
+    is left cold). A signal's wake (another thread, or a handler: one attribute write) ends the block at the next
+    step; and a block is drawn only as long as the steps fit before the next long path."""
+    import torch
+
+    import perfhooks
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
+    tracker = perf.engine.tracker
+    tracker.sampler.hold(0.0)
+    tracker.sampler.dark_share = 1.0
+    x = torch.randn(2, 4)
+    woken = None
+    for step in range(400):
+        with perf.data_wait():
+            batch = x
+        if woken is None and tracker.fast.left > 3:  # in a block, on the fast path
+            woken, left = step, tracker.dark_left
+            tracker.wake()
+            assert tracker.fast.open is False
+        elif woken is not None and step == woken + 1:
+            assert tracker.dark_left == 0 and tracker.fast.left == 0, "the block ended at the step after the wake"
+            assert tracker.step == step, "every step it ended counted"
+        model(batch).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    report = perf.close()
+    assert woken is not None and left > 3
+    assert report["steps"] == report["global_step"] == 400
+
+    # a block must fit before the next long path: with steps of 10 ms and 50 ms left, none is drawn
+    engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False, memory=False), tmp_path / "cap", "test")
+    tracker = engine.tracker
+    tracker.fast_path = True
+    tracker.sampler.dark_share = 1.0
+    tracker._short_left = 100
+    tracker._short_walls = [10_000_000]
+    tracker._short_until_ns = __import__("time").monotonic_ns() + 50_000_000
+    tracker._maybe_dark(0)
+    assert tracker.dark_left == 0
+    tracker._short_until_ns += 10**9  # a second more: a block of up to 64 steps
+    tracker._maybe_dark(0)
+    assert 16 < tracker.dark_left <= 64 and tracker.fast.left == tracker.dark_left
+    engine.close()

@@ -36,6 +36,7 @@ from perfhooks.runtime.hooks.torch_hooks import (
     watch_training_forward,
 )
 from perfhooks.runtime.loops.session import LoopSession, check_models_and_optimizers, listed
+from perfhooks.runtime.step.tracker import DarkFetches
 from perfhooks.runtime.throughput.precision import autocast_dtype, autocast_probe
 from perfhooks.timebase import monotonic_ns
 
@@ -115,6 +116,12 @@ class DataWait:
 
     def __enter__(self) -> None:
         loop = self.loop
+        fast = loop._fast
+        if fast.left > 1 and fast.stepped and fast.open:  # a dark step ends: counted here, the tracker left cold
+            fast.left -= 1
+            fast.steps += 1
+            fast.stepped = False
+            return
         if loop._closed:
             return
         self.timed = True
@@ -151,6 +158,8 @@ class ProfiledLoop(LoopSession):
         self._unseen_batch = False  # a fetch whose batch no forward has taken yet (its samples and tokens count)
         self._closed = False
         self._wait = DataWait(self)
+        #: The tracker's fast path through dark blocks (a closed one until the engine starts).
+        self._fast = DarkFetches()
         self._models = models
         #: A training forward of the modules given has run; detailed steps that stepped without one so far.
         self._forward_seen = False
@@ -167,6 +176,9 @@ class ProfiledLoop(LoopSession):
             return
         #: ``gate.light``: the open step is light, and the hooks return at their first check.
         self._gate: Any = getattr(self.engine, "tracker", NoGate)
+        if self._gate is not NoGate:  # the tracker: this loop takes its fast path through dark blocks
+            self._fast = self._gate.fast
+            self._gate.fast_path = True
         try:
             for model in models:
                 watch_training_forward(model, self._forward_start, self._forward_end, self._hooks, with_inputs=True,
@@ -239,6 +251,11 @@ class ProfiledLoop(LoopSession):
             self.engine.phase_start(OPTIMIZER)
 
     def _optimizer_end(self, *_hook_args: Any) -> None:
+        fast = self._fast
+        if fast.left:  # a dark step stepped: noted on the fast path's object
+            fast.stepped = True
+            fast.hooks += 1
+            return
         engine = self.engine
         if not self._gate.light:
             engine.phase_end(OPTIMIZER)

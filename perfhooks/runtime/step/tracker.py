@@ -62,6 +62,22 @@ PUBLISH_EVERY_MAX_NS = 1_000_000_000
 LONG_PATH_SHARE = 0.0005
 #: Light steps in a row that may end on the short path before the long one folds them (and publishes).
 SHORT_RUN = 8192
+class DarkFetches:
+    """A plain loop's dark steps between the tracker's looks (:meth:`StepTracker.fetch` at a block's ends): its fetch
+    and its optimizer's hook touch only this small object (the tracker's state is cold by then, and each attribute
+    of it read costs a launch-bound step more than its own time). ``left``: steps the loop may end by itself (0:
+    none; it ends one while more than one is left, ``open`` and the step ``stepped``); ``steps``, ``hooks``: the
+    steps it ended and the optimizer's step hooks called since the tracker last looked; ``open`` goes False when the
+    run wants the block to end at the next step (a signal's wake, another thread: one attribute write)."""
+
+    __slots__ = ("hooks", "left", "open", "stepped", "steps")
+
+    def __init__(self) -> None:
+        self.left = self.steps = self.hooks = 0
+        self.stepped = False
+        self.open = True
+
+
 class StepListener(Protocol):
     """What the rest of a run does at a step's moments (the engine routes each to its part)."""
 
@@ -193,7 +209,14 @@ class StepTracker:
         #: where in ``_short_walls`` the light steps since the last block start, and the light steps on the short
         #: path until the next draw of a block's kind.
         self.dark_left = 0
+        #: The plain loop's fast path through the open dark block (:class:`DarkFetches`), armed for a loop that said
+        #: it takes it (``fast_path``: its fetches and optimizer hooks, on the steps' own clock).
+        self.fast = DarkFetches()
+        self.fast_path = False
         self._dark_start_ns = self._dark_last_ns = 0
+        #: The open block's last step ended at an unknown time (the loop's fast path reads no clock), so its mean
+        #: step does not price a light step.
+        self._dark_inexact = False
         self._dark_steps = 0
         self._light_run_from = 0
         self._light_block_left = LIGHT_BLOCK
@@ -260,8 +283,9 @@ class StepTracker:
     def fetch(self) -> None:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
         device, the step's end mark is the next step's start (one event fewer a step) when the next is detailed."""
-        left = self.dark_left
-        if left:
+        if self.dark_left:
+            self._take_fast()
+            left = self.dark_left
             if self.light_stepped:  # a dark step ends (the block's work, inline: most of a sampled run's steps)
                 started = now = monotonic_ns()
                 if not self._same_clock:
@@ -273,6 +297,7 @@ class StepTracker:
                 short = self._short_left = self._short_left - 1
                 if left > 1 and short > 0 and started < self._short_until_ns:
                     self.dark_left = left - 1
+                    self._arm_fast()
                 else:
                     self._end_dark(now, started)
                 return
@@ -351,12 +376,18 @@ class StepTracker:
     def _maybe_dark(self, now: int) -> None:
         """The step that opened at ``now`` starts a dark block, if the sampler draws one and the steps surely light
         from here hold it."""
-        steps = self.sampler.dark_block(self._short_left)
+        surely = self._short_left
+        walls = self._short_walls
+        if self.fast_path and walls and walls[-1] > 0:  # its fast path reads no clock: the block fits the horizon
+            surely = min(surely, int((self._short_until_ns - monotonic_ns()) // walls[-1]))
+        steps = self.sampler.dark_block(surely)
         if not steps:
             return
         self.dark_left = steps
         self._dark_start_ns = self._dark_last_ns = now
         self._dark_steps = 0
+        self._dark_inexact = False
+        self._arm_fast()
         self._wait_from = 0  # a dark step's wait is not timed
         self.phase_now = (None, now / 1e9, self.step)
 
@@ -364,6 +395,7 @@ class StepTracker:
         """The open dark block's ended steps, into the statistics and the sampler; no block is open after."""
         steps, wall = self._dark_steps, self._dark_last_ns - self._dark_start_ns
         self.dark_left = self._dark_steps = 0
+        self.fast.left = 0
         # the light steps before it, less the first after a boundary (its wall holds the long path's or the last
         # block's bookkeeping, which dark steps pay too)
         walls = self._short_walls
@@ -374,7 +406,8 @@ class StepTracker:
             self._fold_short()
         if steps:
             self.stats.add_dark(steps, wall, self._light_own or self.listener.step_closing())
-            self.sampler.dark_ended(steps, wall, before, self.step - 1, self._dark_last_ns)
+            self.sampler.dark_ended(steps, wall, [] if self._dark_inexact else before, self.step - 1,
+                                    self._dark_last_ns)
 
     def _end_dark(self, now: int, started: int) -> None:
         """The dark block ends with its last step at ``now`` (the steps' clock; ``started``: ``monotonic_ns``); the
@@ -413,7 +446,11 @@ class StepTracker:
 
     def _dark_to_light(self) -> None:
         """The open dark block ends before its time (an aside, the loader's end, a second fetch, the close): its
-        ended steps are counted, and the step in progress is the open light step, from the last one's end."""
+        ended steps are counted, and the step in progress is the open light step, from the last one's end (from
+        now, when the loop's fast path ended steps since the last look: their last end was not read)."""
+        if self._take_fast():
+            self._dark_last_ns = self._step_now()
+            self._dark_inexact = True
         self._close_dark()
         self._short_left = 0
         self._light_start_ns = self._dark_last_ns
@@ -421,6 +458,34 @@ class StepTracker:
         self._light_aside_ns = 0
         self._light_micro = 1
         self._wait_from = 0
+
+    def _arm_fast(self) -> None:
+        """The loop may end the open block's next steps by itself (:class:`DarkFetches`), all but its last."""
+        if not self.fast_path:
+            return
+        fast = self.fast
+        fast.steps = fast.hooks = 0
+        fast.stepped = self.light_stepped
+        fast.open = True
+        fast.left = self.dark_left
+
+    def _take_fast(self) -> bool:
+        """Take what the loop's fast path counted since the last look into the block (steps, the optimizer's steps,
+        the open step's stepped); it stops until armed again. True when it ended steps."""
+        fast = self.fast
+        steps = fast.steps
+        if steps:
+            self.step += steps
+            self._dark_steps += steps
+            self.dark_left -= steps
+            self._short_left -= steps
+        if fast.hooks:
+            self.global_step += fast.hooks
+        if fast.stepped:
+            self.light_stepped = True
+        fast.left = fast.steps = fast.hooks = 0
+        fast.stepped = False
+        return bool(steps)
 
     def _fold_short(self) -> None:
         """The light steps that ended on the short path, into the statistics and the sampler (in order)."""
@@ -437,18 +502,21 @@ class StepTracker:
         self.quiet_until_step = 0
         self._short_left = 0
         self._short_until_ns = 0  # an open dark block ends at its next step's end
+        self.fast.open = False
 
     def publish_soon(self) -> None:
         """The next step's end publishes the run's state (another thread may call it: two attribute writes)."""
         self._publish_at = 0
         self._short_left = 0
         self._short_until_ns = 0
+        self.fast.open = False
 
     def stop(self) -> None:
         """No event is taken from now on (the run closes)."""
         self.closed = True
         self._short_left = 0
         self._short_until_ns = 0
+        self.fast.open = False
 
     def light_compiled_now(self) -> None:
         """torch.compile compiled in the open light step: it is not steady, and it ends on the long path."""
