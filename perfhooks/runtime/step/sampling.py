@@ -19,8 +19,9 @@ Always detailed (forced): the run's first :data:`WARMUP_STEPS` steps, every step
 near a memory capture, and every step while an NVTX tool is attached (its ranges are the point).
 
 *Dark* steps are the third tier: counted and nothing else (the fetch that ends one reads the clock, no more; the
-plain loop's fetch and optimizer hook end one on a small object of their own and read no clock), in blocks of :data:`DARK_BLOCK` that a run of light steps may give way to, drawn at random (:meth:`dark_block`) where
-light blocks are :data:`LIGHT_BLOCK` long. A block is timed as a whole, so the step count and the run's time stay
+plain loop's fetch and optimizer hook end one on a small object of their own and read no clock), in blocks of
+:data:`DARK_BLOCK` that a run of light steps may give way to, drawn at random (:meth:`dark_block`) where light
+blocks are :data:`LIGHT_BLOCK` long. A block is timed as a whole, so the step count and the run's time stay
 exact. Dark and light blocks in random order price a light step by the wall clock, where the user pays it (a light
 step's Python also slows the user's forward and backward, which no meter in place sees): the mean light step just
 before a dark block less the block's mean step (:meth:`dark_ended`). The detailed steps are priced the same way
