@@ -267,3 +267,37 @@ def test_the_plain_loops_fast_path_through_a_dark_block_stops_at_a_wake_and_fits
     tracker._maybe_dark(0)
     assert 16 < tracker.dark_left <= 64 and tracker.fast.left == tracker.dark_left
     engine.close()
+
+
+def test_a_second_fetch_in_a_step_inside_a_dark_block_counts_exactly_and_prices_nothing(tmp_path: Path) -> None:
+    """A loop that sometimes fetches twice in a step: inside a dark block, the second fetch ends the block there
+    (the step in progress turns light); the step count stays exact, and the block, whose last step's end was not
+    read on the fast path, prices no light step."""
+    import torch
+
+    import perfhooks
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
+    tracker = perf.engine.tracker
+    tracker.sampler.hold(0.0)
+    tracker.sampler.dark_share = 1.0
+    x = torch.randn(2, 4)
+    doubled = 0
+    for step in range(1200):
+        with perf.data_wait():
+            batch = x
+        if tracker.fast.left > 3 and step % 5 == 0:  # on the fast path: a second fetch before the step
+            pairs = tracker.sampler._dark_pairs
+            with perf.data_wait():
+                batch = x
+            assert tracker.dark_left == 0 and tracker.sampler._dark_pairs == pairs
+            doubled += 1
+        model(batch).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    report = perf.close()
+    assert doubled > 3
+    assert report["steps"] == report["global_step"] == 1200
+    assert report["micro_batches"] == 1200 + doubled

@@ -284,7 +284,7 @@ class StepTracker:
         """The loop asks its loader for a training batch: a step that stepped ends, ``data_wait`` starts. On the
         device, the step's end mark is the next step's start (one event fewer a step) when the next is detailed."""
         if self.dark_left:
-            self._take_fast()
+            took = self._take_fast()
             left = self.dark_left
             if self.light_stepped:  # a dark step ends (the block's work, inline: most of a sampled run's steps)
                 started = now = monotonic_ns()
@@ -301,6 +301,9 @@ class StepTracker:
                 else:
                     self._end_dark(now, started)
                 return
+            if took:  # the fast path ended steps whose last end was not read: the block ends now
+                self._dark_last_ns = self._step_now()
+                self._dark_inexact = True
             self._dark_to_light()  # a second fetch in a step: the open step turns light
         started = monotonic_ns()
         if self.light_stepped and self._short_left and started < self._short_until_ns and self.light:
