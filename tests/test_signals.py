@@ -63,7 +63,8 @@ def test_sigterm_saves_a_terminated_report_and_the_default_action_ends_the_proce
     assert status == -signal.SIGTERM, output[-3000:]  # as without perfhooks: no handler, the default action
     report = _report(tmp_path / folder)
     assert (report["status"], report["signal"]) == ("terminated", "SIGTERM")
-    assert second_before <= report["steps"] <= printed, (report["steps"], second_before, printed)
+    # a step may end between its optimizer step and the line the script prints after it: one more than printed
+    assert second_before <= report["steps"] <= printed + 1, (report["steps"], second_before, printed)
     assert [w["first_step"] for w in report["windows"]] == [6], "the scheduled window was saved before"
 
 
@@ -75,7 +76,8 @@ def test_sigterm_with_the_users_handler_runs_it_and_keeps_its_exit_status(tmp_pa
     assert "user handler" in plain_output and "user handler" in output
     report = _report(tmp_path / "perf")
     assert (report["status"], report["signal"]) == ("terminated", "SIGTERM")
-    assert second_before <= report["steps"] <= printed, (report["steps"], second_before, printed)
+    # a step may end between its optimizer step and the line the script prints after it: one more than printed
+    assert second_before <= report["steps"] <= printed + 1, (report["steps"], second_before, printed)
 
 
 @pytest.mark.slow
