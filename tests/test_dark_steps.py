@@ -47,6 +47,23 @@ def run(tmp_path: Path, dark: bool, light_ms: float = 0.0, detailed_ms: float = 
     return report
 
 
+def profiled_linear(tmp_path: Path, dark: bool = True) -> tuple[Any, Any, Any]:
+    """A one-layer model and SGD under ``perfhooks.profile`` (no window), every step after the warm-up light, and
+    every block that may be dark dark (or none): ``(perf, model, optimizer)``."""
+    import torch
+
+    import perfhooks
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
+    sampler = perf.engine.tracker.sampler
+    sampler.hold(0.0)
+    sampler.dark_share = 1.0 if dark else 0.0
+    return perf, model, optimizer
+
+
 @pytest.mark.parametrize("every_epoch", [0, 997])
 def test_dark_steps_keep_the_step_count_the_run_account_and_throughput_exact(tmp_path: Path,
                                                                              every_epoch: int) -> None:
@@ -159,16 +176,8 @@ def test_a_plain_loops_step_count_is_exact_across_evaluations_and_the_loaders_en
     step stay exact across evaluations, the loader's end inside a block and the close."""
     import torch
 
-    import perfhooks
-
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    perf, model, optimizer = profiled_linear(tmp_path, dark)
     data = [torch.randn(2, 4) for _ in range(2000)]
-    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
-    sampler = perf.engine.tracker.sampler
-    sampler.hold(0.0)
-    sampler.dark_share = 1.0 if dark else 0.0
     for step, x in enumerate(perf.batches(data)):
         model(x).square().mean().backward()
         optimizer.step()
@@ -186,14 +195,7 @@ def test_a_skipped_step_the_loop_ends_itself_ends_a_dark_block_exactly(tmp_path:
     Inside a dark block, that ends the block and the step, each counted once."""
     import torch
 
-    import perfhooks
-
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
-    sampler = perf.engine.tracker.sampler
-    sampler.hold(0.0)
-    sampler.dark_share = 1.0
+    perf, model, optimizer = profiled_linear(tmp_path)
     x = torch.randn(2, 4)
     for step in range(1500):
         with perf.data_wait():
@@ -226,14 +228,8 @@ def test_the_plain_loops_fast_path_through_a_dark_block_stops_at_a_wake_and_fits
     step; and a block is drawn only as long as the steps fit before the next long path."""
     import torch
 
-    import perfhooks
-
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
+    perf, model, optimizer = profiled_linear(tmp_path)
     tracker = perf.engine.tracker
-    tracker.sampler.hold(0.0)
-    tracker.sampler.dark_share = 1.0
     x = torch.randn(2, 4)
     woken = None
     for step in range(400):
@@ -275,14 +271,8 @@ def test_a_second_fetch_in_a_step_inside_a_dark_block_counts_exactly_and_prices_
     read on the fast path, prices no light step."""
     import torch
 
-    import perfhooks
-
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    perf = perfhooks.profile(model, optimizer, output_dir=tmp_path, schedule=None, console=False, on_demand=False)
+    perf, model, optimizer = profiled_linear(tmp_path)
     tracker = perf.engine.tracker
-    tracker.sampler.hold(0.0)
-    tracker.sampler.dark_share = 1.0
     x = torch.randn(2, 4)
     doubled = 0
     for step in range(1200):
