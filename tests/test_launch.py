@@ -221,3 +221,37 @@ def test_add_to_trainer_logs_is_an_option_of_perfhooks_run(tmp_path: Path) -> No
     assert own.returncode == added.returncode == 0, added.stderr[-2000:]
     assert "perf/step_ms" not in own.stdout + own.stderr
     assert "perf/step_ms" in added.stdout + added.stderr
+
+
+SCRIPT_GLOBALS = '''
+import pickle
+import sys
+import traceback
+
+
+class Point:
+    pass
+
+
+frames = traceback.extract_stack()
+names = [frame.name for frame in frames]
+print("above", len(frames) - 1, names)
+print("globals", __name__, __file__, __package__, __spec__, type(__loader__).__name__, __cached__, __doc__, sys.argv[0])
+print("main", sys.modules["__main__"].Point is Point, type(pickle.loads(pickle.dumps(Point()))) is Point)
+'''
+
+
+def test_a_script_runs_in_main_as_python_runs_it_with_no_frame_of_runpy_above_it(tmp_path: Path) -> None:
+    """The script's module globals, ``sys.modules['__main__']`` (a class it defines pickles) and ``sys.argv[0]`` as
+    under python; between the launcher and the script no frame of runpy's: anomaly mode formats every frame of
+    the stack at each operation, so each one costs the script (``perfhooks/cli/launch.py``, ``_plain_script``)."""
+    script = tmp_path / "globals.py"
+    script.write_text(SCRIPT_GLOBALS)
+    with_perfhooks = launch("--no-wandb", "--no-console", str(script))
+    without = plain(str(script))
+    assert with_perfhooks.returncode == without.returncode == 0, with_perfhooks.stderr[-2000:]
+    ours, theirs = with_perfhooks.stdout.splitlines(), without.stdout.splitlines()
+    assert ours[1:] == theirs[1:] and theirs[2] == "main True True"
+    above = ours[0].split("[", 1)[1]
+    assert "'run_path'" not in above and "'_run_module_code'" not in above
+    assert ours[0].startswith("above 6 ") and theirs[0].startswith("above 0 ")  # python -m perfhooks run: 6 frames

@@ -339,8 +339,12 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
     if script_dir is not None:  # as python SCRIPT does: the script's folder first on the path
         sys.path.insert(0, script_dir)
     error: BaseException | None = None
+    script = None if module else _plain_script(os.path.abspath(target))
     try:
-        if module:
+        if script is not None:  # executed in this frame: see _plain_script
+            with script:
+                exec(script.code, script.namespace)
+        elif module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(os.path.abspath(target), run_name="__main__")
@@ -363,6 +367,53 @@ def run(target: str, arguments: list[str], settings: dict[str, Any], module: boo
         sys.argv = saved_argv
         if script_dir is not None and script_dir in sys.path:
             sys.path.remove(script_dir)
+
+
+class _PlainScript:
+    """A script's code and the fresh ``__main__`` module it runs in, with the globals ``python SCRIPT`` gives it; the
+    module is ``sys.modules["__main__"]`` and ``sys.argv[0]`` the path while it runs, both put back after (as
+    ``runpy.run_path`` does)."""
+
+    def __init__(self, path: str, code: types.CodeType) -> None:
+        self.path, self.code = path, code
+        self.module = types.ModuleType("__main__")
+        # python SCRIPT's own (runpy's are __package__ "" and __loader__ None)
+        loader = importlib.machinery.SourceFileLoader("__main__", path)
+        self.module.__dict__.update(__file__=path, __cached__=None, __loader__=loader, __package__=None, __spec__=None)
+        self.namespace = self.module.__dict__
+        self._saved: tuple[Any, str] | None = None
+
+    def __enter__(self) -> _PlainScript:
+        self._saved = (sys.modules.get("__main__"), sys.argv[0])
+        sys.modules["__main__"] = self.module
+        sys.argv[0] = self.path
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        main, argv0 = self._saved  # type: ignore[misc]
+        if main is None:
+            sys.modules.pop("__main__", None)
+        else:
+            sys.modules["__main__"] = main
+        sys.argv[0] = argv0
+
+
+def _plain_script(path: str) -> _PlainScript | None:
+    """A plain source file, compiled, to execute in :func:`run`'s own frame; None for what runpy runs its own way (a
+    folder or zip with ``__main__.py``, a ``.pyc``). runpy would add three frames of its own under the script's, and
+    every frame costs where the stack is formatted: autograd's anomaly mode formats the whole stack at each
+    operation it records (``benchmarks/results/short-jobs-2026-11-29.md``). A source that does not compile is left
+    to runpy too, which raises its error as python does."""
+    import io
+    from pkgutil import get_importer
+
+    if path.endswith((".pyc", ".pyo")) or get_importer(path) is not None:
+        return None
+    try:
+        with io.open_code(path) as file:
+            return _PlainScript(path, compile(file.read(), path, "exec"))
+    except (OSError, SyntaxError, ValueError):
+        return None
 
 
 def _script_frames(tb: types.TracebackType | None, target: str) -> types.TracebackType | None:
