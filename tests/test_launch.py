@@ -243,8 +243,8 @@ print("main", sys.modules["__main__"].Point is Point, type(pickle.loads(pickle.d
 
 def test_a_script_runs_in_main_as_python_runs_it_with_no_frame_of_runpy_above_it(tmp_path: Path) -> None:
     """The script's module globals, ``sys.modules['__main__']`` (a class it defines pickles) and ``sys.argv[0]`` as
-    under python; between the launcher and the script no frame of runpy's: anomaly mode formats every frame of
-    the stack at each operation, so each one costs the script (``perfhooks/cli/launch.py``, ``_plain_script``)."""
+    under python; one frame under the script's, none of runpy's or the launcher's: anomaly mode formats every
+    frame of the stack at each operation, so each one costs the script (``perfhooks.cli.launch.BOOT``)."""
     script = tmp_path / "globals.py"
     script.write_text(SCRIPT_GLOBALS)
     with_perfhooks = launch("--no-wandb", "--no-console", str(script))
@@ -254,4 +254,21 @@ def test_a_script_runs_in_main_as_python_runs_it_with_no_frame_of_runpy_above_it
     assert ours[1:] == theirs[1:] and theirs[2] == "main True True"
     above = ours[0].split("[", 1)[1]
     assert "'run_path'" not in above and "'_run_module_code'" not in above
-    assert ours[0].startswith("above 6 ") and theirs[0].startswith("above 0 ")  # python -m perfhooks run: 6 frames
+    # one frame above the script: the program of the interpreter perfhooks run starts (perfhooks.cli.launch.BOOT)
+    assert ours[0] == "above 1 ['<module>', '<module>']" and theirs[0] == "above 0 ['<module>']"
+
+
+def test_an_interrupted_script_prints_pythons_traceback_and_status(tmp_path: Path) -> None:
+    """An uncaught KeyboardInterrupt: the interpreter's own traceback (the script's frames only) and exit by SIGINT;
+    ``sys.argv`` as python gives it (the script's path as typed)."""
+    script = tmp_path / "interrupted.py"
+    script.write_text("import sys\nprint(sys.argv)\nraise KeyboardInterrupt\n")
+    with_perfhooks = subprocess.run([sys.executable, "-m", "perfhooks", "run", "--no-wandb", "--no-console",
+                                     "interrupted.py", "a"], capture_output=True, text=True, timeout=300,
+                                    cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    without = subprocess.run([sys.executable, "interrupted.py", "a"], capture_output=True, text=True, timeout=300,
+                             cwd=tmp_path)
+    assert with_perfhooks.returncode == without.returncode != 0
+    assert with_perfhooks.stdout == without.stdout == "['interrupted.py', 'a']\n"
+    ours = [line for line in own_lines(with_perfhooks.stderr) if not line.startswith("perfhooks run:")]
+    assert ours == own_lines(without.stderr)

@@ -1,7 +1,8 @@
 """``perfhooks run SCRIPT [ARGS...]``: profile an unmodified training script.
 
 The script runs as ``__main__`` (as ``python SCRIPT ARGS`` would run it) after a post-import hook is
-set on each framework's construction path. The hook does not import any framework itself; when the
+set on each framework's construction path. From the command line, on POSIX, it runs in a fresh interpreter of the
+same process (:func:`start_script_interpreter`), one frame deep. The hook does not import any framework itself; when the
 script imports one, its integration adds perfhooks to every object built with it:
 
 - a Lightning ``Trainer`` gets a ``PerfCallback`` unless it has one;
@@ -315,64 +316,147 @@ def _check_version(distribution: str, tested: tuple[tuple[int, int], tuple[int, 
               f"(tested {low[0]}.{low[1]} to {high[0]}.{high[1]}); profiling it anyway", file=sys.stderr)
 
 
+#: Carries ``perfhooks run``'s own arguments (JSON) into the interpreter it starts for the script, which removes it
+#: from its environment at once.
+ARGV_VARIABLE = "PERFHOOKS_RUN_ARGV"
+#: The program of that interpreter (``python -c``): the script runs in this program's frame, the only one under its
+#: own (python SCRIPT has none).
+BOOT = """\
+from perfhooks.cli.main import launched_script
+_launched = launched_script()
+with _launched:
+    if _launched.code is None:
+        _launched.run_other()
+    else:
+        exec(_launched.code, _launched.namespace)
+raise SystemExit(_launched.status)
+"""
+
+
+def start_script_interpreter(argv: list[str], script: list[str]) -> None:
+    """Replace this process's interpreter (``os.execv``: the same pid, descriptors and environment) with ``python
+    [its flags] -c BOOT``, which runs the script at the bottom of its stack: every frame under the script costs
+    where the stack is formatted (autograd's anomaly mode formats it at each operation it records; nine frames of
+    the launcher's cost an accelerate job 3 to 6% of its steps, ``benchmarks/results/short-jobs-2026-11-29.md``).
+    ``argv``: ``perfhooks run``'s own arguments; ``script``: the script and its arguments (shown by ``ps``; the new
+    interpreter reads ``argv``). Returns only where that cannot be done (not POSIX, no
+    interpreter path, the exec failed); the caller then runs the script in this process."""
+    import subprocess
+
+    flags = getattr(subprocess, "_args_from_interpreter_flags", None)  # what multiprocessing gives its children
+    if os.name != "posix" or not sys.executable or flags is None:
+        return
+    options = list(flags())
+    if getattr(sys.stdout, "write_through", False) and "-u" not in options:  # python -u
+        options.append("-u")
+    os.environ[ARGV_VARIABLE] = json.dumps(argv)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    try:
+        os.execv(sys.executable, [sys.executable, *options, "-c", BOOT, *script])
+    except (OSError, ValueError):
+        os.environ.pop(ARGV_VARIABLE, None)
+
+
 def run(target: str, arguments: list[str], settings: dict[str, Any], module: bool = False,
         transformers_options: dict[str, Any] | None = None) -> int:
-    """Run ``target`` (a script path, or a module with ``module=True``) as ``__main__``; its exit status."""
+    """Run ``target`` (a script path, or a module with ``module=True``) as ``__main__`` in this process; its exit
+    status."""
     if not module and not Path(target).is_file():
         print(f"perfhooks run: {target}: no such script", file=sys.stderr)
         return 2
-    launcher = Launcher(settings, transformers_options)
-    launcher.install()
-    plan = os.environ.get("PERFHOOKS_TUNE_TRIAL")
-    # a perfhooks.profile loop takes the launcher's settings under its own; a tune trial's folder over them
-    forced = {"output_dir": settings["output_dir"]} if plan and settings.get("output_dir") else {}
-    from perfhooks.runtime.loops.plain_loop import launched_settings  # torch: only when a script is run
+    launched = LaunchedScript(target, arguments, settings, module=module, transformers_options=transformers_options)
+    with launched:
+        if launched.code is None:
+            launched.run_other()
+        else:  # executed in this frame: see _plain_script
+            exec(launched.code, launched.namespace)
+    return launched.status
 
-    launcher.undo.append(launched_settings(settings, forced))
-    if plan:  # a perfhooks tune trial: its seams, its stop and its losses (perfhooks.integrations.trials)
-        from perfhooks.integrations.trials import install as install_trial
 
-        install_trial(launcher, plan)
-    saved_argv = sys.argv[:]
-    script_dir = None if module else str(Path(target).resolve().parent)
-    sys.argv = [target, *arguments]
-    if script_dir is not None:  # as python SCRIPT does: the script's folder first on the path
-        sys.path.insert(0, script_dir)
-    error: BaseException | None = None
-    script = None if module else _plain_script(os.path.abspath(target))
-    try:
-        if script is not None:  # executed in this frame: see _plain_script
-            with script:
-                exec(script.code, script.namespace)
-        elif module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+class LaunchedScript:
+    """``perfhooks run``'s script, to run in the caller's own frame::
+
+        with launched:
+            exec(launched.code, launched.namespace)  # or launched.run_other() where code is None
+        status = launched.status
+
+    Entering installs the construction hooks and gives the script python's ``sys.argv``, path and ``__main__``;
+    leaving closes what perfhooks attached, undoes every patch and puts those back. The script's exceptions leave
+    as python reports them: ``SystemExit`` and ``KeyboardInterrupt`` go on; another is printed by
+    ``sys.excepthook`` from the script's first frame, and ``status`` is 1."""
+
+    def __init__(self, target: str, arguments: list[str], settings: dict[str, Any], module: bool = False,
+                 transformers_options: dict[str, Any] | None = None) -> None:
+        self.target, self.arguments, self.settings, self.module = target, arguments, settings, module
+        self.transformers_options = transformers_options
+        self.status = 0
+        self.script = None if module else _plain_script(os.path.abspath(target))
+        #: The script's code (None: a module, a folder or zip, a .pyc: :meth:`run_other`) and its globals.
+        self.code = None if self.script is None else self.script.code
+        self.namespace: dict[str, Any] = {} if self.script is None else self.script.namespace
+        self.launcher: Launcher | None = None
+        self._saved_argv: list[str] = []
+        self._script_dir: str | None = None
+
+    def run_other(self) -> None:
+        if self.module:
+            runpy.run_module(self.target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(os.path.abspath(target), run_name="__main__")
-        return 0
-    except SystemExit as exit_:  # the script's own exit: the same code and message, through the interpreter
-        error = exit_
-        raise
-    except KeyboardInterrupt as interrupt:  # the interpreter's own handling (traceback, exit by SIGINT)
-        error = interrupt
-        raise
-    except BaseException as raised:  # as the interpreter reports an uncaught exception: excepthook, status 1
-        error = raised
-        launcher.finish(raised)  # perfhooks' lines first: the script's traceback is what it prints last
-        trimmed = _script_frames(raised.__traceback__, target)
-        sys.excepthook(type(raised), raised.with_traceback(trimmed), trimmed)
-        return 1
-    finally:
-        if not launcher.finished:
-            launcher.finish(None if isinstance(error, SystemExit) and error.code in (0, None) else error)
-        sys.argv = saved_argv
-        if script_dir is not None and script_dir in sys.path:
-            sys.path.remove(script_dir)
+            runpy.run_path(os.path.abspath(self.target), run_name="__main__")
+
+    def __enter__(self) -> LaunchedScript:
+        launcher = self.launcher = Launcher(self.settings, self.transformers_options)
+        launcher.install()
+        plan = os.environ.get("PERFHOOKS_TUNE_TRIAL")
+        # a perfhooks.profile loop takes the launcher's settings under its own; a tune trial's folder over them
+        settings = self.settings
+        forced = {"output_dir": settings["output_dir"]} if plan and settings.get("output_dir") else {}
+        from perfhooks.runtime.loops.plain_loop import launched_settings  # torch: only when a script is run
+
+        launcher.undo.append(launched_settings(settings, forced))
+        if plan:  # a perfhooks tune trial: its seams, its stop and its losses (perfhooks.integrations.trials)
+            from perfhooks.integrations.trials import install as install_trial
+
+            install_trial(launcher, plan)
+        self._saved_argv = sys.argv[:]
+        self._script_dir = None if self.module else str(Path(self.target).resolve().parent)
+        sys.argv = [self.target, *self.arguments]
+        if self._script_dir is not None:  # as python SCRIPT does: the script's folder first on the path
+            sys.path.insert(0, self._script_dir)
+        if self.script is not None:
+            self.script.__enter__()
+        return self
+
+    def __exit__(self, _type: Any, error: BaseException | None, _traceback: Any) -> bool:
+        launcher = self.launcher
+        assert launcher is not None
+        if self.script is not None:
+            self.script.__exit__()
+        try:
+            if error is None or isinstance(error, SystemExit):  # the same code and message, through the interpreter
+                return False
+            if isinstance(error, KeyboardInterrupt):  # the interpreter's own handling: traceback, exit by SIGINT
+                error.with_traceback(_script_frames(error.__traceback__, self.target))
+                return False
+            # as the interpreter reports an uncaught exception: excepthook, status 1
+            launcher.finish(error)  # perfhooks' lines first: the script's traceback is what it prints last
+            trimmed = _script_frames(error.__traceback__, self.target)
+            sys.excepthook(type(error), error.with_traceback(trimmed), trimmed)
+            self.status = 1
+            return True
+        finally:
+            if not launcher.finished:
+                clean = error is None or (isinstance(error, SystemExit) and error.code in (0, None))
+                launcher.finish(None if clean else error)
+            sys.argv = self._saved_argv
+            if self._script_dir is not None and self._script_dir in sys.path:
+                sys.path.remove(self._script_dir)
 
 
 class _PlainScript:
     """A script's code and the fresh ``__main__`` module it runs in, with the globals ``python SCRIPT`` gives it; the
-    module is ``sys.modules["__main__"]`` and ``sys.argv[0]`` the path while it runs, both put back after (as
-    ``runpy.run_path`` does)."""
+    module is ``sys.modules["__main__"]`` while it runs, and put back after (as ``runpy.run_path`` does)."""
 
     def __init__(self, path: str, code: types.CodeType) -> None:
         self.path, self.code = path, code
@@ -381,21 +465,21 @@ class _PlainScript:
         loader = importlib.machinery.SourceFileLoader("__main__", path)
         self.module.__dict__.update(__file__=path, __cached__=None, __loader__=loader, __package__=None, __spec__=None)
         self.namespace = self.module.__dict__
-        self._saved: tuple[Any, str] | None = None
+        self._saved: list[Any] = []
 
     def __enter__(self) -> _PlainScript:
-        self._saved = (sys.modules.get("__main__"), sys.argv[0])
+        self._saved.append(sys.modules.get("__main__"))
         sys.modules["__main__"] = self.module
-        sys.argv[0] = self.path
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        main, argv0 = self._saved  # type: ignore[misc]
+        if not self._saved:
+            return
+        main = self._saved.pop()
         if main is None:
             sys.modules.pop("__main__", None)
         else:
             sys.modules["__main__"] = main
-        sys.argv[0] = argv0
 
 
 def _plain_script(path: str) -> _PlainScript | None:
@@ -419,7 +503,7 @@ def _plain_script(path: str) -> _PlainScript | None:
 def _script_frames(tb: types.TracebackType | None, target: str) -> types.TracebackType | None:
     """The traceback from the script's first frame on (as ``python SCRIPT`` shows it): the frames of this
     launcher and of runpy above it are dropped; none is left for an error in compiling the script."""
-    launcher = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    launcher = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>", "<string>"}
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
         if filename not in launcher and os.path.abspath(filename) not in launcher:

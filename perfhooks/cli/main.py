@@ -351,15 +351,45 @@ def _wandb_workspace(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from perfhooks.cli.launch import run, settings_from
+    from pathlib import Path
+
+    from perfhooks.cli.launch import run, settings_from, start_script_interpreter
 
     try:
         settings = settings_from(args)
     except (ValueError, TypeError) as error:
         print(f"perfhooks run: {error}", file=sys.stderr)
         return 2
+    if args.command_line is not None and (args.module or Path(args.target).is_file()):
+        # returns only where it cannot: the script then runs in this process
+        start_script_interpreter(args.command_line, [args.target, *args.arguments])
     return run(args.target, args.arguments, settings, module=args.module,
-               transformers_options={"add_to_trainer_logs": True} if args.add_to_trainer_logs else None)
+               transformers_options=transformers_options(args))
+
+
+def launched_script() -> Any:
+    """In the interpreter :func:`~perfhooks.cli.launch.start_script_interpreter` started (its program,
+    ``perfhooks.cli.launch.BOOT``, calls this): ``perfhooks run``'s arguments read back (the variable removed), and
+    the script set up to run in the caller's frame (a :class:`~perfhooks.cli.launch.LaunchedScript`). The ``''``
+    that ``-c`` put first on the path goes: the script's folder takes its place, as under python SCRIPT."""
+    from perfhooks.cli.launch import ARGV_VARIABLE, LaunchedScript, settings_from
+
+    argv = json.loads(os.environ.pop(ARGV_VARIABLE))
+    if sys.path and sys.path[0] == "":
+        del sys.path[0]
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except (ValueError, TypeError) as error:  # checked before the exec: not expected here
+        print(f"perfhooks run: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return LaunchedScript(args.target, args.arguments, settings, module=args.module,
+                          transformers_options=transformers_options(args))
+
+
+def transformers_options(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``perfhooks run``'s arguments of PerfTrainerCallback that are not settings."""
+    return {"add_to_trainer_logs": True} if args.add_to_trainer_logs else None
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -388,6 +418,8 @@ def _tune(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    #: The process's own command line (``argv`` None): ``perfhooks run`` may then start a fresh interpreter.
+    args.command_line = sys.argv[1:] if argv is None else None
     with machine_output(getattr(args, "format", None) == "json" or getattr(args, "json", False) is True):
         return args.run(args)
 
