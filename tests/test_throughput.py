@@ -169,6 +169,49 @@ def test_the_measured_step_of_an_mlp_is_its_analytic_count(tmp_path: Path) -> No
     assert report["series"]["perfhooks"][2] == 1  # type: ignore[index]
 
 
+def test_an_accumulated_step_is_counted_on_its_first_micro_batch(tmp_path: Path) -> None:
+    """Four micro-batches a step, no batch seen (no samples): the count stops at the second fetch and is scaled by
+    the step's micro-batches; the number is the whole step's, and the source says how it was taken."""
+    from helpers import plain_loop
+
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=2, warmup=1, active=1), console=False,
+                               analyze_windows=False), tmp_path, "plain")
+    plain_loop(engine, 5, accumulate=4)
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["flops_per_step"] == 4 * _linear_flops(8, [(32, 64), (64, 1)])
+    assert throughput["flops_source"].endswith("(step 2, its first micro-batch counted, times 4 by the step's "
+                                               "micro-batches)")
+
+
+def test_a_smaller_last_micro_batch_is_scaled_by_the_steps_samples(tmp_path: Path) -> None:
+    """Micro-batches of 8, 8, 8 and 4 samples: the first one's count times 28/8, the analytic count of 28 samples
+    (a linear stack's FLOPs follow its samples)."""
+    from helpers import mlp
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=1), console=False,
+                               analyze_windows=False), tmp_path, "plain")
+    for _ in range(3):
+        for size in (8, 8, 8, 4):
+            engine.phase_start("data_wait")
+            x, y = torch.randn(size, 32), torch.randn(size, 1)
+            engine.phase_start("forward")
+            engine.batch((x, y))
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            engine.phase_start("backward")
+            loss.backward()
+            engine.phase_end("backward")
+        engine.phase_start("optimizer")
+        optimizer.step()
+        optimizer.zero_grad()
+        engine.phase_end("optimizer")
+        engine.step_end()
+    throughput = engine.close()["throughput"]  # type: ignore[index]
+    assert throughput["flops_per_step"] == _linear_flops(28, [(32, 64), (64, 1)])
+    assert "times 3.5 by the step's samples" in throughput["flops_source"]
+
+
 def test_the_measured_step_of_a_tiny_gpt2_is_within_two_percent_of_the_analytic_count(tmp_path: Path) -> None:
     """6 x parameters x tokens for the matmuls, plus attention (4 T d a token a layer, forward) and the output
     projection (2 d V), times 3 for forward and backward."""

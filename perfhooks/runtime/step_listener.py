@@ -124,7 +124,7 @@ class RunParts:
                 self.faults.report("memory_sample", error)
         flops = self.flops
         if flops.watching:
-            flops.stop()
+            flops.stop(micro_batches=self.tracker.last_micro_batches)  # the step just ended (no optimizer seen)
             self.set_phase_notices()
         elif flops.may_count and action is Action.WARMUP:
             flops.arm(compiled=self.compile.model_compiled or self.compile.compiled_in_run(), step=step)
@@ -157,7 +157,7 @@ class RunParts:
 
     def phase_opening(self, name: str) -> None:
         if self.flops.watching:
-            self.flops.phase_opening(self.tracker.step, name)
+            self.flops.phase_opening(self.tracker.step, name, self.tracker.record)
             if not self.flops.watching:  # the count just ended: the tokens it was measured on
                 record = self.tracker.record  # padded slots where a mask was read: the model runs on padding too
                 self.flops.measured_tokens = (record.padded_tokens or record.tokens) if record is not None else 0
