@@ -191,7 +191,8 @@ class PerfConfig:
             this rank); wins over every other source of the count.
         flops_per_sample: the training FLOPs of one sample; times the samples of each step.
         count_flops: when neither is given and the framework has no count, measure one step's FLOPs with
-            ``torch.utils.flop_counter.FlopCounterMode`` (once, in the first window's warm-up step).
+            ``torch.utils.flop_counter.FlopCounterMode`` (once, in the first window's warm-up step; a step of several
+            micro-batches on its first one, scaled by the step's tokens, samples or micro-batches).
         peak_flops: the device's peak FLOP/s for this run's matmul dtype, for MFU; default perfhooks' table of
             datasheet peaks (GPUs only).
         report_every_s: seconds between rewrites of ``report.json`` (and ``report.html``) while the run goes on,
