@@ -232,6 +232,7 @@ def test_the_node_lock_is_the_users_and_its_wait_is_bounded(tmp_path: Path) -> N
 def test_a_small_window_is_analysed_in_process_as_the_child_would() -> None:
     """In the training process (a few ms) or in a niced child (a large trace): the same metrics and verdicts."""
     import shutil
+    import sys
 
     from perfhooks.capture import window_job
     from perfhooks.rules.thresholds import Thresholds
@@ -240,7 +241,10 @@ def test_a_small_window_is_analysed_in_process_as_the_child_would() -> None:
     assert trace.stat().st_size <= window_job.IN_PROCESS_MAX_BYTES
     here = window_job.analyze_window(trace, Thresholds(), first_step=1)
     command = window_job.analysis_command(trace, Thresholds())
-    if shutil.which("nice"):  # the child runs at a lower CPU priority, beside training rather than in its way
+    # the child runs at a lower CPU priority, beside training rather than in its way: idle from its exec where chrt is
+    if sys.platform.startswith("linux") and shutil.which("chrt"):
+        assert Path(command[0]).name == "chrt" and command[1:3] == ["--idle", "0"]
+    elif shutil.which("nice"):
         assert Path(command[0]).name == "nice" and command[1:3] == ["-n", str(window_job.CHILD_NICENESS)]
     original = window_job.IN_PROCESS_MAX_BYTES
     window_job.IN_PROCESS_MAX_BYTES = 0

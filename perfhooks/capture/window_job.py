@@ -4,9 +4,9 @@ A small trace (at most :data:`IN_PROCESS_MAX_BYTES` on disk, gzipped; a CPU run'
 analysed in the training process: a few ms, where starting a Python child costs about 0.2 s, which a short run
 pays at its close and a fast one in the steps it overlaps. A larger one (a GPU window) would hold the GIL for
 a second or so and slow the steps it overlaps, so it goes to a separate interpreter (``perfhooks analyze``,
-which imports no torch) at a lower CPU priority (``nice`` while it starts, then ``SCHED_IDLE``: it runs on CPU
-time the steps leave idle), beside training rather than in its way. The ranks
-of a node take turns (:func:`node_lock`): one analysis process per node at a time, so the memory a window's
+which imports no torch) at the lowest CPU priority (``SCHED_IDLE`` from its start where ``chrt`` exists, else
+``nice`` while it starts: it runs on CPU time the steps leave idle), beside training rather than in its way. The
+ranks of a node take turns (:func:`node_lock`): one analysis process per node at a time, so the memory a window's
 analysis needs (peak RSS 2-3x the trace's uncompressed JSON) is paid once per node, not once per rank.
 """
 
@@ -43,8 +43,14 @@ CHILD_NICENESS = 10
 
 
 def analysis_command(path: Path, thresholds: Any) -> list[str]:
+    """The child's command line: on idle CPU from its exec on (``chrt --idle 0``: its interpreter's start and
+    imports too, about 0.4 s of CPU that a nice of 10 still took from a 2-core job's steps), else at a nice of
+    :data:`CHILD_NICENESS` until ``--idle`` asks for ``SCHED_IDLE`` itself."""
     command = [sys.executable, "-m", "perfhooks", "analyze", str(path), "--format", "json", "--idle",
                "--thresholds", json.dumps(dataclasses.asdict(thresholds))]
+    chrt = shutil.which("chrt") if sys.platform.startswith("linux") else None
+    if chrt:
+        return [chrt, "--idle", "0", *command]
     nice = shutil.which("nice")
     return [nice, "-n", str(CHILD_NICENESS), *command] if nice else command
 
