@@ -344,7 +344,7 @@ def start_script_interpreter(argv: list[str], script: list[str]) -> None:
     import subprocess
 
     flags = getattr(subprocess, "_args_from_interpreter_flags", None)  # what multiprocessing gives its children
-    if os.name != "posix" or not sys.executable or flags is None:
+    if os.name != "posix" or not sys.executable or flags is None or getattr(sys, "frozen", False):
         return
     options = list(flags())
     if getattr(sys.stdout, "write_through", False) and "-u" not in options:  # python -u
