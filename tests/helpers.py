@@ -144,19 +144,24 @@ def train_steps(engine: Any, loss_of: Any, optimizer: torch.optim.Optimizer, bat
         engine.step_end()
 
 
-def plain_loop(engine: Any, steps: int, accumulate: int = 1, before_step: Any = None, in_forward: Any = None) -> None:
+def plain_loop(engine: Any, steps: int, accumulate: int = 1, before_step: Any = None, in_forward: Any = None,
+               micro_batch_sizes: tuple[int, ...] | None = None) -> None:
     """A hand-written training loop feeding the engine its events (what an integration does);
-    ``before_step(step)`` runs before the step opens, ``in_forward(step)`` inside its forward."""
+    ``before_step(step)`` runs before the step opens, ``in_forward(step)`` inside its forward. With
+    ``micro_batch_sizes`` each step takes micro-batches of those sizes, and the engine sees each batch."""
     model = mlp()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = iter(random_loader(steps * accumulate))
+    sizes = micro_batch_sizes or (None,) * accumulate
     for step in range(steps):
         if before_step is not None:
             before_step(step)
-        for _ in range(accumulate):
+        for size in sizes:
             engine.phase_start("data_wait")
-            x, y = next(batches)
+            x, y = next(batches) if size is None else (torch.randn(size, 32), torch.randn(size, 1))
             engine.phase_start("forward")
+            if size is not None:
+                engine.batch((x, y))
             if in_forward is not None:
                 in_forward(step)
             loss = nn.functional.mse_loss(model(x), y)

@@ -186,27 +186,11 @@ def test_an_accumulated_step_is_counted_on_its_first_micro_batch(tmp_path: Path)
 def test_a_smaller_last_micro_batch_is_scaled_by_the_steps_samples(tmp_path: Path) -> None:
     """Micro-batches of 8, 8, 8 and 4 samples: the first one's count times 28/8, the analytic count of 28 samples
     (a linear stack's FLOPs follow its samples)."""
-    from helpers import mlp
+    from helpers import plain_loop
 
-    model = mlp()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     engine = Engine(PerfConfig(schedule=Schedule(skip_first=1, warmup=1, active=1), console=False,
                                analyze_windows=False), tmp_path, "plain")
-    for _ in range(3):
-        for size in (8, 8, 8, 4):
-            engine.phase_start("data_wait")
-            x, y = torch.randn(size, 32), torch.randn(size, 1)
-            engine.phase_start("forward")
-            engine.batch((x, y))
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            engine.phase_start("backward")
-            loss.backward()
-            engine.phase_end("backward")
-        engine.phase_start("optimizer")
-        optimizer.step()
-        optimizer.zero_grad()
-        engine.phase_end("optimizer")
-        engine.step_end()
+    plain_loop(engine, 3, micro_batch_sizes=(8, 8, 8, 4))
     throughput = engine.close()["throughput"]  # type: ignore[index]
     assert throughput["flops_per_step"] == _linear_flops(28, [(32, 64), (64, 1)])
     assert "times 3.5 by the step's samples" in throughput["flops_source"]
