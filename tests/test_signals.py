@@ -43,11 +43,27 @@ def _run(framework: str, perf: bool, out: Path, send: signal.Signals = signal.SI
                 process.send_signal(send)
                 break
     sent = time.monotonic()
-    rest, err = process.communicate(timeout=120)
+    rest, err = _rest_of(process)
     lines += rest.splitlines(keepends=True)
     printed = max([printed, *(int(x.split()[1]) for x in rest.splitlines() if x.startswith("step "))])
     second_before = max([0, *(step for when, step in seen if when <= sent - 1.0)])
     return process.returncode, printed, "".join(lines) + err, second_before
+
+
+def _rest_of(process: subprocess.Popen) -> tuple[str, str]:
+    """What the process writes until it ends, from where the line iteration stopped: its text buffer included
+    (``communicate`` reads the pipe's descriptor and would lose the lines that buffer holds already, which a busy
+    machine's child had written several of before the signal landed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        out, err = pool.submit(process.stdout.read), pool.submit(process.stderr.read)  # type: ignore[union-attr]
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        return out.result(), err.result()
 
 
 def _report(folder: Path) -> dict[str, Any]:
