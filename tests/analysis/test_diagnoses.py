@@ -113,10 +113,12 @@ def run_engine(tmp_path: Path, steps: int = 24, wait_s: float = 0.0, optimizer_s
 
 
 def test_no_warning_or_critical_on_a_healthy_cpu_loop(tmp_path: Path) -> None:
-    """Compute-bound steps (a few ms of matmuls) fed from batches already in memory, on every usable CPU's thread,
-    in bf16 autocast (what this CPU runs fastest, where it has AVX512-BF16 or AMX; fp32 elsewhere). A host that
-    other processes share (the suite with both cores busy) makes the step times vary: the settings audit says
-    so, as information."""
+    """Compute-bound steps (tens of ms of matmuls on 2048-row batches) fed from batches already in memory, on every
+    usable CPU's thread, in bf16 autocast (what this CPU runs fastest, where it has AVX512-BF16 or AMX; fp32
+    elsewhere). A host that other processes share (the suite with both cores busy) makes the step times vary: the
+    settings audit says so, as information. With 256-row batches the optimizer held 8% of an idle run's steps and
+    one busy run's preemptions took it past optimizer_heavy's 15%; at 2048 rows it holds about 5% of much longer
+    steps, which a few ms of preemption move less."""
     import torch
 
     from perfhooks.device.describe import usable_cpus
@@ -127,7 +129,8 @@ def test_no_warning_or_critical_on_a_healthy_cpu_loop(tmp_path: Path) -> None:
     torch.set_num_threads(usable_cpus() or threads)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 256))
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batches = [torch.randn(256, 256) for _ in range(60)]
+    distinct = [torch.randn(2048, 256) for _ in range(4)]
+    batches = [distinct[step % 4] for step in range(60)]
     engine = Engine(PerfConfig(schedule=None, console=False, on_demand=False), tmp_path, "test")
     dtype = torch.bfloat16 if faster_cpu_type() else torch.float32
     if faster_cpu_type():
