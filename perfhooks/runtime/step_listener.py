@@ -31,7 +31,7 @@ from perfhooks.runtime.hooks.torch_hooks import HookHandles, watch_evaluation_fo
 from perfhooks.runtime.state.outputs import RunOutputs
 from perfhooks.runtime.state.saving import ReportSaving
 from perfhooks.runtime.step.tracker import StepTracker
-from perfhooks.runtime.throughput.flop_arming import FlopArming
+from perfhooks.runtime.throughput.flop_arming import FlopArming, token_slots
 from perfhooks.runtime.torch_compile import CompileTracking
 from perfhooks.timebase import monotonic_ns
 
@@ -160,7 +160,7 @@ class RunParts:
             self.flops.phase_opening(self.tracker.step, name, self.tracker.record)
             if not self.flops.watching:  # the count just ended: the tokens it was measured on
                 record = self.tracker.record  # padded slots where a mask was read: the model runs on padding too
-                self.flops.measured_tokens = (record.padded_tokens or record.tokens) if record is not None else 0
+                self.flops.measured_tokens = token_slots(record) if record is not None else 0
             self.set_phase_notices()
         if self.tag_allocations and self.memory.history:  # type: ignore[union-attr]
             cuda_extras.tag_allocations(name)  # the snapshot shows each allocation's phase

@@ -118,7 +118,7 @@ class FlopArming:
             self._fetches_at_start = record.micro_batches if record is not None else 0
         elif (phase == DATA_WAIT and record is not None and self._first is None and meter.counting
               and not meter.meta_counting):  # the next micro-batch's fetch: the first one is counted
-            first = (max(1, record.micro_batches - self._fetches_at_start), record.samples, _slots(record))
+            first = (max(1, record.micro_batches - self._fetches_at_start), record.samples, token_slots(record))
             try:
                 meter.stop(True)
             except Exception as error:
@@ -153,8 +153,8 @@ class FlopArming:
         counted, samples, slots = first
         factor, by = None, ""
         if keep and record is not None:
-            if slots and _slots(record):
-                factor, by = _slots(record) / slots, "token slots"
+            if slots and token_slots(record):
+                factor, by = token_slots(record) / slots, "token slots"
             elif samples and record.samples:
                 factor, by = record.samples / samples, "samples"
             elif record.micro_batches:
@@ -227,7 +227,7 @@ class FlopArming:
         return "fp32", "no mixed precision setting seen"
 
 
-def _slots(record: Any) -> int:
+def token_slots(record: Any) -> int:
     """A step record's token slots (padding included where a mask was read), else its tokens."""
     return record.padded_tokens or record.tokens
 
