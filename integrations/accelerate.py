@@ -59,6 +59,7 @@ import torch
 from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, OPTIMIZER
 from perfhooks.faults import FaultLog
+from perfhooks.integrations.recipe import accelerate_recipe
 from perfhooks.integrations.versions import note_versions
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.hooks.patches import InstancePatches, noting_errors, timed_aside, wrap_construction
@@ -205,6 +206,8 @@ class PerfSession(LoopSession):
         if dtype is not None:
             engine.note_precision(dtype, f"Accelerator(mixed_precision={self.accelerator.mixed_precision!r})")
         models, self.models = self.models, []
+        accelerator = self.accelerator
+        engine.note_recipe(lambda: accelerate_recipe(accelerator, models))
         self._watch(models, optimizers, dataloaders)
         self._wrap_method("backward", self._timed_backward)
         self._wrap_method("save_state", self._timed_save_state)

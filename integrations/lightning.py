@@ -59,6 +59,7 @@ except ModuleNotFoundError as error:
 
 from perfhooks.config import DEFAULT_OUTPUT_FOLDER, PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, EVALUATION, FORWARD, OPTIMIZER
+from perfhooks.integrations.recipe import lightning_recipe
 from perfhooks.integrations.versions import note_versions
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
 from perfhooks.runtime.hooks.patches import InstancePatches, timed_aside, wrap_construction
@@ -175,6 +176,7 @@ class PerfCallback(Callback):
         dtype = matmul_dtype(getattr(trainer, "precision", None))
         if dtype is not None:
             engine.note_precision(dtype, f"Lightning Trainer(precision={trainer.precision!r})")
+        engine.note_recipe(lambda: lightning_recipe(trainer, pl_module))
         watch_optimizer_steps(trainer.optimizers, self._after_optimizer_step, self._hooks)
         engine.watch_model(pl_module)
         for optimizer in trainer.optimizers or []:

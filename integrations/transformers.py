@@ -69,6 +69,7 @@ except ModuleNotFoundError as error:
 
 from perfhooks.config import PerfConfig
 from perfhooks.events import BACKWARD, CHECKPOINT, DATA_WAIT, EVALUATION, FORWARD, NUM_ITEMS_GATHER, OPTIMIZER
+from perfhooks.integrations.recipe import hf_precision, transformers_recipe
 from perfhooks.integrations.versions import note_versions
 from perfhooks.report.build import interval_metrics
 from perfhooks.runtime.engine import Engine, NullEngine, RunEngine
@@ -164,12 +165,10 @@ class PerfTrainerCallback(TrainerCallback):
         if not self.engine.active:
             return
         self._flos_at_start = (state.total_flos, state.global_step)
+        self.engine.note_recipe(lambda: transformers_recipe(args, model))
         for flag, dtype in (("bf16", "bf16"), ("fp16", "fp16")):
             if getattr(args, flag, False):
-                self.engine.note_precision(dtype, f"TrainingArguments({flag}=True)")
-        grouped = length_grouping(args)
-        if grouped is not None:
-            self.engine.note_length_grouped(grouped)
+                self.engine.note_precision(dtype, hf_precision(args, type(args).__name__)[1])
         if trainer is not None:
             if self.add_to_trainer_logs:
                 self._run_before_reporting_callbacks(trainer)
@@ -396,16 +395,6 @@ def _wandb_source(args: TrainingArguments) -> RunSource:
     if "wandb" not in report_to and "all" not in report_to:
         return RunSource(log_every=every)
     return RunSource(current_run, WANDB_STEP_KEY, every)
-
-
-def length_grouping(args: Any) -> str | None:
-    """The ``TrainingArguments`` setting that batches samples of similar length, as the user wrote it, or None:
-    ``train_sampling_strategy="group_by_length"`` (transformers 5), ``group_by_length=True`` (4.x)."""
-    if getattr(args, "train_sampling_strategy", None) == "group_by_length":
-        return 'TrainingArguments(train_sampling_strategy="group_by_length")'
-    if getattr(args, "group_by_length", False) is True:
-        return "TrainingArguments(group_by_length=True)"
-    return None
 
 
 def _logging_steps(args: TrainingArguments) -> int | None:

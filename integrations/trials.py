@@ -195,6 +195,8 @@ def _lightning(module: Any, trial: Trial) -> Any:
         arguments["callbacks"] = [c for c in callbacks if not isinstance(c, checkpoint_class)] + [TrialCallback()]
         if trial.knobs.get("bf16"):
             arguments["precision"] = "bf16-mixed"
+        if trial.knobs.get("fp32"):
+            arguments["precision"] = "32-true"
 
     undo_init = _rebuild(module.Trainer, change)
 
@@ -210,12 +212,23 @@ def _lightning(module: Any, trial: Trial) -> Any:
 
 # ----------------------------------------------------------------------------- transformers
 def _hf_arguments(module: Any, trial: Trial) -> Any:
+    """The knobs on ``TrainingArguments`` and its subclasses (TRL's ``SFTConfig``, whose dataclass ``__init__`` is its
+    own): set in ``TrainingArguments.__post_init__``, which every subclass's calls, once their own defaults are
+    resolved (TRL's bf16 and checkpointing) and before transformers checks them."""
+
     def change(arguments: dict[str, Any]) -> None:
         trial.facts["hf_loaders"] = True
         trial.facts["loader_workers"].append(int(arguments.get("dataloader_num_workers") or 0))
         trial.facts["precision"] = "bf16" if arguments.get("bf16") else "fp16" if arguments.get("fp16") else "fp32"
         trial.facts["compiled"] = bool(arguments.get("torch_compile"))
         trial.facts["job_steps"] = _steps(arguments.get("max_steps"))
+        for fact, name in (("micro_batch", "per_device_train_batch_size"),
+                           ("accumulation", "gradient_accumulation_steps"),
+                           ("eval_batch", "per_device_eval_batch_size"), ("pad_to_multiple_of", "pad_to_multiple_of")):
+            if isinstance(arguments.get(name), int):
+                trial.facts[fact] = arguments[name]
+        trial.facts["checkpointing"] = bool(arguments.get("activation_checkpointing")
+                                            or arguments.get("gradient_checkpointing"))
         arguments["output_dir"] = str(trial.folder / "hf")
         arguments.update(report_to="none", save_strategy="no", push_to_hub=False, load_best_model_at_end=False)
         if "num_workers" in trial.knobs and not arguments.get("dataloader_num_workers"):
@@ -227,10 +240,43 @@ def _hf_arguments(module: Any, trial: Trial) -> Any:
             arguments.update(bf16=True, fp16=False)
             if trial.knobs.get("use_cpu"):  # a CPU run: TrainingArguments raises on bf16 without it
                 arguments["use_cpu"] = True
+        if trial.knobs.get("fp32"):
+            arguments.update(bf16=False, fp16=False)
         if trial.knobs.get("compile"):
             arguments["torch_compile"] = True
+        if "micro_batch" in trial.knobs:
+            arguments.update(per_device_train_batch_size=int(trial.knobs["micro_batch"]),
+                             gradient_accumulation_steps=int(trial.knobs["accumulation"]))
+        if trial.knobs.get("checkpointing_off"):
+            for name in ("activation_checkpointing", "gradient_checkpointing"):
+                if name in arguments:
+                    arguments[name] = False
+        if trial.knobs.get("padding"):
+            arguments["pad_to_multiple_of"] = None
+        if "eval_batch" in trial.knobs:
+            arguments["per_device_eval_batch_size"] = int(trial.knobs["eval_batch"])
+        if "eval_every" in trial.knobs:  # an evaluation inside the trial's steps, to time it
+            arguments.update(eval_strategy="steps", eval_steps=int(trial.knobs["eval_every"]))
 
-    return _rebuild(module.TrainingArguments, change)
+    return _before_post_init(module.TrainingArguments, change)
+
+
+def _before_post_init(cls: type, change: Any) -> Any:
+    """Wrap ``cls.__post_init__`` so that ``change(fields)`` may edit the instance's fields (a dict of them, written
+    back where changed) before it runs; returns the undo."""
+    original = cls.__dict__["__post_init__"]
+
+    @functools.wraps(original)
+    def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        change(fields)
+        for name, value in fields.items():
+            if getattr(self, name) is not value:
+                setattr(self, name, value)
+        original(self, *args, **kwargs)
+
+    cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+    return lambda: setattr(cls, "__post_init__", original)
 
 
 def _hf_trainer(module: Any, trial: Trial) -> Any:
@@ -314,6 +360,8 @@ def _accelerate(module: Any, trial: Trial) -> Any:
             arguments["project_config"] = dataclasses.replace(project, project_dir=folder, logging_dir=folder)
         if trial.knobs.get("bf16"):
             arguments["mixed_precision"] = "bf16"
+        if trial.knobs.get("fp32"):
+            arguments["mixed_precision"] = "no"
         if trial.knobs.get("compile"):
             arguments["dynamo_backend"] = "inductor"
 

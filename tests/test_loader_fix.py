@@ -94,7 +94,7 @@ def test_the_hf_integration_reads_length_grouping_in_either_spelling() -> None:
 
     from transformers import TrainingArguments
 
-    from perfhooks.integrations.transformers import length_grouping
+    from perfhooks.integrations.recipe import length_grouping
 
     assert length_grouping(SimpleNamespace(train_sampling_strategy="group_by_length")) == FIVE
     assert length_grouping(SimpleNamespace(group_by_length=True)) == "TrainingArguments(group_by_length=True)"

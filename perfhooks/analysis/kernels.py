@@ -244,11 +244,26 @@ def attention_core(trace: Trace) -> dict[str, Any]:
         return {}
     bounds = sorted((span.pid, span.tid, span.ts, span.ts + span.dur) for span in core)
 
-    def inside(names: tuple[str, ...]) -> bool:
-        return any(lo <= op.ts < hi for op in trace.cpu_ops if (op.name or "") in names
+    def inside(names: tuple[str, ...], keep: Any = lambda op: True) -> bool:
+        return any(lo <= op.ts < hi for op in trace.cpu_ops if (op.name or "") in names and keep(op)
                    for pid, tid, lo, hi in bounds if (op.pid, op.tid) == (pid, tid))
 
-    return {"spans": len(core), "masked": inside(MASK_OPS), "dropout": inside(DROPOUT_OPS)}
+    return {"spans": len(core), "masked": inside(MASK_OPS), "dropout": inside(DROPOUT_OPS, drops)}
+
+
+def drops(op: Any) -> bool:
+    """A dropout op that drops something: its recorded probability (``record_shapes``' concrete inputs: input, p,
+    train) is above 0 and it trains; one recorded with p 0 or train False returns its input (HF's eager attention
+    calls dropout with the config's ``attention_dropout``, 0.0 by default). Unrecorded: it may."""
+    concrete = op.a.concrete_inputs or []
+    if op.name == "aten::bernoulli_" or len(concrete) < 2 or concrete[1] in ("", None):
+        return True
+    try:
+        p = float(concrete[1])
+    except (TypeError, ValueError):
+        return True
+    train = str(concrete[2]).lower() if len(concrete) > 2 else "true"
+    return p > 0 and train != "false"
 
 
 def _time_of(trace: Trace, ops: list[Any], on_device: bool) -> float:

@@ -32,7 +32,9 @@ from perfhooks.offline.tune import (
     ceilings,
     flags,
     format_table,
+    mark_losses,
     measure,
+    measured_losses,
     oversubscribed,
     plan,
     ranked,
@@ -152,6 +154,12 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
         for index, candidate in enumerate(trials, 1):
             running = candidate["knob"]
             _say(f"trial {index}/{len(trials)} {candidate['knob']}: started ({candidate['change']})")
+            if candidate["knob"] == "eval_batch":  # timed per evaluation, against the batch as it is
+                entry = _evaluation_trial(tuner, candidate)
+                result["trials"].append(entry)
+                _say(f"trial {index}/{len(trials)} eval_batch: {entry['status']}"
+                     + (f", {entry['speedup']:.2f}x per evaluation" if entry.get("speedup") else ""))
+                continue
             outcome = tuner.trial(candidate["knob"], candidate["knobs"])
             entry = _trial_entry(candidate, outcome, bases, device, job)
             done.append((candidate, outcome))
@@ -167,8 +175,8 @@ def run_tune(target: str, arguments: list[str], settings_env: dict[str, str], st
             after = tuner.trial("baseline_after", {})
             if after["status"] == "measured":
                 bases.append(after)
-                result["trials"] = [_trial_entry(candidate, outcome, bases, device, job)
-                                    for candidate, outcome in done]
+                result["trials"] = [entry for entry in result["trials"] if entry.get("measured_on")] + [
+                    _trial_entry(candidate, outcome, bases, device, job) for candidate, outcome in done]
             else:
                 _say(f"the second baseline {after['status']}: the intervals are against the first alone")
             result["baseline"]["blocks"] = [_block(entry) for entry in bases]
@@ -237,17 +245,46 @@ def _trial_entry(candidate: dict[str, Any], outcome: dict[str, Any], bases: list
     return {**entry, **figures, "flags": suspect, "report": outcome["report"]}
 
 
+def _per_evaluation_s(outcome: dict[str, Any]) -> float | None:
+    run = (outcome.get("report") or {}).get("run") or {}
+    count = int(run.get("evaluations") or 0)
+    return float(run["evaluation_s"]) / count if count and run.get("evaluation_s") else None
+
+
+def _evaluation_trial(tuner: Tuner, candidate: dict[str, Any]) -> dict[str, Any]:
+    """The evaluation batch, timed per evaluation: two trials that evaluate inside their steps (every
+    ``eval_every`` steps), one with the batch as the script has it, one with the candidate's; the speedup is the
+    first's seconds per evaluation over the second's."""
+    every = max(1, (WARMUP_STEPS + tuner.steps) // 2)
+    entry = {key: candidate[key] for key in ("knob", "title", "change", "named_by", "keeps_numerics")}
+    entry.update(numerics="unchanged", measured_on="seconds per evaluation", interval=None)
+    base = tuner.trial("eval_batch_as_is", {"eval_every": every})
+    trial = tuner.trial("eval_batch", {**candidate["knobs"], "eval_every": every})
+    before, after = _per_evaluation_s(base), _per_evaluation_s(trial)
+    if base["status"] != "measured" or trial["status"] != "measured" or not before or not after:
+        why = base.get("error") or trial.get("error") or "no evaluation ran inside the trials' steps"
+        return {**entry, "status": "failed", "error": why, "speedup": None, "wall_s": trial["wall_s"]}
+    return {**entry, "status": "measured", "speedup": round(before / after, 4), "base_ms": round(before * 1e3, 3),
+            "trial_ms": round(after * 1e3, 3), "wall_s": round(base["wall_s"] + trial["wall_s"], 2),
+            "stopped": trial["stopped"], "flags": [], "loss_delta": {"steps": 0, "max_abs": None, "mean": None,
+                                                                      "identical": None}}
+
+
 def _save(result: dict[str, Any], output_dir: Path, work: Path) -> None:
     """``tune.json``, and each trial's ``report.json`` and logs (``stdout.txt``, ``stderr.txt``, a failed one's
     too) under ``output_dir/trials``; the reports leave the result."""
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
+        losses = measured_losses(result["trials"])
         for folder in sorted(work.iterdir()) if work.is_dir() else []:
             kept = output_dir / "trials" / folder.name
             for source in (folder / "perfhooks" / "report.json", folder / "stdout.txt", folder / "stderr.txt"):
                 if source.is_file():
                     kept.mkdir(parents=True, exist_ok=True)
                     shutil.copy(source, kept / source.name)
+            report = read_json_object(kept / "report.json") if losses and folder.name == "baseline" else None
+            if report is not None:  # the baseline's verdicts whose fix measured as a loss say so
+                (kept / "report.json").write_text(json.dumps(mark_losses(report, losses), indent=2))
         for entry in result["trials"]:
             entry.pop("report", None)
         (output_dir / "tune.json").write_text(json.dumps(result, indent=2, default=str))

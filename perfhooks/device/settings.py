@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from perfhooks.device import matmul_speed
 from perfhooks.device.describe import usable_cpus
 
 _anomaly: Callable[[], bool] = torch.is_anomaly_enabled
@@ -166,11 +167,15 @@ class SettingsAudit:
         #: First step each switch was seen on at (``anomaly_detection``, ``profiler``, ...).
         self.since: dict[str, int] = {}
         self.latest: dict[str, Any] = {}
+        #: fp32 against bf16 on the run's own matmul shapes (:mod:`perfhooks.device.matmul_speed`), measured once.
+        self.matmul_speed: dict[str, Any] | None = None
+        self._speed_tried = False
         self.read(0, window_open=False)
 
-    def read(self, step: int, window_open: bool) -> dict[str, Any]:
+    def read(self, step: int, window_open: bool, rows: int = 0) -> dict[str, Any]:
         """The settings now (``window_open``: perfhooks' own profiler window records, so a profiler that is on
-        is its own and is not looked at)."""
+        is its own and is not looked at; ``rows``: the rows, tokens or samples, a micro-batch takes, once known:
+        a CPU run's matmuls are then timed in fp32 and bf16, once)."""
         facts: dict[str, Any] = {
             "anomaly_detection": bool(_anomaly()),
             "anomaly_check_nan": bool(_anomaly_nan()) if _anomaly_nan is not None else None,
@@ -195,6 +200,11 @@ class SettingsAudit:
         host = self.host.read()
         if host is not None:
             facts["host"] = host
+        if rows > 0 and not self._speed_tried and not self.room.accelerated and len(self.models):
+            self._speed_tried = True
+            self.matmul_speed = matmul_speed.measure(list(self.models), rows)
+        if self.matmul_speed is not None:
+            facts["matmul_speed"] = self.matmul_speed
         for name in ("anomaly_detection", "deterministic_algorithms", "profiler_running"):
             if facts.get(name):
                 self.since.setdefault(name, step)

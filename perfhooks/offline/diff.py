@@ -222,8 +222,9 @@ def _diagnosis_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]
             changed.append({"id": name, "before": was, "after": now})
         else:
             unchanged.append(name)
+    losses = sorted({d["id"] for d in (*before, *after) if (d.get("tune") or {}).get("loss")})
     return {"resolved": [i for i in b_by_id if i not in a_by_id], "new": [i for i in a_by_id if i not in b_by_id],
-            "changed": changed, "unchanged": unchanged}
+            "changed": changed, "unchanged": unchanged, "tune_losses": losses}
 
 
 def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -320,6 +321,9 @@ def format_text(result: dict[str, Any]) -> str:
         f"{c['id']} ({c['before']['severity']} {c['before']['gain']:.0%} -> {c['after']['severity']} "
         f"{c['after']['gain']:.0%})" for c in d.get("changed") or []) or "-"))
     lines.append(f"diagnoses unchanged: {', '.join(d['unchanged']) or '-'}")
+    if d.get("tune_losses"):
+        lines.append("measured as a loss by perfhooks tune (do not apply their fix here): " + ", ".join(
+            d["tune_losses"]))
     for key, title in (("operators", "operators"), ("kernels", "kernels")):
         # one rule: a change is shown only where both sides list the item; the others are named apart
         compared = [row for row in result[key] if row["change_us"] is not None]

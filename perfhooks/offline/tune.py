@@ -47,6 +47,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("sdpa", "SDPA attention", ("unfused_attention",), False),
     Knob("anomaly_off", "autograd anomaly detection off", ("anomaly_detection",), True),
     Knob("threads", "intra-op threads at the usable CPUs", ("cpu_threads",), False),
+    Knob("micro_batch", "one micro-batch a step, same samples", ("small_micro_batches",), False),
+    Knob("checkpointing_off", "activation checkpointing off", ("activation_checkpointing",), True),
+    Knob("padding", "each batch padded to its own longest sample", ("padding_waste",), False),
+    Knob("eval_batch", "an evaluation batch of a training step's samples", ("evaluation_batch", "evaluation_heavy"),
+         True),
+    Knob("fp32", "mixed precision off (fp32)", ("mixed_precision_slower",), False),
 )
 KNOB_NAMES = tuple(k.name for k in KNOBS)
 
@@ -95,7 +101,7 @@ def untried(report: dict[str, Any], trials: list[dict[str, Any]]) -> list[dict[s
     them, so that its table is not read as everything the run could gain."""
     answered = {name for trial in trials for name in trial.get("named_by") or []}
     out = [{"id": d["id"], "title": d.get("title"), "estimated_gain": d.get("estimated_gain"),
-            "recommendation": d.get("recommendation")}
+            "gain_basis": d.get("gain_basis", "step"), "recommendation": d.get("recommendation")}
            for d in report.get("diagnoses") or []
            if d.get("id") not in answered and (d.get("estimated_gain") or 0) > 0]
     return sorted(out, key=lambda d: -(d["estimated_gain"] or 0))
@@ -121,13 +127,17 @@ def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerato
         return ({"threads": cores}, f"torch.set_num_threads({cores}) (or remove the smaller setting)"), None
     if name == "dataloader_workers":
         return _workers(framework, facts, accelerator, cores)
+    if name in RECIPE_KNOBS:
+        return _recipe_knob(name, framework, facts)
     if name == "tf32":
         if not accelerator:
             return none, "TF32 is a matmul mode of NVIDIA GPUs (Ampere and later); on CPU it changes nothing"
         return ({"tf32": True}, 'torch.set_float32_matmul_precision("high") at the top of the script'), None
     if name == "bf16":
-        if str(facts.get("precision") or "") not in ("32-true", "32", "fp32", "no", "None"):
-            return none, f"the run already uses {facts.get('precision')} precision"
+        if facts.get("precision") is None:
+            return none, "the script's precision setting was not seen (no TrainingArguments, Trainer or Accelerator)"
+        if str(facts["precision"]) not in ("32-true", "32", "fp32", "no"):
+            return none, f"the run already uses {facts['precision']} precision"
         if framework == "transformers" and not accelerator:  # transformers refuses bf16 without a GPU unless told
             return ({"bf16": True, "use_cpu": True}, "TrainingArguments(bf16=True, use_cpu=True)"), None
         return ({"bf16": True}, {"lightning": 'Trainer(precision="bf16-mixed")',
@@ -153,6 +163,47 @@ def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerato
         return none, f"the model's attention is {implementation!r}, not eager"
     return ({"sdpa": True}, 'attn_implementation="sdpa" where the model is built (from_pretrained or the config), '
                             'or model.set_attn_implementation("sdpa")'), None
+
+
+#: The recipe's knobs (:mod:`perfhooks.rules.recipe`), set on ``TrainingArguments`` (and TRL's configs).
+RECIPE_KNOBS = ("micro_batch", "checkpointing_off", "padding", "eval_batch", "fp32")
+
+
+def _recipe_knob(name: str, framework: str, facts: dict[str, Any]) -> tuple[tuple[dict[str, Any], str], str | None]:
+    """A recipe knob's setting, from the baseline's facts (the framework's own arguments), or why it is skipped."""
+    none: tuple[dict[str, Any], str] = ({}, "")
+    if name == "fp32":
+        precision = str(facts.get("precision") or "")
+        if precision in ("", "32-true", "32", "fp32", "no"):
+            return none, "the run already trains in fp32"
+        spelled = {"lightning": 'Trainer(precision="32-true")', "transformers": "TrainingArguments(bf16=False, "
+                   "fp16=False)", "accelerate": 'Accelerator(mixed_precision="no")'}.get(framework)
+        if spelled is None:
+            return none, "a plain loop has no precision setting: take the torch.autocast out of the loop and measure"
+        return ({"fp32": True}, spelled), None
+    if framework != "transformers":
+        return none, ("set in TrainingArguments for a transformers Trainer; in this framework it is the script's own "
+                      "code (the loaders' batch_size, the model's checkpointing): change it there and compare with "
+                      "perfhooks diff")
+    config = "TrainingArguments"
+    micro, steps = int(facts.get("micro_batch") or 0), int(facts.get("accumulation") or 1)
+    if name == "micro_batch":
+        if steps < 2 or not micro:
+            return none, "each step is one micro-batch already"
+        return ({"micro_batch": micro * steps, "accumulation": 1},
+                f"{config}(per_device_train_batch_size={micro * steps}, gradient_accumulation_steps=1)"), None
+    if name == "checkpointing_off":
+        if not facts.get("checkpointing"):
+            return none, "activation checkpointing is off"
+        return ({"checkpointing_off": True}, f"{config}(activation_checkpointing=False)"), None
+    if name == "padding":
+        if not facts.get("pad_to_multiple_of"):
+            return none, "no pad_to_multiple_of is set (the collator pads each batch to its longest sample)"
+        return ({"padding": True}, f"SFTConfig(pad_to_multiple_of=None) (was {facts['pad_to_multiple_of']})"), None
+    evaluation = int(facts.get("eval_batch") or 0)
+    if not evaluation or not micro or evaluation >= micro * steps:
+        return none, "the evaluation batch is not smaller than a training step's samples"
+    return ({"eval_batch": micro * steps}, f"{config}(per_device_eval_batch_size={micro * steps})"), None
 
 
 def _workers(framework: str, facts: dict[str, Any], accelerator: bool, cores: int
@@ -416,6 +467,34 @@ def measure(bases: list[dict[str, Any]], trial: dict[str, Any], job_steps: int |
             "loss_delta": loss_delta(bases[0]["losses"], trial["losses"])}
 
 
+def measured_losses(trials: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The verdicts whose fix ``perfhooks tune`` measured as a loss: ``{diagnosis id: {knob, speedup, interval}}``
+    for each measured trial slower than the baseline (the whole interval below 1, or under 1 where none was
+    taken), by the verdicts that named its knob."""
+    out: dict[str, dict[str, Any]] = {}
+    for trial in trials:
+        ratio, interval = trial.get("speedup"), trial.get("interval")
+        if trial.get("status") != "measured" or ratio is None:
+            continue
+        if (interval[1] if interval else ratio) >= 1.0:
+            continue
+        for name in trial.get("named_by") or []:
+            out[name] = {"knob": trial["knob"], "speedup": ratio, "interval": interval}
+    return out
+
+
+def mark_losses(report: dict[str, Any], losses: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``report`` with ``tune`` on each verdict whose fix was measured as a loss (``{knob, speedup, interval,
+    loss: True}``), the evidence saying so."""
+    for diagnosis in report.get("diagnoses") or []:
+        loss = losses.get(diagnosis.get("id"))
+        if loss is not None:
+            diagnosis["tune"] = {**loss, "loss": True}
+            diagnosis["evidence"] = (f"{diagnosis.get('evidence')}; perfhooks tune measured its fix "
+                                     f"({loss['knob']}) as a loss: {loss['speedup']:.2f}x")
+    return report
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The trials ranked by measured speedup (best first), the change to make for each, and the skipped knobs."""
     lines = []
@@ -439,8 +518,9 @@ def format_table(result: dict[str, Any]) -> str:
         low, high = trial["interval"] or (None, None)
         interval = f"[{low:.2f}, {high:.2f}]" if low is not None else "n/a"
         mark = "*" if trial.get("flags") else ""
+        per = " (per evaluation, not per step)" if trial.get("measured_on") else ""
         lines.append(f"{trial['knob'] + mark:<28}{trial['speedup']:>8.2f}x  {interval:<17}{_loss(trial):>14}  "
-                     f"{trial['change']}{_pays(trial)}")
+                     f"{trial['change']}{per}{_pays(trial)}")
         notes += [f"* {trial['knob']}: {flag['text']}" for flag in trial.get("flags") or []]
     for skip in result.get("skipped") or []:
         lines.append(f"{skip['knob']:<28}{'skipped':>9}  {skip['reason']}")
@@ -450,11 +530,14 @@ def format_table(result: dict[str, Any]) -> str:
                          "change should leave it identical: something in the data path differs with worker "
                          "processes (random draws in the dataset, its transforms or its collate; per-worker "
                          "state). Compare a few batches with num_workers=0 and with workers")
+    for name, loss in measured_losses(result.get("trials") or []).items():
+        notes.append(f"! {name}: its fix ({loss['knob']}) measured as a loss here ({loss['speedup']:.2f}x): do not "
+                     "apply it on this machine")
     untried_ = result.get("untried") or []
     if untried_:
         notes.append("not tried (no knob of tune's answers them; the baseline's own diagnoses, largest gain first):")
-        notes += [f"  {d['id']} (at most {100 * (d['estimated_gain'] or 0):.0f}% of the step): "
-                  f"{d['recommendation']}" for d in untried_]
+        notes += [f"  {d['id']} (at most {100 * (d['estimated_gain'] or 0):.0f}% of the "
+                  f"{'run' if d.get('gain_basis') == 'run' else 'step'}): {d['recommendation']}" for d in untried_]
     return "\n".join(lines + notes)
 
 

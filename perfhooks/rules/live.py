@@ -15,7 +15,8 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
                   run: dict[str, Any] | None = None, named_work: dict[str, float] | None = None,
                   framework: str | None = None, accelerator: bool = True,
                   cpus: int | None = None, framework_version: str | None = None,
-                  length_grouped: str | None = None, host_share: float | None = None) -> list[dict[str, Any]]:
+                  length_grouped: str | None = None, host_share: float | None = None,
+                  recipe: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Rules that need no trace: they read the engine's per-phase statistics on every run.
 
     Steps that perfhooks' own work overlapped (a capture window, a trace export, a window's
@@ -24,9 +25,10 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     trains on a GPU or another accelerator (pinned memory helps only there); ``cpus``: the CPUs the process may
     use (the loader's workers share them with training); ``framework_version``: the framework's installed version
     (a fix is spelled as it takes it); ``host_share``: other processes' share of this process's CPUs when the
-    settings audit found the host shared (step-time variance is then the host's, not the program's).
+    settings audit found the host shared (step-time variance is then the host's, not the program's); ``recipe``:
+    the recipe audit's facts (a fix names the setting in use: the evaluation batch, ``pad_to_multiple_of``).
     """
-    out = diagnose_run(run, t)
+    out = diagnose_run(run, t, recipe, stats)
     if stats.steps < min_steps:
         return out
     wait = stats.steady_share("data_wait")
@@ -51,7 +53,7 @@ def diagnose_live(stats: Any, t: Thresholds = Thresholds(), min_steps: int = 10,
     if other is not None:
         out.append(other)
     recent = list(stats.recent)
-    padding = _padding_waste(recent, stats, t, framework, framework_version, length_grouped)
+    padding = _padding_waste(recent, stats, t, framework, framework_version, length_grouped, recipe)
     if padding is not None:
         out.append(padding)
     churn = _shape_churn(recent, t, framework, compiled)
@@ -170,39 +172,53 @@ def _shape_fix(framework: str | None, compiled: bool) -> str:
 
 
 def _padding_waste(recent: list[Any], stats: Any, t: Thresholds, framework: str | None,
-                   framework_version: str | None = None, length_grouped: str | None = None
-                   ) -> dict[str, Any] | None:
-    """``padding_waste``: the share of the steady steps' token slots that are padding (from each batch's
-    ``attention_mask``); the most it can save is that share of the forward and backward time."""
-    steady = [timing for timing in recent[3:] if not timing.own and not timing.compiled and timing.padded_tokens]
-    slots = sum(timing.padded_tokens for timing in steady)
-    if len(steady) < 5 or not slots:
+                   framework_version: str | None = None, length_grouped: str | None = None,
+                   recipe: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """``padding_waste``: the share of the detailed steps' token slots that are padding (from each batch's
+    ``attention_mask``); the most it can save is that share of the forward and backward time. Padding is the data's,
+    not the clock's: every detailed step counts, perfhooks' own and the warm-up's too (a loaded host's run has few
+    steady ones); the forward and backward share is the steady steps', or the run's where fewer than 5 are."""
+    counted = [timing for timing in recent if timing.padded_tokens]
+    slots = sum(timing.padded_tokens for timing in counted)
+    if len(counted) < 5 or not slots:
         return None
-    share = 1.0 - sum(timing.tokens for timing in steady) / slots
+    share = 1.0 - sum(timing.tokens for timing in counted) / slots
     if share < t.padding_share:
         return None
-    compute = sum(timing.phase_ms.get("forward", 0.0) + timing.phase_ms.get("backward", 0.0) for timing in steady)
-    total = sum(timing.step_ms for timing in steady)
-    pads = slots - sum(timing.tokens for timing in steady)
-    widths = {timing.padded_tokens // timing.samples for timing in steady if timing.samples}
-    fixed = len(widths) == 1 and all(timing.padded_tokens % timing.samples == 0 for timing in steady
+    steady = [timing for timing in counted[3:] if not timing.own and not timing.compiled]
+    if len(steady) >= 5:
+        compute = sum(timing.phase_ms.get("forward", 0.0) + timing.phase_ms.get("backward", 0.0) for timing in steady)
+        total = sum(timing.step_ms for timing in steady)
+        compute_share = compute / total if total else 0.0
+    else:
+        compute_share = stats.share("forward") + stats.share("backward")
+    pads = slots - sum(timing.tokens for timing in counted)
+    widths = {timing.padded_tokens // timing.samples for timing in counted if timing.samples}
+    fixed = len(widths) == 1 and all(timing.padded_tokens % timing.samples == 0 for timing in counted
                                      if timing.samples)
     arrived = (f"; every batch arrives {next(iter(widths))} tokens wide, so the samples are padded to a fixed "
                "width before batching" if fixed else "")
-    compute_share = compute / total if total else 0.0
+    multiple = (recipe or {}).get("pad_to_multiple_of")
+    if multiple:
+        config = (recipe or {}).get("config")
+        arrived += f" (the run's {config}(pad_to_multiple_of={multiple}) pads every batch up to it)"
     # attention's scores grow with the square of a sample's length: with real lengths L_i in slots of width W, the
     # share of that work that is padding is 1 - sum(L_i^2) / (n W^2), at most 1 - (1 - share)^2 (Cauchy-Schwarz)
     quadratic = 1.0 - (1.0 - share) ** 2
+    fix = _length_fix(framework, framework_version, fixed, length_grouped)
+    spelled = ((recipe or {}).get("spell") or {}).get("padding")
+    if multiple and spelled:
+        fix = (f"{spelled}: the collator then pads each batch to its own longest sample (a small multiple, 8 or 64, "
+               f"keeps few distinct shapes where that matters); " + fix[0].lower() + fix[1:])
     return make(
         "padding_waste", "warning", "Much of each batch is padding",
-        f"{pct(share)} of the token slots in {len(steady)} steady steps are padding ({pads} of {slots}, from the "
+        f"{pct(share)} of the token slots in {len(counted)} detailed steps are padding ({pads} of {slots}, from the "
         f"batches' attention_mask){arrived}; forward and backward, which run on the padding too, "
         f"take {pct(compute_share)} of the step; the work that grows with the length saves that share of itself, "
         f"attention's, which grows with its square, up to {pct(quadratic)}: the most it saves is "
         f"{pct(quadratic)} of the forward and backward; threshold {pct(t.padding_share)}",
-        quadratic * compute_share,
-        _length_fix(framework, framework_version, fixed, length_grouped),
-        padding_share=share, fixed_width=fixed)
+        quadratic * compute_share, fix, padding_share=share, fixed_width=fixed,
+        pad_to_multiple_of=multiple)
 
 
 def group_by_length(framework_version: str | None) -> str:

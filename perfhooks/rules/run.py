@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfhooks.rules.recipe import evaluation_batch_fix
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import make, pct
 
@@ -24,8 +25,10 @@ RUN_RULES = (
 )
 
 
-def diagnose_run(run: dict[str, Any] | None, t: Thresholds = Thresholds()) -> list[dict[str, Any]]:
-    """Rules on the run account: evaluation and checkpoint writes as shares of the run's wall time.
+def diagnose_run(run: dict[str, Any] | None, t: Thresholds = Thresholds(), recipe: dict[str, Any] | None = None,
+                 stats: Any = None) -> list[dict[str, Any]]:
+    """Rules on the run account: evaluation and checkpoint writes as shares of the run's wall time; where the
+    recipe's evaluation batch is smaller than a training step's samples, ``evaluation_heavy`` names it first.
 
     The gain is a ceiling on the run's wall time: the whole share, which no fix of the kind can exceed; the
     evidence gives the usual fix's estimate beside it (evaluating half as often saves about half; writing in the
@@ -39,6 +42,8 @@ def diagnose_run(run: dict[str, Any] | None, t: Thresholds = Thresholds()) -> li
         share = run[seconds] / wall
         limit = getattr(t, threshold)
         if share >= limit:
+            if rule_id == "evaluation_heavy":
+                fix = _evaluation_fix(recipe, stats, fix)
             estimate = ("evaluating half as often saves about half of that" if rule_id == "evaluation_heavy" else
                         "writing in the background saves most of that")
             verdict = make(rule_id, "warning", title,
@@ -49,3 +54,16 @@ def diagnose_run(run: dict[str, Any] | None, t: Thresholds = Thresholds()) -> li
             verdict["gain_basis"] = "run"
             out.append(verdict)
     return out
+
+
+def _evaluation_fix(recipe: dict[str, Any] | None, stats: Any, fix: str) -> str:
+    """``evaluation_heavy``'s fix, with the evaluation batch first where it is smaller than a training step's
+    samples (evaluation keeps no activations for a backward: it fits at least as many)."""
+    sizes = evaluation_batch_fix(recipe, stats)
+    if sizes is None:
+        return fix
+    evaluation, step = sizes
+    spelled = (((recipe or {}).get("spell") or {}).get("eval_batch") or "an evaluation batch of {eval_batch}")
+    return (f"Evaluate in batches of {step}, not {evaluation}: {spelled.format(eval_batch=step)} (evaluation keeps "
+            f"no activations for a backward, so it fits a training step's samples); then, if it is still a large "
+            f"share, e" + fix[1:])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from perfhooks.rules.recipe import bf16_gain
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis, make, pct
 
@@ -60,7 +61,7 @@ def diagnose_settings(settings: dict[str, Any] | None, stats: Any, t: Thresholds
     since = settings.get("since") or {}
     return [verdict for verdict in (
         _anomaly(settings, since, stats, framework),
-        _threads(settings, stats, device_type, int(settings.get("ranks_on_host") or 1)),
+        _threads(settings, stats, device_type, int(settings.get("ranks_on_host") or 1), host_shared(settings, t)),
         _debug_switches(settings, device_type, world_size),
         _deterministic(settings, since),
         _profiler(settings, since, stats),
@@ -97,7 +98,17 @@ def _anomaly(settings: dict[str, Any], since: dict[str, int], stats: Any, framew
         since_step=since["anomaly_detection"])
 
 
-def _threads(settings: dict[str, Any], stats: Any, device_type: str, ranks_on_host: int) -> Diagnosis | None:
+def idle_cpus(cpus: int, others_share: float | None) -> int:
+    """The CPUs other processes leave idle: ``cpus`` less their measured share, rounded, at least 1."""
+    if others_share is None:
+        return cpus
+    return max(1, round(cpus * (1 - others_share)))
+
+
+def _threads(settings: dict[str, Any], stats: Any, device_type: str, ranks_on_host: int,
+             others_share: float | None = None) -> Diagnosis | None:
+    """``cpu_threads``; on a shared host (``others_share``: other processes' share of the CPUs) no more threads are
+    advised than the CPUs they leave idle: threads beyond them wait for the others' processes."""
     threads, cpus = settings.get("intra_op_threads"), settings.get("usable_cpus")
     if not threads or not cpus or device_type != "cpu":
         return None
@@ -107,6 +118,10 @@ def _threads(settings: dict[str, Any], stats: Any, device_type: str, ranks_on_ho
     ranks = f" ({ranks_on_host} ranks share them: {fair} each)" if ranks_on_host > 1 else ""
     workers = int(settings.get("loader_workers") or 0)
     room = max(1, fair - workers)  # the CPUs the loader's workers leave to training
+    if others_share is not None and threads < room and threads >= min(room, idle_cpus(fair, others_share)):
+        return None  # the CPUs beyond its threads are the other processes': more threads would wait for them
+    if others_share is not None:
+        room = min(room, idle_cpus(fair, others_share))
     if threads < room:
         gain = share * (1 - threads / room)
         cause = f" (OMP_NUM_THREADS={omp} in the environment)" if omp else ""
@@ -115,7 +130,8 @@ def _threads(settings: dict[str, Any], stats: Any, device_type: str, ranks_on_ho
             "cpu_threads", "warning", "Training runs on fewer threads than the CPUs it may use",
             f"torch.get_num_threads() is {threads}{cause} while this process may use {cpus} CPUs "
             f"(os.sched_getaffinity){ranks}{left}; forward, backward and optimizer run on those threads and take "
-            f"{pct(share)} of the step: with {room} threads they take at most {threads}/{room} as long",
+            f"{pct(share)} of the step: with {room} threads they take at most {threads}/{room} as long"
+            + (f" (other processes use {pct(others_share)} of the CPUs: {room} are idle)" if others_share else ""),
             gain, f"torch.set_num_threads({room}), or remove torch.set_num_threads({threads})"
             + (" and OMP_NUM_THREADS" if omp else "") + " from the script (torch uses every usable CPU by default).",
             intra_op_threads=threads, usable_cpus=cpus, threads_fair=room, compute_share=round(share, 4),
@@ -212,14 +228,22 @@ def _precision(settings: dict[str, Any], stats: Any, device_type: str, framework
                                                "model(x, y)")
         if framework == "transformers":
             setting = "TrainingArguments(bf16=True, use_cpu=True)"
+        measured = bf16_gain(settings, stats, share)
+        if measured is not None and measured[0] <= 0:
+            return None  # bf16 measured no faster on the run's own shapes: a measurement overrules the estimate
+        priced = (f"; {measured[1]}: bf16 saves about {pct(measured[0])} of the step (an estimate from that ratio; "
+                  "perfhooks tune --only bf16 measures the whole step)" if measured is not None else
+                  " (the most bf16 can save; an estimate, since some CPU kernels are slower in bf16: "
+                  "scaled_dot_product_attention's flash backward among them. perfhooks tune --only bf16 measures it)")
         return make(
             "fp32_matmul", "warning", "Training runs in FP32 on a CPU with native bf16",
             f"the matmuls run in fp32 ({matmul_dtype[1] or 'no mixed precision setting seen'}) on a CPU with "
             f"{CPU_TYPES[kind]}, which runs bf16 matmuls natively; forward and backward take {pct(share)} of the "
-            "step (the most bf16 can save; an estimate, since some CPU kernels are slower in bf16: "
-            "scaled_dot_product_attention's flash backward among them. perfhooks tune --only bf16 measures it)",
-            share, f"bf16 autocast: {setting}; check the loss, and measure before keeping it.",
-            forward_backward_share=round(share, 4), cpu_type=kind, ceiling="forward and backward share")
+            f"step{priced}",
+            measured[0] if measured is not None else share,
+            f"bf16 autocast: {setting}; check the loss, and measure before keeping it.",
+            forward_backward_share=round(share, 4), cpu_type=kind,
+            ceiling="measured bf16 ratio" if measured is not None else "forward and backward share")
     capability = settings.get("capability")
     if device_type != "cuda" or not capability or capability[0] < 8:
         return None
@@ -302,7 +326,8 @@ def host_shared(settings: dict[str, Any] | None, t: Thresholds) -> float | None:
 
 #: The verdicts drawn from the step's phases: none stands when the phases were never seen.
 PHASE_VERDICTS = frozenset({"dataloader_bound", "optimizer_heavy", "other_heavy", "padding_waste", "anomaly_detection",
-                            "cpu_threads", "profiler_running", "fp32_matmul", "step_time_variance", "shape_churn"})
+                            "cpu_threads", "profiler_running", "fp32_matmul", "step_time_variance", "shape_churn",
+                            "activation_checkpointing", "small_micro_batches", "mixed_precision_slower"})
 
 
 def module_not_called(message: str) -> Diagnosis:

@@ -53,6 +53,10 @@ class Thresholds:
     graph_breaks_count: int = 1
     #: ``shared_host``: share 0..1 of this process's CPUs that other processes used during the run.
     shared_host_share: float = 0.25
+    #: ``activation_checkpointing``: the run's peak memory at most this share 0..1 of the capacity.
+    checkpointing_memory_share: float = 0.5
+    #: ``small_micro_batches``: micro-batches of at most this many samples, with gradient accumulation.
+    small_micro_batch: int = 4
 
     def __post_init__(self) -> None:
         for item in fields(self):

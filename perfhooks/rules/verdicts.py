@@ -53,6 +53,10 @@ DOCS = {
     "evaluation_with_grad": "https://pytorch.org/docs/stable/generated/torch.no_grad.html",
     "foreach_off": "https://pytorch.org/docs/stable/optim.html#algorithms",
     "module_not_called": "https://pytorch.org/docs/stable/generated/torch.compile.html",
+    "activation_checkpointing": "https://pytorch.org/docs/stable/checkpoint.html",
+    "small_micro_batches": "https://huggingface.co/docs/transformers/perf_train_gpu_one#batch-size-choice",
+    "evaluation_batch": "https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments.per_device_eval_batch_size",
+    "mixed_precision_slower": "https://pytorch.org/docs/stable/amp.html#cpu-ops-that-can-autocast-to-bfloat16",
     "checkpoint_heavy": "https://pytorch.org/docs/stable/distributed.checkpoint.html#torch.distributed.checkpoint.async_save",
 }
 

@@ -259,8 +259,7 @@ class Engine:
         finally:
             self.aside_end(kind)
 
-    def note_flops(self, per_step: float, source: str) -> None:
-        """The framework's own count of one step's training FLOPs (used unless the user gave one)."""
+    def note_flops(self, per_step: float, source: str) -> None:  # the framework's count (unless the user gave one)
         self.flops.note_flops(per_step, source)
 
     def note_precision(self, dtype: str, source: str, ran: bool = False) -> None:
@@ -268,9 +267,10 @@ class Engine:
         or (``ran``) from what a step ran in (autocast at the forward), which no setting overrides."""
         self.flops.note_precision(dtype, source, ran)
 
-    def note_length_grouped(self, setting: str) -> None:
-        """The framework already batches samples of similar length (``setting``): no fix asks for it again."""
-        self.parts.length_grouped = setting
+    def note_recipe(self, read: Callable[[], dict[str, Any]]) -> None:
+        """The recipe ``read()`` gives (:mod:`perfhooks.integrations.recipe`; guarded), added to any earlier one."""
+        recipe = self.faults.call("recipe", read)
+        self.parts.recipe = {**(self.parts.recipe or {}), **recipe} if isinstance(recipe, dict) else self.parts.recipe
 
     @guarded("watch_model")
     def watch_model(self, model: torch.nn.Module) -> None:

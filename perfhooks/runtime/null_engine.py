@@ -47,7 +47,7 @@ class NullEngine:
     def note_precision(self, dtype: str, source: str) -> None:
         pass
 
-    def note_length_grouped(self, setting: str) -> None:
+    def note_recipe(self, read: Any) -> None:
         pass
 
     def fetched(self, batches: int) -> None:

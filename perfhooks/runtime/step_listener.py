@@ -45,6 +45,10 @@ QUIET_STEPS = 64
 QUIET_NS = 100_000_000
 
 
+#: The step after which the run's first answer is given (the default schedule's first window warms up at step 8).
+EARLY_ANSWER_STEP = 6
+
+
 class RunParts:
     """The capture controller, memory, FLOP arming, compile tracking and the outputs, routed at each step."""
 
@@ -66,8 +70,11 @@ class RunParts:
         self.saving = saving
         #: A CUDA error ended the run: no device call from here on (the context may be broken).
         self.device_broken = False
-        #: The framework's setting that already groups samples by length (see :meth:`Engine.note_length_grouped`).
-        self.length_grouped: str | None = None
+        #: The recipe an integration read from its framework's objects (see :meth:`Engine.note_recipe`), or None.
+        self.recipe: dict[str, Any] | None = None
+        #: The step at whose end the run's first answer is written, printed and logged (its settings' and recipe's
+        #: verdicts need no trace): before the default schedule's first window.
+        self.early_answer_at = EARLY_ANSWER_STEP
         #: The settings audit (:class:`~perfhooks.device.settings.SettingsAudit`), read at each full publication;
         #: None when it could not start.
         self.settings: Any = None
@@ -217,5 +224,8 @@ class RunParts:
             tracker.publish_at_step = outputs.next_rows_at if outputs.wandb.run is not None else 1 << 62
         self.published()
         saving = self.saving
-        if saving.every_ns and monotonic_ns() >= saving.next_ns:  # every report_every_s, the report is rewritten
+        if self.tracker.step >= self.early_answer_at:  # the first answer: the settings' and recipe's verdicts
+            self.early_answer_at = 1 << 62
+            saving.save(window=False, early=True)
+        elif saving.every_ns and monotonic_ns() >= saving.next_ns:  # every report_every_s, the report is rewritten
             saving.save(window=False)

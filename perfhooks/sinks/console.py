@@ -164,6 +164,21 @@ def throughput_lines(throughput: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+#: Verdicts the first answer prints (the largest gains first).
+EARLY_VERDICTS = 5
+
+
+def early_lines(report: dict[str, Any], folder: Any) -> str:
+    """The run's first answer, before any trace: its verdicts, one line each, the largest gain first (``folder``:
+    where the report is)."""
+    lines = [f"perfhooks: after {report['steps']} steps, before any trace (the evidence: {folder}/report.json):"]
+    for diagnosis in report["diagnoses"][:EARLY_VERDICTS]:
+        gain = worth_phrase(diagnosis)
+        lines.append(f"  [{diagnosis['severity']}] {diagnosis['title']}" + (f" (fixing it {gain})" if gain else "")
+                     + f": {diagnosis['recommendation']}")
+    return "\n".join(lines)
+
+
 def live_line(live: dict[str, Any]) -> str:
     """One line of a running job's figures (a rank's live file): steps, rate, step p50, phase shares,
     throughput, memory, verdicts and a stall."""

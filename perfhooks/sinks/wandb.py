@@ -181,6 +181,15 @@ class WandbSink:
 
         self._submit("wandb_window", job)
 
+    def log_diagnoses(self, step: int, diagnoses: list[dict[str, Any]]) -> None:
+        """The diagnoses table alone (any thread): the run's first answer, before any window. Before the run is
+        found, nothing is logged (the window's and the last table follow)."""
+        with self._pending_lock:
+            if self.run is None:
+                return
+        rows = [dict(d) for d in diagnoses]
+        self._submit("wandb_diagnoses", lambda: self._log_row({"perf/diagnoses": self._table(rows)}, step))
+
     def close(self, step: int, report: dict[str, Any], timings: list[Any], memory_latest: dict[str, Any] | None,
               html: str, timeout_s: float = 30.0) -> None:
         """End of training: a last row, the diagnoses table, the summary, the HTML report and memory files;

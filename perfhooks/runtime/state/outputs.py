@@ -17,7 +17,7 @@ from perfhooks.faults import FaultLog, Once
 from perfhooks.report.statistics import StepTiming
 from perfhooks.rules.pipeline import with_cross_rank
 from perfhooks.rules.ranks import CROSS_RANK
-from perfhooks.sinks.console import format_table, fresh_line
+from perfhooks.sinks.console import early_lines, format_table, fresh_line
 from perfhooks.sinks.html import render_html
 from perfhooks.sinks.wandb import RunSource, WandbSink
 
@@ -57,6 +57,17 @@ class RunOutputs:
         written = [w for w in report["windows"] if not w.get("pruned")]
         if self.wandb is not None and written:
             self.wandb.log_window(global_step, written[-1], report["diagnoses"])
+
+    def early_answer(self, global_step: int, report: dict[str, Any]) -> None:
+        """The run's first answer, before any window (writer thread): the verdicts its settings, recipe and first
+        steps give, printed once (rank 0) and logged to W&B as the diagnoses table."""
+        diagnoses = report.get("diagnoses") or []
+        if not diagnoses:
+            return
+        if self.wandb is not None:
+            self.wandb.log_diagnoses(global_step, diagnoses)
+        if self.rank == 0 and self.config.console:
+            print(fresh_line() + early_lines(report, self.output_dir), file=sys.stderr, flush=True)
 
     def close(self, global_step: int, report: dict[str, Any], run_report: dict[str, Any] | None,
               recent: list[StepTiming], memory_latest: dict[str, Any] | None, timeout_s: float) -> None:

@@ -17,6 +17,7 @@ from perfhooks.rules.compile import diagnose_compile
 from perfhooks.rules.live import diagnose_live
 from perfhooks.rules.memory import diagnose_memory
 from perfhooks.rules.pipeline import fitted_to_run, merge_verdicts
+from perfhooks.rules.recipe import diagnose_recipe
 from perfhooks.rules.settings import PHASE_VERDICTS, diagnose_settings, host_shared, module_not_called
 from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
@@ -37,10 +38,11 @@ def local_verdicts(stats: PhaseStatistics, parts: ReportParts, thresholds: Thres
     installed version."""
     return [*diagnose_settings(parts.settings, stats, thresholds, framework=framework, device_type=device_type,
                                world_size=world_size, matmul_dtype=parts.matmul_dtype, run=parts.run),
+            *diagnose_recipe(parts.recipe, stats, parts.memory_figures, parts.run, parts.settings, thresholds),
             *diagnose_live(stats, thresholds, compiled=parts.compiled_in_run, run=parts.run,
                            named_work=parts.named_work, framework=framework, accelerator=accelerator, cpus=cpus,
                            framework_version=framework_version, length_grouped=parts.length_grouped,
-                           host_share=host_shared(parts.settings, thresholds)),
+                           host_share=host_shared(parts.settings, thresholds), recipe=parts.recipe),
             *diagnose_compile(parts.compile, parts.run, thresholds),
             *(diagnose_memory(parts.memory_figures, thresholds) if parts.memory_figures is not None else [])]
 
@@ -97,6 +99,8 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
         report["stalls"] = stalls
     if parts.settings is not None:
         report["settings"] = _copy(parts.settings)
+    if parts.recipe is not None:
+        report["recipe"] = {key: value for key, value in parts.recipe.items() if key != "spell"}
     if parts.missed_windows:
         report["missed_windows"] = [dict(missed) for missed in parts.missed_windows]
     if parts.overhead is not None:
@@ -161,7 +165,20 @@ def report_parts(listener: Any, device: dict[str, Any], cuda: bool, error: dict[
         faults=tuple(faults.as_list()), error=dict(error) if error else None,
         unfinished_steps=tracker.pending.unfinished, windows=tuple(capture.windows.snapshot()), trace=trace,
         missed_windows=tuple(dict(m) for m in capture.missed),
-        overhead=faults.call("overhead_report", tracker.sampler.section), length_grouped=listener.length_grouped,
+        overhead=faults.call("overhead_report", tracker.sampler.section),
+        length_grouped=(listener.recipe or {}).get("length_grouped"),
         module_not_called=listener.module_not_called,
-        settings=(faults.call("settings_audit", lambda: listener.settings.read(tracker.step, capture.is_open))
-                  if listener.settings is not None else None))
+        settings=(faults.call("settings_audit", lambda: listener.settings.read(tracker.step, capture.is_open,
+                                                                              _micro_batch_rows(stats)))
+                  if listener.settings is not None else None),
+        recipe=dict(listener.recipe) if listener.recipe is not None else None)
+
+
+def _micro_batch_rows(stats: Any) -> int:
+    """The rows a micro-batch's matmuls take (token slots, padding included, else samples, a micro-batch over the
+    detailed steps); 0
+    before any was counted."""
+    timings = [timing for timing in stats.recent if timing.micro_batches]
+    micro = sum(timing.micro_batches for timing in timings)
+    rows = sum(timing.padded_tokens or timing.tokens or timing.samples for timing in timings)
+    return rows // micro if micro else 0

@@ -81,6 +81,9 @@ class ReportParts(NamedTuple):
     settings: dict[str, Any] | None = None
     #: Why the run's forward was never seen (the plain loop was given a module the loop does not call), or None.
     module_not_called: str | None = None
+    #: The recipe the framework's objects hold (``report.json``'s ``recipe``; :mod:`perfhooks.integrations.recipe`),
+    #: with what the engine counted (micro-batches a step and their samples), or None.
+    recipe: dict[str, Any] | None = None
 
 
 class RunState(NamedTuple):

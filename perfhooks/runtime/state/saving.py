@@ -88,8 +88,9 @@ class ReportSaving:
         if not self.suspended:
             self.save(window=True)
 
-    def save(self, window: bool) -> None:
-        """Publish the state now; the writer builds and writes its report (with the window's verdicts)."""
+    def save(self, window: bool, early: bool = False) -> None:
+        """Publish the state now; the writer builds and writes its report (with the window's verdicts). ``early``:
+        the run's first answer, before any window (its verdicts go to the console and W&B too)."""
         self.next_ns = monotonic_ns() + self.every_ns
         state = self.publish(True)
 
@@ -98,6 +99,8 @@ class ReportSaving:
             self._write_in_turn(report)
             if window:
                 self.outputs.window_written(state.global_step, report)
+            if early:
+                self.outputs.early_answer(state.global_step, report)
 
         self.writer.submit("report_write", write)
 
