@@ -198,6 +198,10 @@ class PerfConfig:
         report_every_s: seconds between rewrites of ``report.json`` (and ``report.html``) while the run goes on,
             off the training thread, with ``status: "running"`` and ``updated_at``; ``0``: only at windows' ends
             and at the end. Default 60, or the ``PERFHOOKS_REPORT_EVERY_S`` variable.
+        first_answer_step: the step after which the run's first answer is given: ``report.json`` written, its
+            verdicts (the settings' and the recipe's, which need no trace) printed once and logged to W&B; default 6,
+            before the default schedule's first window; ``None``: none before the first window or periodic report
+            (nor with ``report_every_s`` 0).
         signals: the signals after which the report is saved as ``status: "terminated"`` before the handler that
             was there runs (or the signal's default action): names, or one comma-separated string
             (``"SIGTERM,SIGUSR1"`` for SLURM's ``--signal=USR1@90``); ``()`` for none. Default SIGTERM, SIGHUP
@@ -253,6 +257,7 @@ class PerfConfig:
     count_flops: bool = True
     peak_flops: float | None = None
     report_every_s: float | None = None
+    first_answer_step: int | None = 6
     signals: tuple[str, ...] | str | None = None
     stall_after_s: float | None = None
     console_every_s: float | None = None
@@ -319,6 +324,9 @@ class PerfConfig:
         if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not math.isfinite(poll) or poll <= 0:
             raise ValueError(f"trigger_poll_s must be a finite number of seconds > 0, got {poll!r}")
         self.report_every_s = _seconds("report_every_s", self.report_every_s, 60.0)
+        first = self.first_answer_step
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 1):
+            raise ValueError(f"first_answer_step must be a step number >= 1 or None, got {first!r}")
         self.signals = signal_names(self.signals)
         stall = _seconds("stall_after_s", self.stall_after_s, 0.0)
         self.stall_after_s = stall or None  # None: the larger of 120 s and 20 x the p95 step

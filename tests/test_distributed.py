@@ -184,9 +184,10 @@ def test_fsdp2_straggler_is_named_by_its_collective_wait(tmp_path: Path) -> None
     merged = read_report(out)
     per_rank = {s["rank"]: s for s in merged["ranks"]["per_rank"]}
     forward = [per_rank[r]["phases_ms"]["forward"] for r in (0, 1)]
-    # both ranks' forwards hold the wait (rank 0's waits for rank 1's sleep inside it): the DDP rule cannot tell
-    # them apart (0.79 on a loaded machine once: its own compute slowed one rank more than the other)
-    assert min(forward) > 0.7 * max(forward), forward
+    # both ranks' forwards hold the wait (rank 0's waits for rank 1's 120 ms sleep inside it), which is why the DDP
+    # rule cannot tell them apart; held against the sleep, not against each other: under the suite's two workers
+    # one rank's own compute slowed more than the other's (144.8 against 249.7 ms once)
+    assert min(forward) >= 0.5 * 120, forward
     straggler = next(d for d in merged["diagnoses"] if d["id"] == "straggler")
     assert straggler["measured"]["slowest_rank"] == 1 and straggler["measured"]["rule"] == "collective_wait"
     # the 120 ms rank 1 sleeps, waited for by rank 0: more than nothing, less than a step (load changes the rest)

@@ -111,3 +111,28 @@ def test_a_folder_named_perfhooks_in_the_current_folder_is_named_with_its_fix(tm
     else:
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert done.stderr.count("\n") == 1 and f"{tmp_path / 'perfhooks'} hides the installed package" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_clone_named_perfhooks_beside_the_script_does_not_hide_the_install_the_readme_gives(tmp_path: Path) -> None:
+    """Issue 85: a newcomer's ``git clone`` makes a folder named ``perfhooks``; a ``train.py`` beside it imported that
+    folder as a namespace package under an editable install. Installed as the README's "Your own script" says (not
+    editable), the script gets the package: its version and the Lightning integration."""
+    clone = tmp_path / "perfhooks"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=300)
+    readme = (REPO / "README.md").read_text()
+    assert 'pip install "/path/to/perfhooks[' in readme  # what is installed below: the clone, not editable
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                    str(site), str(clone)], check=True, timeout=600)
+    (tmp_path / "train.py").write_text(
+        "import perfhooks\nfrom perfhooks.integrations.lightning import PerfCallback\n"
+        "print(perfhooks.__version__, perfhooks.__file__, PerfCallback.__module__)\n")
+    done = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    version, location, module = done.stdout.split()
+    import perfhooks
+
+    assert (version, module) == (perfhooks.__version__, "perfhooks.integrations.lightning")
+    assert Path(location).is_relative_to(site)

@@ -108,7 +108,7 @@ def test_the_window_end_report_is_built_from_the_published_state(tmp_path: Path)
 
     clock = ManualClock()
     engine = Engine(PerfConfig(schedule=Schedule(skip_first=2, warmup=1, active=2, repeat=1), console=False,
-                               analyze_windows=False), tmp_path, "test", clock=clock)
+                               analyze_windows=False, first_answer_step=None), tmp_path, "test", clock=clock)
     for n in range(7):
         _step(engine, clock, n)
     engine.writer.flush()

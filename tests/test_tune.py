@@ -139,13 +139,18 @@ def test_the_plan_and_the_figures_on_exact_inputs() -> None:
     assert [t["knob"] for t in trials] == ["sdpa", "dataloader_workers", "tf32", "bf16", "compile"]
     workers = trials[1]
     assert workers["knobs"] == {"num_workers": 8, "pin_memory": True}
-    assert {s["knob"] for s in skipped} == {"anomaly_off", "threads"}  # the settings audit named neither
+    recipe = {"micro_batch", "checkpointing_off", "padding", "eval_batch", "fp32"}  # the facts hold none of them
+    assert {s["knob"] for s in skipped} == {"anomaly_off", "threads"} | recipe  # the settings audit named neither
     assert workers["change"] == ("TrainingArguments(dataloader_num_workers=8, dataloader_persistent_workers=True, "
                                  "dataloader_pin_memory=True)")
     trials, skipped = plan({**facts, "framework": "lightning", "loader_workers": [4, 0], "precision": "bf16-mixed"},
                            "cpu", [], cores=2)
-    assert [t["knob"] for t in trials] == ["dataloader_workers"] and trials[0]["knobs"] == {"num_workers": 2}
-    assert {s["knob"] for s in skipped} == {"tf32", "bf16", "compile", "sdpa", "anomaly_off", "threads"}
+    assert [t["knob"] for t in trials] == ["dataloader_workers", "fp32"]  # bf16 on a CPU: fp32 is tried too
+    assert trials[0]["knobs"] == {"num_workers": 2}
+    assert {s["knob"] for s in skipped} == {"tf32", "bf16", "compile", "sdpa", "anomaly_off", "threads",
+                                            "micro_batch", "checkpointing_off", "padding", "eval_batch"}
+    assert plan({**facts, "framework": "lightning", "precision": "bf16-mixed"}, "cpu", [], 2,
+                only=("fp32",))[0][0]["change"] == 'Trainer(precision="32-true")'  # bf16 on: fp32 is tried
     assert plan({**facts, "loader_workers": [2]}, "cpu", [], 2, only=("dataloader_workers",))[1] == [
         {"knob": "dataloader_workers", "reason": "the loaders already use 2 or more worker processes"}]
     figures = speedup([20.0] * 30 + [40.0] * 10, [10.0] * 40)
@@ -255,8 +260,8 @@ def test_bad_options_get_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Capt
 
     script = SCRIPTS / "lightning_slow_data.py"
     assert main(["tune", "--only", "bf16,warp_speed", str(script)]) == 2
-    assert ("--only takes knob names among dataloader_workers, tf32, bf16, compile, sdpa, anomaly_off, threads; "
-            "got warp_speed") in capsys.readouterr().err
+    assert ("--only takes knob names among dataloader_workers, tf32, bf16, compile, sdpa, anomaly_off, threads, "
+            "micro_batch, checkpointing_off, padding, eval_batch, fp32; got warp_speed") in capsys.readouterr().err
     assert main(["tune", "--steps", "2", str(script)]) == 2
     assert "--steps must be an integer >= 5" in capsys.readouterr().err
     assert main(["tune", str(tmp_path / "nope.py")]) == 2

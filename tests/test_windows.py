@@ -331,3 +331,40 @@ def test_a_window_records_at_most_its_bound_of_micro_batches(tmp_path: Path, acc
     else:
         assert "stopped_early" not in window
     assert len(list((tmp_path / "traces").glob("*.gz"))) == 1
+
+
+def test_a_window_past_its_memory_bound_stops_inside_the_step_at_that_micro_batch(tmp_path: Path) -> None:
+    """Issue 85: a one-step window over 8 micro-batches added 340 MB against a bound of 157, checked only at step
+    ends. The bound is checked at each micro-batch's forward while a window records: the window stops at the
+    micro-batch that crosses it, its record says which part of the step the trace holds, and the analysis weighs
+    that step by the micro-batches recorded."""
+    from perfhooks.capture.heap import rss_bytes
+
+    kept: list[bytearray] = []
+    chunk = max(64 * 2**20, (rss_bytes() or 0) // 2)  # past a quarter of the RSS in one micro-batch
+
+    def grow(step: int) -> None:
+        if step == 3 and len(kept) < 8:
+            kept.append(bytearray(b"x" * (chunk if len(kept) == 2 else 2**20)))  # the third micro-batch grows
+
+    engine = engine_for(tmp_path, schedule=Schedule(skip_first=2, warmup=1, active=1, repeat=1),
+                        window_rss_limit_bytes=2**20)
+    plain_loop(engine, steps=6, accumulate=8, in_forward=grow)
+    report = engine.close()
+    kept.clear()
+    (window,) = report["windows"]
+    assert (window["first_step"], window["last_step"]) == (3, 3)
+    assert window["partial_step"] == {"step": 3, "recorded_micro_batches": 3, "micro_batches": 8}
+    assert window["stopped_early"].startswith("stopped inside step 3, at its micro-batch 4: the process's RSS grew")
+    trace = load_trace(Path(window["path"]))
+    assert annotation_names(trace).count("forward") == 3  # the trace ends at the micro-batch that crossed
+    assert [n for n in annotation_names(trace) if n.startswith("ProfilerStep#")] == ["ProfilerStep#3"]
+    assert report["overhead"]["windows"]["stopped_early"] == 1
+    assert report["steps"] == 6  # the run goes on: every step is counted
+    from perfhooks.analysis.trace import load_trace as load
+    from perfhooks.offline.analyze import analyze_trace
+
+    whole = analyze_trace(load(Path(window["path"])))["metrics"]
+    weighed = analyze_trace(load(Path(window["path"])), last_step_share=3 / 8)["metrics"]
+    assert weighed["steps"] == pytest.approx(3 / 8)
+    assert weighed["step_us"] == pytest.approx(whole["step_us"] * 8 / 3)  # a whole step's time, from 3 of its 8

@@ -55,12 +55,28 @@ class Overview:
     sm_efficiency: dict[int, float | None] = field(default_factory=dict)
     achieved_occupancy: dict[int, float | None] = field(default_factory=dict)
 
+    #: How many steps the trace's steps make: their count, less what a window stopped inside its last step did
+    #: not record (:meth:`weigh_last`).
+    step_count: float = 0.0
+
     def share(self, role: str) -> float:
         return self.breakdown_us[role] / self.step_us if self.step_us else 0.0
 
+    def weigh_last(self, share: float) -> None:
+        """The last step holds only ``share`` 0..1 of its micro-batches (a window stopped inside it at its memory
+        bound): it counts as that share of a step, so that the per-step figures (the step's time, each role's)
+        are a whole step's, weighted by the micro-batches recorded."""
+        count = len(self.steps)
+        if not count or not 0 < share < 1:
+            return
+        weighted = count - 1 + share
+        self.step_us = self.step_us * count / weighted
+        self.breakdown_us = {role: us * count / weighted for role, us in self.breakdown_us.items()}
+        self.step_count = weighted
+
     def as_dict(self) -> dict[str, Any]:
         return {
-            "steps": len(self.steps),
+            "steps": self.step_count or len(self.steps),
             "step_us": self.step_us,
             "breakdown_us": dict(self.breakdown_us),
             "gpu_utilization": {str(k): v for k, v in self.gpu_utilization.items()},

@@ -42,12 +42,14 @@ IN_PROCESS_MAX_BYTES = 1 << 18
 CHILD_NICENESS = 10
 
 
-def analysis_command(path: Path, thresholds: Any) -> list[str]:
+def analysis_command(path: Path, thresholds: Any, last_step_share: float | None = None) -> list[str]:
     """The child's command line: on idle CPU from its exec on (``chrt --idle 0``: its interpreter's start and
     imports too, about 0.4 s of CPU that a nice of 10 still took from a 2-core job's steps), else at a nice of
     :data:`CHILD_NICENESS` until ``--idle`` asks for ``SCHED_IDLE`` itself."""
     command = [sys.executable, "-m", "perfhooks", "analyze", str(path), "--format", "json", "--idle",
                "--thresholds", json.dumps(dataclasses.asdict(thresholds))]
+    if last_step_share is not None:
+        command += ["--last-step-share", repr(last_step_share)]
     chrt = shutil.which("chrt") if sys.platform.startswith("linux") else None
     if chrt:
         return [chrt, "--idle", "0", *command]
@@ -96,14 +98,18 @@ def node_lock(timeout_s: float) -> Iterator[bool]:
         os.close(descriptor)
 
 
-def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: float = 600.0
-                   ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """``(metrics for the window record, diagnoses tagged with the window's first step)``; raises on failure."""
+def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: float = 600.0,
+                   partial_step: dict[str, int] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``(metrics for the window record, diagnoses tagged with the window's first step)``; raises on failure.
+    ``partial_step``: the window stopped inside its last step (its record's ``{recorded_micro_batches,
+    micro_batches}``): that step weighs the share of its micro-batches it recorded."""
+    share = (partial_step["recorded_micro_batches"] / partial_step["micro_batches"]
+             if partial_step and partial_step.get("micro_batches") else None)
     if path.stat().st_size <= IN_PROCESS_MAX_BYTES:
-        result = analyze_in_process(path, thresholds)
+        result = analyze_in_process(path, thresholds, share)
     else:
         with node_lock(timeout_s / 2):
-            done = subprocess.run(analysis_command(path, thresholds), capture_output=True, text=True,
+            done = subprocess.run(analysis_command(path, thresholds, share), capture_output=True, text=True,
                                   timeout=timeout_s, check=False)
         if done.returncode != 0:
             raise RuntimeError((done.stderr.strip().splitlines() or ["no output"])[-1])
@@ -115,12 +121,12 @@ def analyze_window(path: Path, thresholds: Any, first_step: int, timeout_s: floa
     return {**{key: metrics.get(key) for key in WINDOW_METRICS}, **top_work(metrics)}, diagnoses
 
 
-def analyze_in_process(path: Path, thresholds: Any) -> dict[str, Any]:
+def analyze_in_process(path: Path, thresholds: Any, last_step_share: float | None = None) -> dict[str, Any]:
     """What ``perfhooks analyze PATH --format json`` prints, as JSON reads it back, computed here."""
     from perfhooks.analysis.trace import load_trace
     from perfhooks.offline.analyze import analyze_trace
 
-    return json.loads(json.dumps(analyze_trace(load_trace(path), thresholds)))
+    return json.loads(json.dumps(analyze_trace(load_trace(path), thresholds, last_step_share)))
 
 
 def top_work(metrics: dict[str, Any], top: int = TOP_WORK) -> dict[str, list[dict[str, Any]]]:

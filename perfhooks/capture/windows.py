@@ -100,6 +100,10 @@ class CaptureWindows:
         self._holding_off = False
         #: Micro-batches the open window recorded so far (against ``settings.max_micro_batches``).
         self._recorded_micro_batches = 0
+        #: Training forwards started in the step being recorded (its micro-batches so far), and the step a window
+        #: stopped inside: ``{step, recorded_micro_batches, micro_batches}`` for its record.
+        self._step_forwards = 0
+        self._partial: dict[str, int] | None = None
 
     def defer_to(self, owner: str) -> None:
         """Another ``torch.profiler`` user (e.g. Lightning's PyTorchProfiler) is configured: open no window.
@@ -155,7 +159,35 @@ class CaptureWindows:
                 self._first_step = step
                 self._nsys(start=True)
             self._last_step = step
+        self._step_forwards = 0
         return action
+
+    @property
+    def recording(self) -> bool:
+        """A window records the step open now (its forwards are checked against the memory bound)."""
+        return self._profiler is not None and self._last_step is not None
+
+    def forward_starting(self, step: int, micro_batches: int) -> bool:
+        """A training forward of ``step`` starts while a window records it: from its second micro-batch on, the RSS
+        is checked against the window's bound (the heap's freed pages given back first), and a window past it
+        stops here, inside the step: its trace holds the step's first micro-batches, and its record says how many
+        of the step's ``micro_batches`` (the step's count so far, or the last step's where larger). True when it
+        stopped."""
+        self._step_forwards += 1
+        if self._step_forwards < 2 or self._profiler is None or self._last_step != step:
+            return False
+        release_freed_heap()
+        added = self.memory.over_bound()
+        if added is None:
+            return False
+        recorded = self._step_forwards - 1
+        self._partial = {"step": step, "recorded_micro_batches": recorded,
+                         "micro_batches": max(micro_batches, recorded + 1)}
+        self.end_step_label()  # the step's label closes where the recording does
+        self._stop_early(f"stopped inside step {step}, at its micro-batch {recorded + 1}: the process's RSS grew by "
+                         f"{added / 2**20:.0f} MiB, past the window's {self.memory.bound / 2**20:.0f} MiB bound; the "
+                         f"trace holds {recorded} of the step's micro-batches")
+        return True
 
     def _stop_early(self, why: str) -> Action:
         """End the open window here, saved, and give up the rest of its cycle; ``why`` goes in its record."""
@@ -296,6 +328,8 @@ class CaptureWindows:
                   "pruned": False, **(self.memory.closed() if self._for_signal is None else {})}
         if self._stopped_early is not None:
             record["stopped_early"], self._stopped_early = self._stopped_early, None
+        if self._partial is not None:
+            record["partial_step"], self._partial = self._partial, None
         if self._for_signal is not None:  # a signal's handler: no lock, no writer, no analysis
             self.windows.append(record)
             self._for_signal.append(lambda: self._finish(results, temp, final, record, analyse=False))

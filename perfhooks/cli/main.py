@@ -28,10 +28,14 @@ def _analyze(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as error:
         print(f"perfhooks: --thresholds: {error}", file=sys.stderr)
         return 2
+    share = args.last_step_share
+    if share is not None and not 0 < share <= 1:
+        print(f"perfhooks: --last-step-share must be above 0 and at most 1, got {share:g}", file=sys.stderr)
+        return 2
     if args.paths and all(str(path).endswith(".pickle") for path in args.paths):
         return _analyze_snapshots(args)
     try:
-        report = analyze_paths(args.paths, workers=args.workers, thresholds=thresholds)
+        report = analyze_paths(args.paths, workers=args.workers, thresholds=thresholds, last_step_share=share)
     except TraceError as error:
         print(f"perfhooks: {error}", file=sys.stderr)
         return 2
@@ -139,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "'{\"gpu_utilization\": 0.5}' (fields of perfhooks.Thresholds)")
     analyze.add_argument("--idle", action="store_true", help="run on idle CPU only (Linux's SCHED_IDLE; elsewhere "
                          "the lowest nice): what a training run's own window analysis uses, beside its steps")
+    analyze.add_argument("--last-step-share", type=float, default=None, help="the share (0..1) of its micro-batches "
+                         "the trace's last step holds (a window stopped inside it); the per-step figures weigh it so")
     analyze.set_defaults(run=_analyze)
     report = commands.add_parser("report", help="regenerate report.html in a perfhooks output folder")
     report.add_argument("output_dir")

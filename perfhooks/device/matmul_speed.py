@@ -22,8 +22,9 @@ _linear = torch.nn.functional.linear
 SHAPES = 3
 MAX_ROWS = 2048
 #: A shape's rows are cut so that its forward matmul is at most this many multiply-adds (a large model's layer is
-#: timed on fewer rows: the ratio, not the time, is what is read).
-MAX_MACS = 5 * 10**7
+#: timed on fewer rows, and its time scaled to the micro-batch's rows): a CPU without native bf16 runs it at a few
+#: GFLOP/s, and the probe stays within about 30 ms of one step.
+MAX_MACS = 10**6
 REPEATS = 3
 BUDGET_S = 0.01
 
@@ -75,10 +76,10 @@ def _time_shape(rows: int, inputs: int, outputs: int, generator: torch.Generator
 
 
 def measure(models: Iterable[Any], rows: int) -> dict[str, Any] | None:
-    """``{fp32_ms, bf16_ms, dtype, shapes, shapes_said}``: the run's largest Linear shapes (``shapes``: ``[rows,
-    in, out, layers]`` each; a shape's rows are ``rows``, cut by :data:`MAX_ROWS` and :data:`MAX_MACS`), each
-    weighted by how many layers have it, in fp32 and in bf16 with its casts (ms); None where the models have no
-    Linear layer."""
+    """``{fp32_ms, bf16_ms, dtype, shapes, shapes_said}``: the run's largest Linear shapes (``shapes``: ``[rows
+    timed, in, out, layers]`` each; the rows timed are ``rows``, cut by :data:`MAX_ROWS` and :data:`MAX_MACS`), in
+    fp32 and in bf16 with its casts: ms a micro-batch of ``rows`` rows takes in them, every layer of each shape
+    counted (the time scaled from the rows timed); None where the models have no Linear layer."""
     shapes = linear_shapes(models)[:SHAPES]
     if not shapes or rows <= 0:
         return None
@@ -90,7 +91,8 @@ def measure(models: Iterable[Any], rows: int) -> dict[str, Any] | None:
             taken = max(1, min(rows, MAX_ROWS, MAX_MACS // (inputs * outputs)))
             timed.append((taken, inputs, outputs, count))
             full, half = _time_shape(taken, inputs, outputs, generator)
-            fp32, bf16 = fp32 + count * full, bf16 + count * half
+            scale = count * rows / taken  # the layers' matmuls at the micro-batch's rows (linear in the rows)
+            fp32, bf16 = fp32 + scale * full, bf16 + scale * half
     said = ", ".join(f"{count} x [{taken}, {inputs}] @ [{inputs}, {outputs}]"
                      for taken, inputs, outputs, count in timed)
     return {"fp32_ms": round(fp32 * 1e3, 4), "bf16_ms": round(bf16 * 1e3, 4), "dtype": "bf16",

@@ -14,7 +14,7 @@ from typing import Any
 
 from perfhooks.analysis import ranges
 from perfhooks.analysis.gemm import gemm_efficiency
-from perfhooks.analysis.host import compilation, host_synchronizations, unrecorded_section
+from perfhooks.analysis.host import compilation, host_synchronizations, sync_tail_section, unrecorded_section
 from perfhooks.analysis.kernels import (
     attention_core,
     attention_kernels,
@@ -45,7 +45,7 @@ from perfhooks.rules.verdicts import Diagnosis
 def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, Any]:
     """Every analyzer's output for one trace (the ``metrics`` section of the report)."""
     overview = overview or compute_overview(trace)
-    steps = len(overview.steps)
+    steps = overview.step_count or len(overview.steps)  # a partial last step weighs its recorded micro-batches
     window = ranges.merge((start, end) for _, start, end in overview.steps)
     devices = sorted(overview.gpu_utilization)
     first = devices[0] if devices else None
@@ -82,6 +82,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
         "host_sync": host_synchronizations(trace, steps),
         # device time the trace does not record: a synchronize that waited far longer than the work it shows
         "unrecorded": unrecorded_section(trace),
+        "sync_tail": sync_tail_section(trace),
         "launch": launch_statistics(trace, steps, window),
         "startup": startup_work(trace, window),
         # the window less start-up work and graph captures: what the steady-state rules are judged on
@@ -125,9 +126,14 @@ def phase_statistics(trace: Trace, steps: list[tuple[int, float, float]]) -> Pha
     return stats
 
 
-def analyze_trace(trace: Trace, thresholds: Thresholds | None = None) -> dict[str, Any]:
-    """A version-1 report for one trace: the metrics, and the diagnoses ranked by estimated gain."""
+def analyze_trace(trace: Trace, thresholds: Thresholds | None = None, last_step_share: float | None = None
+                  ) -> dict[str, Any]:
+    """A version-1 report for one trace: the metrics, and the diagnoses ranked by estimated gain.
+    ``last_step_share``: the share 0..1 of its micro-batches the trace's last step holds (a window that stopped
+    inside it); the per-step figures weigh it so."""
     overview = compute_overview(trace)
+    if last_step_share is not None:
+        overview.weigh_last(last_step_share)
     metrics = trace_metrics(trace, overview)
     stats = phase_statistics(trace, overview.steps)
     devices = metrics["devices"]
@@ -176,10 +182,11 @@ def _coverage_warnings(trace: Trace, metrics: dict[str, Any]) -> list[str]:
     return out
 
 
-def _analyze_file(path: str, thresholds: Thresholds | None = None) -> list[dict[str, Any]]:
+def _analyze_file(path: str, thresholds: Thresholds | None = None, last_step_share: float | None = None
+                  ) -> list[dict[str, Any]]:
     """One report per rank in the file: one, or a merged trace's ranks."""
     with _no_cyclic_gc():
-        return [analyze_trace(trace, thresholds) for trace in load_traces(path)]
+        return [analyze_trace(trace, thresholds, last_step_share) for trace in load_traces(path)]
 
 
 @contextlib.contextmanager
@@ -199,11 +206,13 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 def analyze_paths(paths: list[str | Path], workers: int | None = None,
-                  thresholds: Thresholds | None = None) -> dict[str, Any]:
-    """Analyse files or folders; several traces are one multi-rank run, analysed in parallel processes."""
+                  thresholds: Thresholds | None = None, last_step_share: float | None = None) -> dict[str, Any]:
+    """Analyse files or folders; several traces are one multi-rank run, analysed in parallel processes.
+    ``last_step_share``: a single trace's last step holds that share of its micro-batches (see
+    :func:`analyze_trace`)."""
     files = find_traces(paths)
     if len(files) == 1:
-        results = [_analyze_file(files[0], thresholds)]
+        results = [_analyze_file(files[0], thresholds, last_step_share)]
     else:
         workers = workers or min(len(files), os.cpu_count() or 1)
         if workers > 1:

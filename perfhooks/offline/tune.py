@@ -128,7 +128,7 @@ def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerato
     if name == "dataloader_workers":
         return _workers(framework, facts, accelerator, cores)
     if name in RECIPE_KNOBS:
-        return _recipe_knob(name, framework, facts)
+        return _recipe_knob(name, framework, facts, accelerator, diagnoses)
     if name == "tf32":
         if not accelerator:
             return none, "TF32 is a matmul mode of NVIDIA GPUs (Ampere and later); on CPU it changes nothing"
@@ -169,13 +169,16 @@ def _setting(name: str, framework: str | None, facts: dict[str, Any], accelerato
 RECIPE_KNOBS = ("micro_batch", "checkpointing_off", "padding", "eval_batch", "fp32")
 
 
-def _recipe_knob(name: str, framework: str, facts: dict[str, Any]) -> tuple[tuple[dict[str, Any], str], str | None]:
+def _recipe_knob(name: str, framework: str, facts: dict[str, Any], accelerator: bool = False,
+                 diagnoses: Any = ()) -> tuple[tuple[dict[str, Any], str], str | None]:
     """A recipe knob's setting, from the baseline's facts (the framework's own arguments), or why it is skipped."""
     none: tuple[dict[str, Any], str] = ({}, "")
     if name == "fp32":
         precision = str(facts.get("precision") or "")
         if precision in ("", "32-true", "32", "fp32", "no"):
             return none, "the run already trains in fp32"
+        if accelerator and "mixed_precision_slower" not in diagnoses:
+            return none, "mixed precision on a GPU: fp32 is tried where a verdict measured it slower"
         spelled = {"lightning": 'Trainer(precision="32-true")', "transformers": "TrainingArguments(bf16=False, "
                    "fp16=False)", "accelerate": 'Accelerator(mixed_precision="no")'}.get(framework)
         if spelled is None:

@@ -66,6 +66,9 @@ def diagnose_trace(metrics: dict[str, Any], t: Thresholds = Thresholds()) -> lis
         utilization = None
     if graph_warm_up(metrics, steady, t):  # a graph warm-up: graph_capture_in_window says it, with the rest's figure
         utilization = None
+    window_us = step_us * max(metrics.get("steps") or 1, 1)
+    if (metrics.get("sync_tail") or {}).get("tail_us", 0.0) >= 0.5 * window_us:
+        utilization = None  # most of the window is the host's after a synchronize: host_after_sync says the burst's
     # no kernel at all inside the steps is more likely device activity that was not recorded than an idle GPU
     if utilization is not None and 0 < utilization < t.gpu_utilization:
         out.append(make(
@@ -120,6 +123,9 @@ def _utilization_basis(metrics: dict[str, Any], steady: dict[str, Any]) -> str:
     unrecorded = (metrics.get("unrecorded") or {}).get("unrecorded_us")
     if unrecorded:
         basis += f", less {unrecorded / 1e3:.1f} ms of device work the trace does not record"
+    tail = (metrics.get("sync_tail") or {}).get("tail_us")
+    if tail:
+        basis += f", less {tail / 1e3:.1f} ms the host stayed in a synchronize after its device call returned"
     return basis
 
 
@@ -228,6 +234,22 @@ def _not_steady_state(metrics: dict[str, Any], steady: dict[str, Any], t: Thresh
     unrecorded = metrics.get("unrecorded") or {}
     if window_us and unrecorded.get("unrecorded_us", 0.0) >= UNRECORDED_SAID_SHARE * window_us:
         out.append(_unrecorded(unrecorded, window_us))
+    tail = metrics.get("sync_tail") or {}
+    if window_us and tail.get("tail_us", 0.0) >= UNRECORDED_SAID_SHARE * window_us:
+        share = tail["tail_us"] / window_us
+        out.append(make(
+            "host_after_sync", "info", "The host stayed in a synchronize after the device was done",
+            f"the host stayed {tail['tail_us'] / 1e3:.1f} ms inside {tail['frames']} synchronize frame(s) after their "
+            f"device call returned ({pct(share)} of the window), with no call, operator or device work recorded "
+            "there: that time is the host's, and this trace cannot say what it was; it is not device work, and "
+            "utilization is judged without it"
+            + (f"; the device's recorded work is {tail['device_us'] / 1e3:.2f} ms, {pct(tail['device_busy_share'])} "
+               f"busy over its {tail['device_span_us'] / 1e3:.2f} ms"
+               + ("" if tail["tail_us"] < 0.5 * window_us else ", too little of the window to judge its "
+                  "utilization") if tail.get("device_span_us") else ""),
+            0.0, "Record the window with with_stack=True (perfhooks.Schedule / torch.profiler) to see what the host "
+            "ran there, or time the synchronize's callers; a larger batch does not fill this time.",
+            tail_us=tail["tail_us"], tail_share=round(share, 4), frames=tail["frames"]))
     queueing = metrics.get("queueing") or {}
     if queueing:
         out.append(make(

@@ -53,6 +53,7 @@ DOCS = {
     "evaluation_with_grad": "https://pytorch.org/docs/stable/generated/torch.no_grad.html",
     "foreach_off": "https://pytorch.org/docs/stable/optim.html#algorithms",
     "module_not_called": "https://pytorch.org/docs/stable/generated/torch.compile.html",
+    "host_after_sync": "https://pytorch.org/docs/stable/generated/torch.cuda.synchronize.html",
     "activation_checkpointing": "https://pytorch.org/docs/stable/checkpoint.html",
     "small_micro_batches": "https://huggingface.co/docs/transformers/perf_train_gpu_one#batch-size-choice",
     "evaluation_batch": "https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments.per_device_eval_batch_size",

@@ -1,5 +1,5 @@
 """The parts of a run and what each does at a step's moments (the tracker's
-:class:`~perfhooks.runtime.step.tracker.StepListener`).
+:class:`~perfhooks.runtime.step.steps.StepListener`).
 
 At a step's start the capture controller drives its window, compile tracking looks for dynamo, memory takes a
 sample and FLOP arming decides whether to count the step; at a phase start FLOP arming watches for the forward
@@ -22,7 +22,7 @@ import torch
 
 from perfhooks.capture.schedule import Action
 from perfhooks.device import cuda_extras
-from perfhooks.events import COMPILING, EVALUATION
+from perfhooks.events import COMPILING, EVALUATION, FORWARD
 from perfhooks.faults import FaultLog
 from perfhooks.files.writer import BackgroundWriter
 from perfhooks.memory.monitor import MemoryMonitor
@@ -43,10 +43,6 @@ _grad_enabled, _graph_task, _thread = torch.is_grad_enabled, torch._C._current_g
 #: function (not perfhooks' :class:`~perfhooks.capture.schedule.Schedule`) is looked at that many steps ahead.
 QUIET_STEPS = 64
 QUIET_NS = 100_000_000
-
-
-#: The step after which the run's first answer is given (the default schedule's first window warms up at step 8).
-EARLY_ANSWER_STEP = 6
 
 
 class RunParts:
@@ -74,7 +70,8 @@ class RunParts:
         self.recipe: dict[str, Any] | None = None
         #: The step at whose end the run's first answer is written, printed and logged (its settings' and recipe's
         #: verdicts need no trace): before the default schedule's first window.
-        self.early_answer_at = EARLY_ANSWER_STEP
+        first = capture.config.first_answer_step  # none where the report is written only at windows and the end
+        self.early_answer_at = first if first is not None and capture.config.report_every_s else 1 << 62
         #: The settings audit (:class:`~perfhooks.device.settings.SettingsAudit`), read at each full publication;
         #: None when it could not start.
         self.settings: Any = None
@@ -83,6 +80,7 @@ class RunParts:
         self._evaluation_thread = 0
         if hooks is not None:
             hooks.add(self._evaluation_probe)
+        self._recording_seen = False
         #: Why the run's phases were never seen (the module given is not the one the loop calls), or None.
         self.module_not_called: str | None = None
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
@@ -102,7 +100,8 @@ class RunParts:
     def set_phase_notices(self) -> None:
         """Tell the tracker which phase moments a part needs now."""
         tagging = self.tag_allocations and self.memory.history  # type: ignore[union-attr]
-        self.tracker.notify_phases = self.flops.watching or tagging
+        # a window's memory bound is checked at each micro-batch's forward while it records
+        self.tracker.notify_phases = self.flops.watching or tagging or self.capture.windows.recording
         self.tracker.observe_phases = self.memory is not None and not self.device_broken
 
     def stop_flop_count(self, keep: bool) -> None:
@@ -122,6 +121,9 @@ class RunParts:
         capture = self.capture
         # a window's profiler would call the broken device
         action = capture.action(step) if self.device_broken else capture.at_step(step, self.tracker.last_micro_batches)
+        if capture.windows.recording is not self._recording_seen:  # a window's forwards are watched while it records
+            self._recording_seen = capture.windows.recording
+            self.set_phase_notices()
         self.compile.watch.maybe_install()  # dynamo's callbacks once dynamo is loaded (a check after)
         memory = self.memory
         if memory is not None and not self.device_broken and monotonic_ns() >= memory.next_step_ns:
@@ -163,6 +165,14 @@ class RunParts:
         tracker.quiet_until_step, tracker.quiet_until_ns = until_step, until_ns
 
     def phase_opening(self, name: str) -> None:
+        windows = self.capture.windows
+        if name == FORWARD and windows.recording:
+            record = self.tracker.record
+            counted = record.micro_batches if record is not None else 0
+            if windows.forward_starting(self.tracker.step, max(counted, self.tracker.last_micro_batches)):
+                self.set_phase_notices()
+                if record is not None:
+                    record.own = True
         if self.flops.watching:
             self.flops.phase_opening(self.tracker.step, name, self.tracker.record)
             if not self.flops.watching:  # the count just ended: the tokens it was measured on

@@ -115,3 +115,65 @@ def test_a_sync_that_waits_on_recorded_work_is_not_unrecorded(tmp_path: Path) ->
     report = analyze_paths([write_trace(tmp_path, events, name="recorded.json")])
     assert report["metrics"]["unrecorded"] == {}
     assert "unrecorded_device_work" not in {d["id"] for d in report["diagnoses"]}
+
+
+def python_sync_tail_trace(tmp_path: Path) -> Path:
+    """Issue 84, from the held-out trace's raw events: a short SDPA capture on an MI300X with no ProfilerStep.
+    ``run_case`` calls ``torch/cuda/__init__.py: synchronize`` (323.65 ms) at 0.35 ms; inside it the built-in
+    ``_cuda_synchronize`` (323.63 ms), and inside that ``hipDeviceSynchronize``, which lasts only 1.42 ms (0.40 to
+    1.82 ms). The 10 attention kernels (108 µs each, 1.08 ms in all) run from 0.50 to 1.87 ms, inside the runtime
+    call; after it returns the host stays 322 ms inside ``_cuda_synchronize`` with no child, no runtime call and no
+    device activity. The profiler stops 335 ms later."""
+    events = [x("python_function", "run_case.py(40): run_case", 0.0, 324_100.0),
+              x("python_function", "torch/profiler/profiler.py(790): __enter__", 0.0, 50.0)]
+    for index in range(10):
+        t = 60.0 + index * 20.0
+        events.append(x("cpu_op", "aten::_scaled_dot_product_flash_attention", t, 15.0))
+        events.append(x("cuda_runtime", "hipLaunchKernel", t + 3.0, 8.0, correlation=index + 1))
+        events.append(kernel("attn_fwd", 500.0 + index * 137.0, 108.0, index + 1))
+    events.append(x("python_function", "torch/cuda/__init__.py(1040): synchronize", 350.0, 323_650.0))
+    events.append(x("python_function", "<built-in method _cuda_synchronize of PyCapsule object at 0x7f>", 360.0,
+                    323_630.0))
+    events.append(x("cuda_runtime", "hipDeviceSynchronize", 400.0, 1_420.0))
+    events.append(x("python_function", "torch/profiler/profiler.py(801): __exit__", 659_000.0, 400.0))
+    return write_trace(tmp_path, events, name="python_sync_tail.json", devices=MI300X)
+
+
+def test_a_python_synchronize_that_outlasts_its_device_call_is_the_hosts_time_not_idle_device(tmp_path: Path
+                                                                                                 ) -> None:
+    path = python_sync_tail_trace(tmp_path)
+    raw = json.loads(path.read_text())["traceEvents"]
+    kernels = [e for e in raw if e["cat"] == "kernel"]
+    call = next(e for e in raw if e["name"] == "hipDeviceSynchronize")
+    frame = next(e for e in raw if e["name"].startswith("<built-in method _cuda_synchronize"))
+    device_end = max(k["ts"] + k["dur"] for k in kernels)
+    assert (sum(k["dur"] for k in kernels), device_end, call["ts"] + call["dur"]) == (1_080.0, 1_841.0, 1_820.0)
+    assert frame["ts"] + frame["dur"] - device_end == pytest.approx(322_149.0)  # by hand: the bare tail
+    report = analyze_paths([path])
+    metrics = report["metrics"]
+    assert metrics["unrecorded"] == {}  # the runtime call is short: nothing unrecorded waited for
+    tail = metrics["sync_tail"]
+    assert tail["frames"] == 1 and tail["tail_us"] == pytest.approx(324_000.0 - 1_841.0)  # the outer frame's end
+    judged = metrics["step_us"] - tail["tail_us"]
+    assert metrics["gpu_utilization"] == pytest.approx(1_080.0 / judged)
+    assert metrics["gpu_utilization"] > 0.5  # before: 0.3%, critical, "raise the work per step"
+    ids = {d["id"]: d for d in report["diagnoses"]}
+    assert "low_gpu_utilization" not in ids
+    assert not [d for d in report["diagnoses"] if d["severity"] == "critical"]
+    assert not [d for d in report["diagnoses"] if "work per step" in d["recommendation"]]
+    said = ids["host_after_sync"]
+    assert (said["severity"], said["estimated_gain"]) == ("info", 0)
+    assert "the host stayed 322.2 ms inside 1 synchronize frame(s) after their device call returned" in \
+        said["evidence"]
+    # the burst's own utilization is reported: 1.08 ms busy from 0.50 to 1.841 ms
+    assert tail["device_busy_share"] == pytest.approx(1_080.0 / 1_341.0, abs=1e-4)
+    assert "the device's recorded work is 1.08 ms, 80.5% busy over its 1.34 ms" in said["evidence"]
+
+
+def test_a_synchronize_frame_with_work_after_its_call_is_not_a_bare_tail(tmp_path: Path) -> None:
+    events = [x("python_function", "torch/cuda/__init__.py(1040): synchronize", 0.0, 50_000.0),
+              x("cuda_runtime", "hipDeviceSynchronize", 10.0, 1_000.0),
+              x("cpu_op", "aten::copy_", 2_000.0, 40_000.0),
+              x("cuda_runtime", "hipLaunchKernel", 2_010.0, 8.0, correlation=1), kernel("k", 2_030.0, 100.0, 1)]
+    report = analyze_paths([write_trace(tmp_path, events, name="busy_after.json", devices=MI300X)])
+    assert report["metrics"]["sync_tail"] == {}

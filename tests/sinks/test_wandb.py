@@ -222,7 +222,8 @@ def test_a_full_queue_drops_and_counts(offline_wandb: Path, tmp_path: Path, monk
             release.set()
 
     monkeypatch.setattr(run, "log", stalled_log)
-    callback = PerfCallback(output_dir=tmp_path, console=False, wandb_log_every=1, wandb_queue=2, schedule=None)
+    callback = PerfCallback(output_dir=tmp_path, console=False, wandb_log_every=1, wandb_queue=2, schedule=None,
+                            first_answer_step=None)  # its diagnoses table would be one more row
     trainer = quiet_trainer(max_steps=12, callbacks=[ReleaseAtTrainEnd(), callback])
     with pytest.warns(PerfhooksWarning, match="perfhooks-wandb thread is behind"):
         trainer.fit(lightning_mlp(), random_loader(12))

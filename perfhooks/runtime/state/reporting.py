@@ -23,6 +23,7 @@ from perfhooks.rules.stalls import diagnose_stalls
 from perfhooks.rules.thresholds import Thresholds
 from perfhooks.rules.verdicts import Diagnosis
 from perfhooks.runtime.state.run_state import ReportParts, RunFacts, RunState, TraceVerdicts
+from perfhooks.runtime.step.cost_meter import overhead_section, windows_cost
 from perfhooks.runtime.throughput.flop_arming import device_peak
 
 #: Steady steps the run needs before its median step judges a window's utilization (more than a window holds).
@@ -107,37 +108,6 @@ def build_run_report(state: RunState, facts: RunFacts, thresholds: Thresholds, p
         report["overhead"] = overhead_section(parts.overhead, stats.sampled_steps)
         report["overhead"]["windows"] = windows_cost(windows, stats)
     return report
-
-
-def overhead_section(overhead: dict[str, Any], sampled_steps: int) -> dict[str, Any]:
-    """The report's ``overhead``: the sampler's figures, ``detailed_steps`` as the statistics counted them (the
-    steps resolved so far)."""
-    section = dict(overhead)
-    section["in_place_us"] = dict(section["in_place_us"])
-    section["changes"] = [dict(change) for change in section["changes"]]
-    measured = section.get("measured")
-    if measured is not None:
-        section["measured"] = {key: dict(value) if isinstance(value, dict) else value
-                               for key, value in measured.items()}
-    if section.get("paired") is not None:
-        section["paired"] = dict(section["paired"])
-    section["sampled_steps"] = sampled_steps
-    return section
-
-
-def windows_cost(windows: list[dict[str, Any]], stats: Any) -> dict[str, Any]:
-    """``overhead.windows``: the capture windows' count, the most RSS one added (bytes, its steps or its export's),
-    how many stopped early at their memory bound, and what the steps that overlapped them or perfhooks' other own
-    work (a trace's export and analysis, a memory capture) took beyond a steady step's median, priced against their
-    neighbours on the wall clock: ``steps``, ``added_s`` and ``time_share`` (of the steps' time)."""
-    added = [max(w.get("peak_rss_added_bytes") or 0, w.get("export_peak_rss_added_bytes") or 0) for w in windows]
-    steady = stats.steady_step
-    typical = steady.quantile(0.5) if steady.count else 0.0
-    added_ms = max(0.0, stats.own_ms - stats.own_steps * typical) if typical > 0 else 0.0
-    training = stats.training_ms
-    return {"count": len(windows), "peak_rss_added_bytes": max(added, default=0),
-            "stopped_early": sum(1 for w in windows if w.get("stopped_early")), "steps": stats.own_steps,
-            "added_s": round(added_ms / 1e3, 6), "time_share": round(added_ms / training, 6) if training > 0 else 0.0}
 
 
 def _copy(section: dict[str, Any] | None) -> dict[str, Any] | None:

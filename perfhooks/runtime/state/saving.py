@@ -75,7 +75,8 @@ class ReportSaving:
     def window_written(self, path: Path, window: dict[str, Any]) -> None:
         """On the writer thread, after a window's trace is written: its metrics and verdicts."""
         try:
-            metrics, diagnoses = analyze_window(path, self.thresholds, window["first_step"])
+            metrics, diagnoses = analyze_window(path, self.thresholds, window["first_step"],
+                                                partial_step=window.get("partial_step"))
         except Exception as error:
             self.faults.report("window_analysis", error)
             return

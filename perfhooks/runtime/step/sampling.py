@@ -27,14 +27,16 @@ step's Python also slows the user's forward and backward, which no meter in plac
 before a dark block less the block's mean step (:meth:`dark_ended`). The detailed steps are priced the same way
 against their light neighbours. Together, with perfhooks' own time at the blocks' ends and on the long path (in
 place: no paired wall holds it), they give ``overhead.measured``: the share of the run perfhooks cost above a dark
-step, with its 95% interval.
+step, with its 95% interval. The prices, the pairs and the report's ``overhead`` are the cost meter's
+(:mod:`~perfhooks.runtime.step.cost_meter`), which every tier reports into through the sampler; the sampler reads
+the prices back to govern.
 
 The governor spends at most half the budget on light steps (the rest are dark, between :data:`MIN_DARK_SHARE` and
 :data:`MAX_DARK_SHARE` of the blocks), and the other half on detailed steps, each at its price on the wall clock. A
-tier not priced yet (:data:`MIN_PAIRS` pairs) gets the least: dark blocks at their most, detailed steps at their
-floor, one every :data:`DETAILED_EVERY_S` of steps (a time, not a count: a sub-millisecond loop still gets four a
-second). The prices settle in a run's first second: the settings come a sixteenth of :data:`ADJUST_EVERY_S` apart at
-first, twice as far each time.
+tier not priced yet (:data:`~perfhooks.runtime.step.cost_meter.MIN_PAIRS` pairs) gets the least: dark blocks at
+their most, detailed steps at their floor, one every :data:`DETAILED_EVERY_S` of steps (a time, not a count: a
+sub-millisecond loop still gets four a second). The prices settle in a run's first second: the settings come a
+sixteenth of :data:`ADJUST_EVERY_S` apart at first, twice as far each time.
 
 Threading: the training thread only; :meth:`StepSampler.section` is read on it too (the report's slower parts).
 """
@@ -46,34 +48,32 @@ import random
 from collections import deque
 from typing import Any
 
+from perfhooks.runtime.step.cost_meter import CostMeter
+
 #: The least share of steps that are detailed: one every this many seconds of steps, whatever the budget.
 DETAILED_EVERY_S = 0.25
 #: Steps in a block of light steps and in a dark block (longer: its end's bookkeeping is shared by more steps), and
 #: the chance that a block is dark (the governor moves it within these: 80% to 97% of the steps).
 LIGHT_BLOCK, DARK_BLOCK = 16, 64
 MIN_DARK_SHARE, MAX_DARK_SHARE = 0.5, 0.9
-#: The measured share is resolved (``kept`` is judged on it) once its 95% interval is within this of it.
-RESOLVED_WITHIN = 0.005
 #: Steps at a run's start that are always detailed (warm-up, compilation).
 WARMUP_STEPS = 50
 #: Seconds of steps between two settings of the chance that a step is detailed.
 ADJUST_EVERY_S = 1.0
-#: Per-step own times kept for each kind's median (the most recent).
-KEPT_STEPS = 512
-#: Pairs (a detailed step and its light neighbours) needed before their difference is reported.
-MIN_PAIRS = 10
 #: The seed of the generator that draws the gaps (a run is repeatable).
 SEED = 0x5EED
 
 
 class StepSampler:
     """Decides, step by step, whether the next step is detailed, and keeps perfhooks' cost within ``budget``
-    (a share of the step, 0..1; ``None``: every step detailed)."""
+    (a share of the step, 0..1; ``None``: every step detailed), on the prices its :class:`CostMeter` measures."""
 
     def __init__(self, budget: float | None, warmup_steps: int = WARMUP_STEPS,
                  adjust_every_s: float = ADJUST_EVERY_S, seed: int = SEED) -> None:
         self.budget = budget
         self.warmup_steps = warmup_steps
+        #: What every step cost (the tiers report into it through the methods below).
+        self.meter = CostMeter()
         self._adjust_every_ns = int(adjust_every_s * 1e9)
         #: The next setting comes this long after the last (ns): a sixteenth of ``adjust_every_s`` at first, twice as
         #: long each time (the prices settle in a run's first second).
@@ -88,31 +88,30 @@ class StepSampler:
         # since the last setting: the steps and their wall ns, the light and the dark ones
         self._steps = self._wall_ns = 0
         self._light_since = self._dark_since = 0
-        # over the whole run
-        self.detailed_steps = self.light_steps = 0
-        self.own_ns = self.wall_ns = 0
-        #: Of ``own_ns``, the steps that a capture window, a FLOP count or an allocation history forced.
-        self.captures_ns = 0
-        #: Own ns of the latest sampled detailed steps and light steps (each kind's median prices the budget).
-        self._detailed_recent: deque[int] = deque(maxlen=KEPT_STEPS)
-        self._light_recent: deque[int] = deque(maxlen=KEPT_STEPS)
         #: ``(step, probability)`` at each change of the chance (the latest few).
         self.changes: deque[tuple[int, float]] = deque(maxlen=16)
-        # the paired difference: a sampled detailed step against its light neighbours (ns; n, sum, sum of squares)
-        self._light_before = -1  # the wall ns of the last step ended, when it was light (else -1)
-        self._held: tuple[int, int] | None = None  # (detailed wall, light wall before it), waiting for its next
-        self._pairs = 0
-        self._pair_sum = self._pair_squares = 0.0
         #: The chance that a block of light steps is dark instead (0: no dark steps; none without a budget).
         self.dark_share = MAX_DARK_SHARE if budget is not None else 0.0
         self._dark_random = random.Random(seed + 1).random  # its own: the detailed steps drawn do not move
-        self.dark_steps = 0
-        #: perfhooks' own time at the blocks' ends and on the long path (ns, in place): no paired wall holds it (the
-        #: step after a boundary is left out of the pairs), so the measured share adds it at this price, a lower bound.
-        self.boundaries_ns = 0
-        #: A light step against the dark block after it (ns a step; n, sum, sum of squares).
-        self._dark_pairs = 0
-        self._dark_sum = self._dark_squares = 0.0
+
+    # the meter's figures, where the tiers and the tests read them
+    detailed_steps = property(lambda self: self.meter.detailed_steps)
+    light_steps = property(lambda self: self.meter.light_steps)
+    dark_steps = property(lambda self: self.meter.dark_steps)
+    own_ns = property(lambda self: self.meter.own_ns)
+    wall_ns = property(lambda self: self.meter.wall_ns)
+    _dark_pairs = property(lambda self: self.meter._dark_pairs)
+    pair_open = property(lambda self: self.meter.pair_open, doc="A sampled detailed step waits for its light "
+                         "neighbour after it.")
+
+    @property
+    def boundaries_ns(self) -> int:
+        """perfhooks' own time at the blocks' ends and on the long path (ns; the meter's)."""
+        return self.meter.boundaries_ns
+
+    @boundaries_ns.setter
+    def boundaries_ns(self, ns: int) -> None:
+        self.meter.boundaries_ns = ns
 
     # ----------------------------------------------------------------- per step (training thread)
     def next_is_detailed(self, step: int, forced: bool) -> bool:
@@ -163,62 +162,33 @@ class StepSampler:
         if not detailed:
             self.light_ended(own_ns, wall_ns, step, now_ns)
             return
-        if captured:
-            self.captures_ns += own_ns
-        self.own_ns += own_ns
-        self.wall_ns += wall_ns
+        self.meter.detailed(own_ns, wall_ns, sampled, captured)
         self._wall_ns += wall_ns
         self._steps += 1
-        self.detailed_steps += 1
-        self._held = None
-        if sampled:
-            self._detailed_recent.append(own_ns)
-            if self._light_before >= 0:  # paired with the light steps either side of it
-                self._held = (wall_ns, self._light_before)
-        self._light_before = -1
         if now_ns >= self._adjust_at_ns and self.budget is not None and step >= self.warmup_steps:
             self._adjust(step, now_ns)
 
     def light_ended(self, own_ns: int, wall_ns: int, step: int, now_ns: int) -> None:
-        """A light step ended (see :meth:`step_ended`): the path every light step takes, kept short."""
-        self.own_ns += own_ns
-        self.wall_ns += wall_ns
+        """A light step ended (see :meth:`step_ended`): the path every light step on the long path takes."""
+        self.meter.light(own_ns, wall_ns)
         self._wall_ns += wall_ns
         self._steps += 1
         self._light_since += 1
-        self.light_steps += 1
-        self._light_recent.append(own_ns)
-        if self._held is not None:  # the light step after a sampled detailed one: the pair is complete
-            self._close_pair(wall_ns)
-        self._light_before = wall_ns
         if now_ns >= self._adjust_at_ns and self.budget is not None and step >= self.warmup_steps:
             self._adjust(step, now_ns)
 
     def lights_ended(self, walls_ns: list[int], owns_ns: list[int], step: int, now_ns: int) -> None:
         """Light steps that ended in a row, taken without asking (at most :meth:`surely_light_after`), the last of
-        them before ``step``: their wall and own ns; :meth:`light_ended` for each, at once."""
+        them before ``step``: their wall and own ns, into the meter at once."""
         count = len(walls_ns)
         if not count:
             return
         self._countdown = max(1, self._countdown - count)
-        wall_ns = sum(walls_ns)
-        self.own_ns += sum(owns_ns)
-        self.wall_ns += wall_ns
-        self._wall_ns += wall_ns
+        self._wall_ns += self.meter.lights(walls_ns, owns_ns)
         self._steps += count
         self._light_since += count
-        self.light_steps += count
-        self._light_recent.extend(owns_ns)
-        if self._held is not None:
-            self._close_pair(walls_ns[0])
-        self._light_before = walls_ns[-1]
         if now_ns >= self._adjust_at_ns and self.budget is not None and step - 1 >= self.warmup_steps:
             self._adjust(step - 1, now_ns)
-
-    @property
-    def pair_open(self) -> bool:
-        """A sampled detailed step waits for the light step after it (its pair closes with that step's wall)."""
-        return self._held is not None
 
     def dark_block(self, surely_light: int) -> int:
         """How many of the next steps, all ``surely_light``, are dark: a block of :data:`DARK_BLOCK` (fewer where
@@ -231,32 +201,14 @@ class StepSampler:
 
     def dark_ended(self, steps: int, wall_ns: int, light_before_ns: list[int], step: int, now_ns: int) -> None:
         """A dark block of ``steps`` ended at ``now_ns`` after ``wall_ns``; ``light_before_ns``: the walls of the light
-        steps just before it (a mean of :data:`LIGHT_BLOCK` // 2 or more prices a light step against it)."""
+        steps just before it (they price a light step against it, in the meter)."""
         self._countdown = max(1, self._countdown - steps)
-        self.dark_steps += steps
-        self.wall_ns += wall_ns
+        self.meter.dark(steps, wall_ns, light_before_ns)
         self._wall_ns += wall_ns
         self._steps += steps
         self._dark_since += steps
-        self._held = None  # a detailed step's pair needs a light step after it
-        self._light_before = -1
-        if steps and len(light_before_ns) >= LIGHT_BLOCK // 2:
-            difference = sum(light_before_ns) / len(light_before_ns) - wall_ns / steps
-            self._dark_pairs += 1
-            self._dark_sum += difference
-            self._dark_squares += difference * difference
         if now_ns >= self._adjust_at_ns and self.budget is not None and step >= self.warmup_steps:
             self._adjust(step, now_ns)
-
-    def _close_pair(self, after_ns: int) -> None:
-        """The light step after a held detailed one ended in ``after_ns``: the detailed step's wall time less the
-        mean of its two light neighbours' goes into the paired figure."""
-        detailed, before = self._held  # type: ignore[misc]
-        self._held = None
-        difference = detailed - (before + after_ns) / 2.0
-        self._pairs += 1
-        self._pair_sum += difference
-        self._pair_squares += difference * difference
 
     # ----------------------------------------------------------------- the budget
     def _adjust(self, step: int, now_ns: int) -> None:
@@ -266,13 +218,13 @@ class StepSampler:
 
     def adjust(self, step: int) -> None:
         """Set the chance that a step is detailed, and that a block is dark, from each tier's price on the wall
-        clock (:meth:`_measured_means`) and the mean step since the last setting. A tier not priced yet is spent
-        on as little as it may be: detailed steps at their floor, dark blocks at their most."""
-        detailed, light = _median(self._detailed_recent), _median(self._light_recent)
+        clock (the meter's) and the mean step since the last setting. A tier not priced yet is spent on as little
+        as it may be: detailed steps at their floor, dark blocks at their most."""
+        detailed, light = self.meter.medians()
         if self._steps and self._wall_ns > 0 and self.budget is not None and detailed is not None:
             step_ns = self._wall_ns / self._steps
             floor = min(1.0, step_ns / (DETAILED_EVERY_S * 1e9))
-            light_over_dark, detailed_over_light = self._measured_means()
+            light_over_dark, detailed_over_light = self.meter.measured_means()
             light = light or 0.0
             light_cost = light if light_over_dark is None else max(0.0, light_over_dark)
             if self.dark_share > 0.0 and light_over_dark is not None:  # light steps: at most half the budget
@@ -298,80 +250,17 @@ class StepSampler:
         return self._light_since / steps if steps else 0.0
 
     def live_share(self) -> float:
-        """What perfhooks costs the steps now (``top``'s figure): the measured share once resolved, else its own time
-        in place (a lower bound), the captures left out of both."""
-        in_place = self._in_place_share()
-        if self._dark_pairs < MIN_PAIRS:
-            return in_place
-        measured = self.measured(in_place)
-        return measured["share"] if measured["resolved"] else in_place
-
-    def _in_place_share(self) -> float:
-        """perfhooks' own time on the training thread over the steps' wall time, the captures' left out."""
-        return (self.own_ns - self.captures_ns) / self.wall_ns if self.wall_ns > 0 else 0.0
-
-    def _measured_means(self) -> tuple[float | None, float | None]:
-        """A light step's wall ns over a dark one's, and a detailed step's over a light one's, each once it has
-        :data:`MIN_PAIRS` pairs (else ``None``)."""
-        light = self._dark_sum / self._dark_pairs if self._dark_pairs >= MIN_PAIRS else None
-        detailed = self._pair_sum / self._pairs if self._pairs >= MIN_PAIRS else None
-        return light, detailed
+        """What perfhooks costs the steps now (``top``'s figure; the meter's)."""
+        return self.meter.live_share()
 
     # ----------------------------------------------------------------- the report
     def section(self) -> dict[str, Any]:
-        """The report's ``overhead`` section (docs/report.md)."""
-        steps = self.detailed_steps + self.light_steps + self.dark_steps
-        share = self._in_place_share()
-        captures = self.captures_ns / self.wall_ns if self.wall_ns > 0 else 0.0
-        measured = self.measured(share)
-        kept = None
-        if self.budget is not None:
-            kept = measured["share"] <= self.budget if measured["resolved"] else share <= self.budget
-        return {
-            "budget": self.budget,
-            "detailed_steps": self.detailed_steps,
-            "light_steps": self.light_steps,
-            "dark_steps": self.dark_steps,
-            "detailed_share": round(self.detailed_steps / steps, 6) if steps else 0.0,
-            "probability": round(self.probability, 6),
-            "dark_share": round(self.dark_share, 6),
-            "changes": [{"step": step, "probability": p} for step, p in self.changes],
-            "in_place_us": {"detailed": _median_us(self._detailed_recent), "light": _median_us(self._light_recent)},
-            "share_of_run": round(share, 6),
-            "captures_share": round(captures, 6),
-            "kept": kept,
-            "kept_on": "measured" if measured["resolved"] else "in_place",
-            "paired": _paired_us(self._pairs, self._pair_sum, self._pair_squares),
-            "measured": measured,
-        }
+        """The report's ``overhead`` section (docs/report.md; the meter's, with the governor's settings)."""
+        return self.meter.section(self.budget, self.probability, self.dark_share, list(self.changes))
 
     def measured(self, in_place: float) -> dict[str, Any]:
-        """``overhead.measured``: the share of the steps' wall time perfhooks cost above a dark step, from the paired
-        prices (a light step over the dark block after it, a detailed step over its light neighbours) times the
-        steps of each kind, with its 95% interval; ``resolved`` once the interval is within
-        :data:`RESOLVED_WITHIN` of it. Until then ``share`` is the in-place figure, a lower bound."""
-        light = _paired_us(self._dark_pairs, self._dark_sum, self._dark_squares)
-        detailed = _paired_us(self._pairs, self._pair_sum, self._pair_squares)
-        wall_us = self.wall_ns / 1e3
-        boundaries = self.boundaries_ns / 1e3 / wall_us if wall_us > 0 else 0.0
-        out: dict[str, Any] = {"share": round(in_place, 6), "low": None, "high": None, "resolved": False,
-                               "light_over_dark": light, "detailed_over_light": detailed,
-                               "boundaries_share": round(boundaries, 6)}
-        if wall_us <= 0 or light is None:
-            return out
-        above_dark = self.light_steps + self.detailed_steps  # each pays a light step's price over a dark one
-        cost = above_dark * light["mean_us"] + self.boundaries_ns / 1e3
-        variance = (above_dark * light["half_us"] / 1.96) ** 2
-        if detailed is not None:
-            cost += self.detailed_steps * detailed["mean_us"]
-            variance += (self.detailed_steps * detailed["half_us"] / 1.96) ** 2
-        elif self.detailed_steps:  # not priced yet: at its price in place, a lower bound (unresolved)
-            extra = (_median(self._detailed_recent) or 0.0) - (_median(self._light_recent) or 0.0)
-            cost += self.detailed_steps * max(0.0, extra) / 1e3
-        share, half = cost / wall_us, 1.96 * math.sqrt(variance) / wall_us
-        out.update(share=round(share, 6), low=round(share - half, 6), high=round(share + half, 6),
-                   resolved=half <= RESOLVED_WITHIN and (detailed is not None or not self.detailed_steps))
-        return out
+        """``overhead.measured`` (the meter's :meth:`CostMeter.measured`)."""
+        return self.meter.measured(in_place)
 
 
 def _dark_blocks(light_steps: float) -> float:
@@ -385,26 +274,3 @@ def _light_steps(dark_blocks: float) -> float:
     """The share of steps that are light when a block is dark with chance ``dark_blocks``."""
     light = LIGHT_BLOCK * (1.0 - dark_blocks)
     return light / (light + DARK_BLOCK * dark_blocks)
-
-
-def _paired_us(pairs: int, total: float, squares: float) -> dict[str, Any] | None:
-    """A paired difference's mean and 95% interval (µs) from its ns sums, once it has :data:`MIN_PAIRS` pairs."""
-    if pairs < MIN_PAIRS:
-        return None
-    mean = total / pairs
-    variance = max(0.0, (squares - pairs * mean * mean) / (pairs - 1))
-    half = 1.96 * math.sqrt(variance / pairs)
-    return {"pairs": pairs, "mean_us": round(mean / 1e3, 3), "low_us": round((mean - half) / 1e3, 3),
-            "high_us": round((mean + half) / 1e3, 3), "half_us": round(half / 1e3, 3)}
-
-
-def _median(values: deque[int]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return float(ordered[len(ordered) // 2])
-
-
-def _median_us(values: deque[int]) -> float | None:
-    median = _median(values)
-    return None if median is None else round(median / 1e3, 3)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from perfhooks.device.clock import HostClock
 from perfhooks.events import ASIDES, DATA_WAIT, OTHER
@@ -195,3 +195,29 @@ class PendingSteps:
             return
         self.clock.release_all(self._marks(record))
 
+
+class StepListener(Protocol):
+    """What the rest of a run does at a step's moments (the engine routes each to its part)."""
+
+    def step_opening(self, step: int) -> bool:
+        """A step opens: drive the capture windows, sample memory, arm a FLOP count. True when perfhooks' own
+        work (an open window, the writer) overlaps it. Sets :attr:`needs_detail`."""
+
+    #: The step that just opened must be detailed (a window records it, a FLOP count or a memory history runs).
+    needs_detail: bool
+
+    def phase_opening(self, name: str) -> None:
+        """Phase ``name`` starts (called only while :attr:`StepTracker.notify_phases` is set)."""
+
+    def phase_closed(self, name: str) -> bool:
+        """Phase ``name`` ended (called only while :attr:`StepTracker.observe_phases` is set, and not before
+        :attr:`StepTracker.observe_after_ns`): True when a memory capture paused the step."""
+
+    def aside_opening(self, kind: str) -> None:
+        """An aside begins inside the run."""
+
+    def step_closing(self) -> bool:
+        """A step is ending: True when perfhooks' writer ran during it."""
+
+    def step_closed(self) -> None:
+        """A step ended and was queued (its timings are read once the device is done)."""

@@ -1,25 +1,21 @@
-"""The phase and step tracker: which step and phase are open, their clock marks, asides, and the annotations
-(NVTX ranges, profiler labels) that mark them.
+"""The phase and step tracker: which step and phase are open, their clock marks, and the annotations (NVTX ranges,
+profiler labels) that mark them.
 
 The training thread drives it through the engine's events. What the other parts of a run do at these moments
-(open capture windows, sample memory, count FLOPs, log rows) they do through a :class:`StepListener`, so that
-this file holds only the state machine of a step:
+(open capture windows, sample memory, count FLOPs, log rows) they do through a
+:class:`~perfhooks.runtime.step.steps.StepListener`, so that the tracker holds only the state machine of a step:
 
 - a step opens at its first phase (or ``step_start``), and ends at the next fetch after its optimizer stepped,
   at ``step_end``, or at an epoch's end (``idle``);
 - phases are exclusive: starting one ends the one open;
-- an aside (evaluation, a checkpoint, compiling) is timed apart and taken out of the step it interrupts;
-- a step is *detailed* (its phases get device marks, its batch is counted, the listener hears its phases) or
-  *light* (its start and end, and its data wait, on the host clock; nothing else), as the
-  :class:`~perfhooks.runtime.step.sampling.StepSampler` decides at its start. A light step's whole path is the first
-  lines of :meth:`StepTracker.fetch`, :meth:`StepTracker.phase_end` and :meth:`StepTracker.stepped`; most light
-  steps end on the short path (:meth:`StepTracker._short_fetch`: three appends and the next step's start), and
-  :meth:`StepTracker._fold_short` gives their figures to the statistics and the sampler together, at the next
-  step that ends on the long path (:meth:`StepTracker._end_light`, then :meth:`StepTracker.open_step`). Every
-  other event returns at its first check.
-
-A detailed step's batch is counted by :class:`~perfhooks.runtime.step.batches.BatchCounter`, which the tracker
-hands the open record.
+- a step is *detailed*, *light* or *dark*, as the :class:`~perfhooks.runtime.step.sampling.StepSampler` draws at
+  its start. This file holds the events' entry points and the detailed tier; the light and dark tiers and their
+  transitions are :mod:`~perfhooks.runtime.step.tiers`, the publication's cadence
+  :mod:`~perfhooks.runtime.step.publication`, the asides (evaluation, checkpoints, compiling, timed apart)
+  :mod:`~perfhooks.runtime.step.asides`, and a step's batches and named work
+  :mod:`~perfhooks.runtime.step.step_contents`. A light step's path is the first lines of :meth:`StepTracker.fetch`,
+  :meth:`StepTracker.phase_end` and :meth:`StepTracker.stepped`, then :mod:`~perfhooks.runtime.step.tiers` and the
+  sampler's meter; a dark block's too.
 
 Threading: the training thread only. Other threads read the engine's published state.
 """
@@ -27,89 +23,43 @@ Threading: the training thread only. Other threads read the engine's published s
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch.autograd.profiler as autograd_profiler
 
 from perfhooks.capture.labels import ProfilerLabels
 from perfhooks.capture.nvtx import NvtxRanges
 from perfhooks.device.clock import HostClock
-from perfhooks.events import ASIDES, DATA_WAIT, PHASES
+from perfhooks.events import DATA_WAIT, PHASES
 from perfhooks.faults import FaultLog
-from perfhooks.report.statistics import UNTIMED_FETCH, PhaseStatistics
+from perfhooks.report.statistics import PhaseStatistics
+from perfhooks.runtime.step.asides import Asides
 from perfhooks.runtime.step.batches import BatchCounter
+from perfhooks.runtime.step.publication import (
+    LIGHT_PUBLISH_EVERY_NS,
+    LONG_PATH_SHARE,
+    PUBLISH_EVERY_MAX_NS,
+    Publication,
+)
 from perfhooks.runtime.step.run_account import RunAccount
-from perfhooks.runtime.step.sampling import LIGHT_BLOCK, StepSampler
-from perfhooks.runtime.step.steps import PendingSteps, StepRecord
+from perfhooks.runtime.step.sampling import StepSampler
+from perfhooks.runtime.step.step_contents import MAX_NAMED_WORK, StepContents
+from perfhooks.runtime.step.steps import PendingSteps, StepListener, StepRecord
+from perfhooks.runtime.step.tiers import SHORT_RUN, DarkFetches, LightAndDarkSteps
 from perfhooks.timebase import monotonic_ns
 
+# the tiers' and the publication's names, where the run's other parts and tests have read them
+__all__ = ["LIGHT_PUBLISH_EVERY_NS", "LONG_PATH_SHARE", "MAX_NAMED_WORK", "PUBLISH_EVERY_MAX_NS", "SHORT_RUN",
+           "DarkFetches", "StepListener", "StepTracker"]
+
 _PHASE_NAMES = frozenset(PHASES)
-#: Names kept in :attr:`StepTracker.named_work` (a framework names a fixed set of hooks; this bounds a
-#: pathological one).
-MAX_NAMED_WORK = 256
-#: Light steps and the detailed steps the sampler drew publish the run's state at most this often (ns of their
-#: clock; more seldom as the long path costs more, :attr:`StepTracker.publish_every_ns`), unless the listener asks for
-#: a step (:attr:`StepTracker.publish_at_step`). The run's first steps (the sampler's warm-up), steps a window or a
-#: count forced, and every step when every step is detailed (no budget) publish at their end.
-LIGHT_PUBLISH_EVERY_NS = 20_000_000
-#: The long path (what light steps fold, the published state, a step's opening) comes at most every
-#: :data:`LIGHT_PUBLISH_EVERY_NS`, and further apart as it costs more, so that its cost in place stays within
-#: :data:`LONG_PATH_SHARE` of the steps' clock; never more than :data:`PUBLISH_EVERY_MAX_NS` apart (a signal's report
-#: or ``top`` may miss the last second of steps, not more).
-PUBLISH_EVERY_MAX_NS = 1_000_000_000
-#: The long path's share of the steps' clock, in place: half of 0.1%, since on the wall clock it costs more (its
-#: Python slows the user's next steps; 1.5 to 3 times on the simulated launch-bound loop).
-LONG_PATH_SHARE = 0.0005
-#: Light steps in a row that may end on the short path before the long one folds them (and publishes).
-SHORT_RUN = 8192
-class DarkFetches:
-    """A plain loop's dark steps between the tracker's looks (:meth:`StepTracker.fetch` at a block's ends): its fetch
-    and its optimizer's hook touch only this small object (the tracker's state is cold by then, and each attribute
-    of it read costs a launch-bound step more than its own time). ``left``: steps the loop may end by itself (0:
-    none; it ends one while more than one is left, ``open`` and the step ``stepped``); ``steps``, ``hooks``: the
-    steps it ended and the optimizer's step hooks called since the tracker last looked; ``open`` goes False when the
-    run wants the block to end at the next step (a signal's wake, another thread: one attribute write)."""
-
-    __slots__ = ("hooks", "left", "open", "stepped", "steps")
-
-    def __init__(self) -> None:
-        self.left = self.steps = self.hooks = 0
-        self.stepped = False
-        self.open = True
-
-
-class StepListener(Protocol):
-    """What the rest of a run does at a step's moments (the engine routes each to its part)."""
-
-    def step_opening(self, step: int) -> bool:
-        """A step opens: drive the capture windows, sample memory, arm a FLOP count. True when perfhooks' own
-        work (an open window, the writer) overlaps it. Sets :attr:`needs_detail`."""
-
-    #: The step that just opened must be detailed (a window records it, a FLOP count or a memory history runs).
-    needs_detail: bool
-
-    def phase_opening(self, name: str) -> None:
-        """Phase ``name`` starts (called only while :attr:`StepTracker.notify_phases` is set)."""
-
-    def phase_closed(self, name: str) -> bool:
-        """Phase ``name`` ended (called only while :attr:`StepTracker.observe_phases` is set, and not before
-        :attr:`StepTracker.observe_after_ns`): True when a memory capture paused the step."""
-
-    def aside_opening(self, kind: str) -> None:
-        """An aside begins inside the run."""
-
-    def step_closing(self) -> bool:
-        """A step is ending: True when perfhooks' writer ran during it."""
-
-    def step_closed(self) -> None:
-        """A step ended and was queued (its timings are read once the device is done)."""
 
 
 def _no_label() -> None:
     """No ``ProfilerStep#N`` label to close (no capture windows yet)."""
 
 
-class StepTracker:
+class StepTracker(LightAndDarkSteps, Publication, Asides, StepContents):
     """The open step and phase of the run, their marks, and the asides between them."""
 
     #: What the rest of the run does at each step's moments. The listener sets itself here when it is built
@@ -172,61 +122,6 @@ class StepTracker:
         #: Which steps are detailed, and perfhooks' cost (None: every step detailed, no meter).
         self.sampler = sampler if sampler is not None else StepSampler(None)
         self._init_light_steps()
-
-    def _init_light_steps(self) -> None:
-        """The state of light steps, the short path and perfhooks' meter (:mod:`~perfhooks.runtime.step.sampling`)."""
-        #: The open step is light (``record`` is None then): its fields below, on the host clock (ns).
-        self.light = False
-        self.light_stepped = False
-        self.light_compiled = False
-        self._light_own = False
-        self._light_phased = False  # a phase other than data_wait was told in it
-        self._light_start_ns = 0
-        self._light_fetch_ns = 0
-        self._light_micro = 0
-        self._light_aside_ns = 0
-        self._light_aside_from = 0
-        #: A light step's end publishes the run's state from then on (its clock, ns), or from the step
-        #: ``publish_at_step`` on (the listener's next W&B rows); so does a drawn detailed step's past the warm-up
-        #: (:data:`LIGHT_PUBLISH_EVERY_NS`).
-        self.publish_at_step = 1 << 62
-        self._publish_at = 0
-        #: How often the long path is taken (ns): :data:`LIGHT_PUBLISH_EVERY_NS` and up, from its cost in place
-        #: (``_long_path_ns``, a running mean of the latest long paths' own ns; :meth:`_long_path_took`).
-        self.publish_every_ns = LIGHT_PUBLISH_EVERY_NS
-        self._long_path_ns = 0.0
-        #: The light step's data wait started then (0: not waiting).
-        self._wait_from = 0
-        #: Light steps that may still end on the short path (:meth:`_short_fetch`), until ``monotonic_ns()``
-        #: reaches ``_short_until_ns``; the wall, fetch and own ns of those that did, waiting to be folded.
-        self._short_left = 0
-        self._short_until_ns = 0
-        self._short_walls: list[int] = []
-        self._short_fetches: list[int] = []
-        self._short_owns: list[int] = []
-        #: The open dark block (:meth:`fetch` ends each of its steps): its steps left (0: none open; a loop's hooks
-        #: read it to return at once), its start and its last step's end (the steps' clock, ns), its steps so far;
-        #: where in ``_short_walls`` the light steps since the last block start, and the light steps on the short
-        #: path until the next draw of a block's kind.
-        self.dark_left = 0
-        #: The plain loop's fast path through the open dark block (:class:`DarkFetches`), armed for a loop that said
-        #: it takes it (``fast_path``: its fetches and optimizer hooks, on the steps' own clock).
-        self.fast = DarkFetches()
-        self.fast_path = False
-        self._dark_start_ns = self._dark_last_ns = 0
-        #: The open block's last step ended at an unknown time (the loop's fast path reads no clock), so its mean
-        #: step does not price a light step.
-        self._dark_inexact = False
-        self._dark_steps = 0
-        self._light_run_from = 0
-        self._light_block_left = LIGHT_BLOCK
-        #: The open detailed step was forced (a window, a count, NVTX), not drawn by the sampler; by a capture
-        #: (a window, a FLOP count, an allocation history), whose cost is reported apart from the budget's.
-        self._forced = False
-        self._captured = False
-        #: perfhooks' own time on this thread in the open step so far (ns), and the open step's host start.
-        self._own_ns = 0
-        self._start_ns = 0
 
     @property
     def open_phase(self) -> str | None:
@@ -347,231 +242,9 @@ class StepTracker:
         finally:
             self._own_ns += monotonic_ns() - started
 
-    def _short_fetch(self, started: int) -> None:
-        """The short path of a light step's end (most of a sampled run's steps): the step that stepped is noted
-        and the next, light too, opens with its data wait. What the long path does at each step end (the
-        statistics, the sampler, the published state) is done for these steps together, at the next long one
-        (:meth:`_fold_short`), at most :data:`SHORT_RUN` steps and :attr:`publish_every_ns` later."""
-        now = started if self._same_clock else self._step_now()
-        fetch_ns = self._light_fetch_ns
-        if self._wait_from:
-            fetch_ns += now - self._wait_from
-        self._short_walls.append(now - self._light_start_ns)
-        self._short_fetches.append(fetch_ns)
-        self._short_owns.append(self._own_ns)
-        if not self.naming:
-            self.unnamed_steps += 1
-        step = self.step = self.step + 1
-        self._short_left -= 1
-        self.light_stepped = self._light_phased = False
-        self._light_start_ns = self._wait_from = now
-        self._light_fetch_ns = 0
-        self._light_micro = 1
-        self.phase_now = (DATA_WAIT, now / 1e9, step)
-        left = self._light_block_left - 1
-        self._light_block_left = left
-        if left <= 0:  # a block of light steps ended: the next block is light or dark, at random
-            self._light_block_left = LIGHT_BLOCK
-            self._maybe_dark(now)
-        self._own_ns = monotonic_ns() - started
-
-    # ----------------------------------------------------------------- dark steps
-    def _maybe_dark(self, now: int) -> None:
-        """The step that opened at ``now`` starts a dark block, if the sampler draws one and the steps surely light
-        from here hold it."""
-        surely = self._short_left
-        walls = self._short_walls
-        if self.fast_path and walls and walls[-1] > 0:  # its fast path reads no clock: the block fits the horizon
-            surely = min(surely, int((self._short_until_ns - monotonic_ns()) // walls[-1]))
-        steps = self.sampler.dark_block(surely)
-        if not steps:
-            return
-        self.dark_left = steps
-        self._dark_start_ns = self._dark_last_ns = now
-        self._dark_steps = 0
-        self._dark_inexact = False
-        self._arm_fast()
-        self._wait_from = 0  # a dark step's wait is not timed
-        self.phase_now = (None, now / 1e9, self.step)
-
-    def _close_dark(self) -> None:
-        """The open dark block's ended steps, into the statistics and the sampler; no block is open after."""
-        steps, wall = self._dark_steps, self._dark_last_ns - self._dark_start_ns
-        self.dark_left = self._dark_steps = 0
-        self.fast.left = 0
-        # the light steps before it, less the first after a boundary (its wall holds the long path's or the last
-        # block's bookkeeping, which dark steps pay too)
-        walls = self._short_walls
-        before = walls[max(self._light_run_from + 1, len(walls) - LIGHT_BLOCK):]
-        self._light_run_from = len(self._short_walls)
-        self._light_block_left = LIGHT_BLOCK
-        if walls and self.sampler.pair_open:  # a detailed step's light neighbour after it is among them: told first
-            self._fold_short()
-        if steps:
-            self.stats.add_dark(steps, wall, self._light_own or self.listener.step_closing())
-            self.sampler.dark_ended(steps, wall, [] if self._dark_inexact else before, self.step - 1,
-                                    self._dark_last_ns)
-
-    def _end_dark(self, now: int, started: int) -> None:
-        """The dark block ends with its last step at ``now`` (the steps' clock; ``started``: ``monotonic_ns``); the
-        next step opens: light on the short path when it may, else as the long path opens a step."""
-        try:
-            self._close_dark()
-            if self.closed:  # the run closed while the block ran: no step opens
-                return
-            if self._short_left > 0 and started < self._short_until_ns:
-                self._light_start_ns = self._wait_from = now
-                self._light_fetch_ns = 0
-                self._light_micro = 1
-                self.phase_now = (DATA_WAIT, now / 1e9, self.step)
-                self._maybe_dark(now)  # the next block may be dark too
-                return
-            self.light = False
-            if self._short_walls:
-                self._fold_short()
-            if self.pending._resolved:
-                self.pending.collect(self.stats)
-            self._publish_if_due(now)
-            self.open_step(now)
-            self._long_path_took(monotonic_ns() - started)
-            if self.light:
-                self._wait_from = now
-                self._light_micro = 1
-                self.phase_now = (DATA_WAIT, now / 1e9, self.step)
-            else:
-                self._phase_start(DATA_WAIT, now)
-        except Exception as error:
-            self.dark_left = 0
-            self.faults.report("fetch", error)
-        finally:
-            own = self._own_ns = monotonic_ns() - started
-            self.sampler.boundaries_ns += own
-
-    def _dark_to_light(self) -> None:
-        """The open dark block ends before its time (an aside, the loader's end, a second fetch, the close): its
-        ended steps are counted, and the step in progress is the open light step, from the last one's end (from
-        now, when the loop's fast path ended steps since the last look: their last end was not read)."""
-        if self._take_fast():
-            self._dark_last_ns = self._step_now()
-            self._dark_inexact = True
-        self._close_dark()
-        self._short_left = 0
-        self._light_start_ns = self._dark_last_ns
-        self._light_fetch_ns = UNTIMED_FETCH  # its wait was not timed: it stays out of the fetch figures
-        self._light_aside_ns = 0
-        self._light_micro = 1
-        self._wait_from = 0
-
-    def _arm_fast(self) -> None:
-        """The loop may end the open block's next steps by itself (:class:`DarkFetches`), all but its last."""
-        if not self.fast_path:
-            return
-        fast = self.fast
-        fast.steps = fast.hooks = 0
-        fast.stepped = self.light_stepped
-        fast.open = True
-        fast.left = self.dark_left
-
-    def _take_fast(self) -> bool:
-        """Take what the loop's fast path counted since the last look into the block (steps, the optimizer's steps,
-        the open step's stepped); it stops until armed again. True when it ended steps."""
-        fast = self.fast
-        steps = fast.steps
-        if steps:
-            self.step += steps
-            self._dark_steps += steps
-            self.dark_left -= steps
-            self._short_left -= steps
-        if fast.hooks:
-            self.global_step += fast.hooks
-        if fast.stepped:
-            self.light_stepped = True
-        fast.left = fast.steps = fast.hooks = 0
-        fast.stepped = False
-        return bool(steps)
-
-    def _fold_short(self) -> None:
-        """The light steps that ended on the short path, into the statistics and the sampler (in order)."""
-        walls, fetches, owns = self._short_walls, self._short_fetches, self._short_owns
-        self._short_walls, self._short_fetches, self._short_owns = [], [], []
-        self._light_run_from = 0
-        own = self._light_own or self.listener.step_closing()  # perfhooks' writer ran in these steps
-        self.stats.add_lights(walls, fetches, own)
-        self.sampler.lights_ended(walls, owns, self.step, self._light_start_ns)
-
-    def wake(self) -> None:
-        """The next step opens on the long path, with the listener's ``step_opening`` (a signal's handler may call
-        it: it only sets two attributes)."""
-        self.quiet_until_step = 0
-        self._short_left = 0
-        self._short_until_ns = 0  # an open dark block ends at its next step's end
-        self.fast.open = False
-
-    def publish_soon(self) -> None:
-        """The next step's end publishes the run's state (another thread may call it: two attribute writes)."""
-        self._publish_at = 0
-        self._short_left = 0
-        self._short_until_ns = 0
-        self.fast.open = False
-
-    def stop(self) -> None:
-        """No event is taken from now on (the run closes)."""
-        self.closed = True
-        self._short_left = 0
-        self._short_until_ns = 0
-        self.fast.open = False
-
-    def light_compiled_now(self) -> None:
-        """torch.compile compiled in the open light step: it is not steady, and it ends on the long path."""
-        if self.dark_left:
-            self._dark_to_light()
-        self.light_compiled = True
-        self._short_left = 0
-
     def add_own_time(self, ns: int) -> None:
         """perfhooks spent ``ns`` on this thread for the open step outside the tracker (a loop's own hooks)."""
         self._own_ns += ns
-
-    def _end_light(self, now_ns: int, started: int) -> int:
-        """End the open light step at ``now_ns`` (its clock), perfhooks having entered at ``started``
-        (``monotonic_ns``): its times go to the statistics; when its end's work finished (``monotonic_ns``)."""
-        self.light = False
-        if self._short_walls:
-            self._fold_short()
-        fetch_ns = self._light_fetch_ns
-        wait_from = self._wait_from
-        if wait_from:
-            fetch_ns += now_ns - wait_from
-            self._wait_from = 0
-        wall_ns = now_ns - self._light_start_ns
-        listener = self.listener  # no ProfilerStep label to close: a window's steps are detailed
-        step = self.step
-        self.stats.add_light(wall_ns - self._light_aside_ns, fetch_ns, self._light_micro,
-                             listener.step_closing() or self._light_own, self.light_compiled)
-        if not self.naming:
-            self.unnamed_steps += 1
-        self.step = step + 1
-        if self.pending._resolved:
-            self.pending.collect(self.stats)
-        self._publish_if_due(now_ns)
-        done = monotonic_ns()
-        self.sampler.light_ended(self._own_ns + done - started, wall_ns, step, now_ns)
-        self._own_ns = 0
-        return done
-
-    def _long_path_took(self, ns: int) -> None:
-        """A light step or a dark block ended on the long path, which took ``ns`` in place: the next come far enough
-        apart (:attr:`publish_every_ns`) that the long path's running mean cost stays within
-        :data:`LONG_PATH_SHARE` of the steps' clock."""
-        mean = self._long_path_ns = ns if not self._long_path_ns else 0.75 * self._long_path_ns + 0.25 * ns
-        self.publish_every_ns = int(min(PUBLISH_EVERY_MAX_NS, max(LIGHT_PUBLISH_EVERY_NS, mean / LONG_PATH_SHARE)))
-
-    def _publish_if_due(self, now_ns: int) -> None:
-        """A light step's or a dark block's end publishes the run's state (W&B rows, saves) on its cadence, or from
-        the step the listener asked for."""
-        if now_ns >= self._publish_at or self.step >= self.publish_at_step:
-            self._publish_at = now_ns + self.publish_every_ns
-            self.listener.step_closed()
 
     def fetched(self, batches: int) -> None:
         """The fetch that just ended took ``batches`` micro-batches at once (transformers' prefetch of a step)."""
@@ -584,41 +257,6 @@ class StepTracker:
             elif self.light:
                 self._light_micro += batches - 1
                 self._short_left = 0
-
-    def host_batch(self, batch: Any) -> None:
-        """The DataLoader handed over a batch on the host (this thread, inside a training fetch): its mask is kept
-        for the batch the framework will give :meth:`batch` on the device, whose mask could not be read there."""
-        if self.closed or self.phase is None or self.phase[0] != DATA_WAIT:
-            return
-        try:
-            self.batches.host_batch(batch)
-        except Exception as error:
-            self.faults.report("host_batch", error)
-
-    def batch(self, batch: Any) -> None:
-        """A micro-batch of the open step is in hand: its samples and tokens count (shapes only, no device sync)."""
-        record = self.record
-        if record is None or self.closed:
-            return
-        try:
-            self.batches.count(record, batch)
-        except Exception as error:
-            self.faults.report("batch", error)
-
-    def named(self, name: str, ms: float) -> None:
-        """Host work the framework named took ``ms`` while a training step was open (not in an aside). A Lightning
-        step names about 24 callback hooks: one frame each, the aside check an attribute, not a property."""
-        try:
-            if self.record is None or self.account.open_asides:
-                return
-            work = self.named_work
-            known = work.get(name)
-            if known is not None:
-                work[name] = known + ms
-            elif len(work) < MAX_NAMED_WORK:
-                work[name] = ms
-        except Exception as error:
-            self.faults.report("named", error)
 
     def stepped(self, global_step: int | None = None) -> None:
         """The open step stepped an optimizer; ``global_step`` is the framework's counter (else one is added)."""
@@ -651,15 +289,6 @@ class StepTracker:
             self._phase_start(name, None)
         finally:
             self._own_ns += monotonic_ns() - started
-
-    def _end_light_wait(self) -> None:
-        """The open light step's data wait ends now."""
-        started = monotonic_ns()
-        now = started if self._same_clock else self._step_now()
-        self._light_fetch_ns += now - self._wait_from
-        self._wait_from = 0
-        self.phase_now = (None, now / 1e9, self.step)
-        self._own_ns += monotonic_ns() - started
 
     def _phase_start(self, name: str, now_ns: int | None = None) -> None:
         try:
@@ -853,72 +482,3 @@ class StepTracker:
             self.drop_record()
 
     # ----------------------------------------------------------------- asides
-    def aside_start(self, kind: str) -> None:
-        """Evaluation or a checkpoint write starts: timed apart, out of the open step and its ``ProfilerStep``."""
-        if self.closed:
-            return
-        if kind not in ASIDES:
-            raise ValueError(f"unknown aside {kind!r}; asides are {', '.join(sorted(ASIDES))}")
-        self.listener.aside_opening(kind)
-        if self.dark_left:
-            self._dark_to_light()
-        if self.phase is not None:
-            self.close_phase()
-        self.end_step_label()
-        if self.account.depth == 0:
-            if self.record is not None:
-                self._aside_mark = (kind, self.clock.mark())
-            elif self.light:
-                now = self._step_now()
-                self._short_left = 0  # the step's end takes the long path (its aside is taken out)
-                if self._wait_from:  # a wait cut short by the aside
-                    self._light_fetch_ns += now - self._wait_from
-                    self._wait_from = 0
-                self._light_aside_from = now
-        self.account.begin(kind)
-        if self._nvtx_on:
-            self.nvtx.push(kind)
-        label = None
-        if autograd_profiler._is_profiler_enabled:
-            label = autograd_profiler.record_function(kind)
-            label.__enter__()
-        self._aside_labels.append(label)
-
-    def aside_end(self, kind: str) -> None:
-        """The aside ``kind`` (the innermost open one) ends; an unmatched end is ignored."""
-        if not self.account.end(kind):
-            return
-        self._pop_aside_annotations()
-        if self.account.depth == 0 and self._light_aside_from:
-            if self.light:
-                self._light_aside_ns += self._step_now() - self._light_aside_from
-            self._light_aside_from = 0
-        if self.account.depth == 0 and self._aside_mark is not None:
-            outer, start = self._aside_mark
-            self._aside_mark = None
-            if self.record is not None:
-                self.record.intervals.append((outer, start, self.clock.mark()))
-
-    def aside_cancel(self, kind: str) -> None:
-        """The aside ``kind`` (the innermost open one) was not one: it is neither counted nor timed, and what
-        follows belongs to the step that opens next."""
-        if not self.account.retract(kind):
-            return
-        self._pop_aside_annotations()
-        if self.account.depth == 0:
-            self._aside_mark = None
-            self._light_aside_from = 0
-
-    def _pop_aside_annotations(self) -> None:
-        """Close the innermost aside's profiler label and NVTX range."""
-        label = self._aside_labels.pop() if self._aside_labels else None
-        if label is not None:
-            label.__exit__(None, None, None)
-        if self._nvtx_on:
-            self.nvtx.pop()
-
-    def named_work_per_step(self) -> dict[str, float]:
-        """The largest named work, ms per step over the steps whose hooks were timed (the 10 largest)."""
-        steps = max(self.stats.steps - self.unnamed_steps, 1)
-        ranked = sorted(self.named_work.items(), key=lambda item: -item[1])[:10]
-        return {name: round(ms / steps, 4) for name, ms in ranked}
