@@ -344,3 +344,25 @@ def test_a_fix_tune_measured_as_a_loss_is_marked_in_the_report_and_in_diff() -> 
     untried = format_table({"trials": [], "untried": [{"id": "evaluation_heavy", "estimated_gain": 0.47,
                                                         "gain_basis": "run", "recommendation": "r"}]})
     assert "at most 47% of the run" in untried
+
+
+def test_padding_is_read_from_every_detailed_step_so_a_loaded_hosts_run_gets_it_too() -> None:
+    """On a loaded host the held-out job got no padding_waste at 45% padding: its few detailed steps were the
+    warm-up's and perfhooks' own, none steady. Padding is the data's: every detailed step counts."""
+    from perfhooks.report.statistics import StepTiming
+    from perfhooks.rules.live import _padding_waste
+
+    class Loaded:
+        def share(self, name: str) -> float:
+            return {"forward": 0.3, "backward": 0.6}.get(name, 0.0)
+
+    timings = [StepTiming(step, 100.0, {"forward": 30.0, "backward": 60.0}, 8, own=step >= 3, samples=8,
+                          tokens=1100, padded_tokens=2048) for step in range(8)]  # 46% padding, no steady step
+    recipe = {"config": "SFTConfig", "pad_to_multiple_of": 256,
+              "spell": {"padding": "SFTConfig(pad_to_multiple_of=None)"}}
+    verdict = _padding_waste(timings, Loaded(), __import__("perfhooks").Thresholds(), "transformers", "5.24.0",
+                             None, recipe)
+    assert verdict is not None and verdict["measured"]["padding_share"] == pytest.approx(1 - 1100 / 2048)
+    assert verdict["recommendation"].startswith("SFTConfig(pad_to_multiple_of=None)")
+    assert "SFTConfig(pad_to_multiple_of=256) pads every batch up to it" in verdict["evidence"]
+    assert verdict["estimated_gain"] == pytest.approx((1 - (1100 / 2048) ** 2) * 0.9, abs=1e-4)

@@ -321,13 +321,17 @@ def test_tune_tries_the_settings_the_audit_names(tmp_path: Path) -> None:
 
     done, cwd = tune(tmp_path, "accelerate_debug_settings.py", "--only", "anomaly_off,threads")
     result = json.loads(done.stdout)
-    assert {"anomaly_detection", "cpu_threads"} <= set(result["baseline"]["diagnoses"])
+    diagnoses = set(result["baseline"]["diagnoses"])
+    # beside another busy process (the suite's other worker), no CPU is left idle for a second thread: the audit
+    # says the host is shared and advises no more threads (issue 83), and tune has no threads to try
+    crowded = "shared_host" in diagnoses and "cpu_threads" not in diagnoses
+    assert "anomaly_detection" in diagnoses and ("cpu_threads" in diagnoses or crowded), diagnoses
     anomaly = trial(result, "anomaly_off")
     assert anomaly["named_by"] == ["anomaly_detection"] and anomaly["loss_delta"]["identical"]
     # its interval clears 1, unless the tool itself flags the figure (steps of about 3 ms on two busy cores once left
     # [0.72, ...] around a 1.38x speedup)
     assert anomaly["speedup"] > 1.1 and (anomaly["interval"][0] > 1.0 or anomaly["flags"]), anomaly
-    if (usable_cpus() or 1) > 1:
+    if (usable_cpus() or 1) > 1 and not crowded:
         threads = trial(result, "threads")
         assert threads["named_by"] == ["cpu_threads"] and threads["status"] == "measured"
         assert threads["change"].startswith(f"torch.set_num_threads({usable_cpus()})")
@@ -393,7 +397,8 @@ def test_tune_on_a_plain_loop_measures_a_baseline_and_never_writes_over_the_user
     result = json.loads(done.stdout)
     assert result["baseline"]["steps"] >= 10 and result["baseline"]["facts"]["framework"] == "pytorch"
     assert result["baseline"]["stopped"].startswith("the loop ended cleanly (SystemExit(0)) after step 16")
-    assert {"anomaly_detection", "cpu_threads"} <= set(result["baseline"]["diagnoses"])
+    diagnoses = set(result["baseline"]["diagnoses"])  # cpu_threads, unless the host is shared (see above)
+    assert "anomaly_detection" in diagnoses and ("cpu_threads" in diagnoses or "shared_host" in diagnoses)
     assert trial(result, "anomaly_off")["status"] == "measured"
     skipped = {s["knob"]: s["reason"] for s in result["skipped"]}
     assert skipped["compile"].startswith("a plain loop has no compile setting")
