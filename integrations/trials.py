@@ -218,6 +218,7 @@ def _hf_arguments(module: Any, trial: Trial) -> Any:
 
     def change(arguments: dict[str, Any]) -> None:
         trial.facts["hf_loaders"] = True
+        trial.facts["config"] = arguments.get("__class__", "TrainingArguments")
         trial.facts["loader_workers"].append(int(arguments.get("dataloader_num_workers") or 0))
         trial.facts["precision"] = "bf16" if arguments.get("bf16") else "fp16" if arguments.get("fp16") else "fp32"
         trial.facts["compiled"] = bool(arguments.get("torch_compile"))
@@ -269,7 +270,9 @@ def _before_post_init(cls: type, change: Any) -> Any:
     @functools.wraps(original)
     def __post_init__(self: Any, *args: Any, **kwargs: Any) -> None:
         fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        fields["__class__"] = type(self).__name__  # the class the user built (TRL's SFTConfig), for the fix's words
         change(fields)
+        fields.pop("__class__")
         for name, value in fields.items():
             if getattr(self, name) is not value:
                 setattr(self, name, value)

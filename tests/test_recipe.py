@@ -287,7 +287,8 @@ def test_the_matmul_probe_leaves_the_users_random_state_alone() -> None:
 def test_tune_plans_the_recipes_knobs_from_the_baselines_facts() -> None:
     from perfhooks.offline.tune import plan
 
-    facts = {"framework": "transformers", "precision": "bf16", "micro_batch": 1, "accumulation": 8, "eval_batch": 1,
+    facts = {"framework": "transformers", "config": "SFTConfig", "precision": "bf16", "micro_batch": 1,
+             "accumulation": 8, "eval_batch": 1,
              "checkpointing": True, "pad_to_multiple_of": 256, "loader_workers": [0]}
     trials, skipped = plan(facts, "cpu", ["small_micro_batches", "mixed_precision_slower"], 2)
     planned = {t["knob"]: t for t in trials}
@@ -296,6 +297,7 @@ def test_tune_plans_the_recipes_knobs_from_the_baselines_facts() -> None:
     assert planned["padding"]["knobs"] == {"padding": True}
     assert planned["eval_batch"]["knobs"] == {"eval_batch": 8}
     assert planned["fp32"]["knobs"] == {"fp32": True}
+    assert planned["micro_batch"]["change"] == "SFTConfig(per_device_train_batch_size=8, gradient_accumulation_steps=1)"
     assert [t["knob"] for t in trials][:2] == ["micro_batch", "fp32"]  # named by a verdict: first
     reasons = {s["knob"]: s["reason"] for s in skipped}
     assert reasons["bf16"] == "the run already uses bf16 precision"
@@ -321,6 +323,7 @@ def test_the_trial_sets_sftconfigs_knobs_after_its_own_defaults() -> None:
     finally:
         undo()
     assert trial.facts["precision"] == "bf16" and trial.facts["checkpointing"] is True  # SFTConfig's defaults
+    assert trial.facts["config"] == "SFTConfig"
     assert trial.facts["micro_batch"] == 1 and trial.facts["pad_to_multiple_of"] == 256
     assert (args.bf16, args.activation_checkpointing, args.per_device_train_batch_size,
             args.gradient_accumulation_steps, args.pad_to_multiple_of) == (False, False, 8, 1, None)

@@ -179,8 +179,9 @@ def _recipe_knob(name: str, framework: str, facts: dict[str, Any], accelerator: 
             return none, "the run already trains in fp32"
         if accelerator and "mixed_precision_slower" not in diagnoses:
             return none, "mixed precision on a GPU: fp32 is tried where a verdict measured it slower"
-        spelled = {"lightning": 'Trainer(precision="32-true")', "transformers": "TrainingArguments(bf16=False, "
-                   "fp16=False)", "accelerate": 'Accelerator(mixed_precision="no")'}.get(framework)
+        spelled = {"lightning": 'Trainer(precision="32-true")',
+                   "transformers": f"{facts.get('config') or 'TrainingArguments'}(bf16=False, fp16=False)",
+                   "accelerate": 'Accelerator(mixed_precision="no")'}.get(framework)
         if spelled is None:
             return none, "a plain loop has no precision setting: take the torch.autocast out of the loop and measure"
         return ({"fp32": True}, spelled), None
@@ -188,7 +189,7 @@ def _recipe_knob(name: str, framework: str, facts: dict[str, Any], accelerator: 
         return none, ("set in TrainingArguments for a transformers Trainer; in this framework it is the script's own "
                       "code (the loaders' batch_size, the model's checkpointing): change it there and compare with "
                       "perfhooks diff")
-    config = "TrainingArguments"
+    config = str(facts.get("config") or "TrainingArguments")
     micro, steps = int(facts.get("micro_batch") or 0), int(facts.get("accumulation") or 1)
     if name == "micro_batch":
         if steps < 2 or not micro:
@@ -202,7 +203,7 @@ def _recipe_knob(name: str, framework: str, facts: dict[str, Any], accelerator: 
     if name == "padding":
         if not facts.get("pad_to_multiple_of"):
             return none, "no pad_to_multiple_of is set (the collator pads each batch to its longest sample)"
-        return ({"padding": True}, f"SFTConfig(pad_to_multiple_of=None) (was {facts['pad_to_multiple_of']})"), None
+        return ({"padding": True}, f"{config}(pad_to_multiple_of=None) (was {facts['pad_to_multiple_of']})"), None
     evaluation = int(facts.get("eval_batch") or 0)
     if not evaluation or not micro or evaluation >= micro * steps:
         return none, "the evaluation batch is not smaller than a training step's samples"
