@@ -171,10 +171,7 @@ def lightning_recipe(trainer: Any, module: Any) -> dict[str, Any]:
     workers = getattr(getattr(trainer, "train_dataloader", None), "num_workers", None)
     if _int(workers) is not None:
         recipe["loader_workers"] = workers
-    recipe.update(model_facts(module))
-    inner = [child for child in _modules(module) if child is not module and "checkpointing" in model_facts(child)]
-    if not recipe.get("checkpointing") and any(model_facts(child).get("checkpointing") for child in inner):
-        recipe.update(checkpointing=True, checkpointing_source="the model's gradient_checkpointing_enable()")
+    recipe.update(model_facts(module))  # an HF model inside: its layers' gradient_checkpointing flags
     recipe["spell"] = {
         "micro_batch": "DataLoader(batch_size={micro_batch}) with Trainer(accumulate_grad_batches={accumulation})",
         "checkpointing_off": "model.gradient_checkpointing_disable() (or drop torch.utils.checkpoint from the "

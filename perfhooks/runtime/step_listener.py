@@ -80,7 +80,7 @@ class RunParts:
         self._evaluation_thread = 0
         if hooks is not None:
             hooks.add(self._evaluation_probe)
-        self._recording_seen = False
+        self._recording_seen = False  # whether a window recorded at the last step opening (its forwards watched)
         #: Why the run's phases were never seen (the module given is not the one the loop calls), or None.
         self.module_not_called: str | None = None
         #: Tag CUDA allocations with the phase (``_set_memory_metadata``) while an allocation history records.
