@@ -238,8 +238,7 @@ PRECISION_NOISE = 0.02
 def bf16_gain(settings: dict[str, Any] | None, stats: Any, share: float) -> tuple[float, str] | None:
     """``(gain, evidence)`` for ``fp32_matmul`` from the matmul probe (at most ``share``, forward and backward's);
     the gain 0 where bf16 measured no faster. None without a measurement."""
-    counts = sorted(timing.micro_batches for timing in getattr(stats, "recent", ()) if timing.micro_batches)
-    measured = matmul_difference(settings, stats, counts[len(counts) // 2] if counts else 1)
+    measured = matmul_difference(settings, stats, accumulation({}, stats))  # the engine's count: no recipe here
     if measured is None:
         return None
     if measured[0] < PRECISION_NOISE:
