@@ -9,9 +9,12 @@ import statistics
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from perfhooks.analysis import ranges, spans
+from perfhooks.analysis.columns import ABSENT, Columns
 from perfhooks.analysis.operators import device_time_inside
-from perfhooks.analysis.overview import communication_ids, is_communication_kernel
+from perfhooks.analysis.overview import communication_kernels
 from perfhooks.analysis.trace import Event, Trace
 
 #: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels. A family name alone
@@ -61,11 +64,7 @@ SHORT_KERNEL_US = 10.0
 
 def kernel_breakdown(trace: Trace, top: int = 10) -> dict[str, Any]:
     """Top kernels by total device time: name, count, total and mean µs, share of kernel time."""
-    totals: dict[str, list[float]] = {}
-    for kernel in trace.kernels:
-        entry = totals.setdefault(kernel.name or "?", [0, 0.0])
-        entry[0] += 1
-        entry[1] += kernel.dur
+    totals = grouped_totals(trace.columns("kernels"), lambda name: name or "?")
     kernel_time = sum(entry[1] for entry in totals.values())
     ranked = sorted(totals.items(), key=lambda item: item[1][1], reverse=True)[:top]
     return {
@@ -73,6 +72,23 @@ def kernel_breakdown(trace: Trace, top: int = 10) -> dict[str, Any]:
         "top": [{"name": name, "count": count, "total_us": total, "mean_us": total / count,
                  "share": total / kernel_time if kernel_time else 0.0} for name, (count, total) in ranked],
     }
+
+
+def grouped_totals(columns: Columns, key: Any, rows: np.ndarray | None = None) -> dict[Any, list[Any]]:
+    """``{key(name): [count, µs]}`` over the rows (all by default), the keys in the order their first row comes,
+    each group's µs summed in row order."""
+    codes = columns.name if rows is None else columns.name[rows]
+    durations = columns.dur if rows is None else columns.dur[rows]
+    keys = [key(name) for name in columns.names]
+    groups = dict.fromkeys(keys)
+    group_of = {k: index for index, k in enumerate(groups)}
+    group = np.asarray([group_of[k] for k in keys], dtype=np.int64)[codes] if keys else codes
+    # first rows' order: the groups as a dict filled row by row would hold them
+    present, first = np.unique(group, return_index=True)
+    counts = np.bincount(group, minlength=len(groups))
+    sums = np.bincount(group, weights=durations, minlength=len(groups))
+    names = list(groups)
+    return {names[g]: [int(counts[g]), float(sums[g])] for g in present[np.argsort(first, kind="stable")].tolist()}
 
 
 @lru_cache(maxsize=65536)
@@ -99,11 +115,22 @@ def attention_kind(name: str) -> str | None:
 
 def stream_breakdown(trace: Trace) -> list[dict[str, Any]]:
     """Device time per (device, stream): kernels, memcpys and memsets, busiest first."""
+    device = trace.columns("device_events")
     totals: dict[tuple[Any, Any], list[float]] = {}
-    for event in trace.device_events:
-        entry = totals.setdefault((event.device, event.tid), [0, 0.0])
-        entry[0] += 1
-        entry[1] += event.dur
+    if (device.device == ABSENT).any():  # a device that is not a number (a pid written as text): event by event
+        for event in device.events:
+            entry = totals.setdefault((event.device, event.tid), [0, 0.0])
+            entry[0] += 1
+            entry[1] += event.dur
+    else:
+        tid, tids = device._get("tid")
+        keys, group = np.unique(np.stack((device.device, tid.astype(np.int64))), axis=1, return_inverse=True)
+        group = group.ravel()
+        counts = np.bincount(group, minlength=keys.shape[1])
+        sums = np.bincount(group, weights=device.dur, minlength=keys.shape[1])
+        present, first = np.unique(group, return_index=True)
+        for g in present[np.argsort(first, kind="stable")].tolist():
+            totals[(int(keys[0, g]), tids[keys[1, g]])] = [int(counts[g]), float(sums[g])]
     return [{"device": device, "stream": stream, "events": count, "busy_us": busy}
             for (device, stream), (count, busy) in sorted(totals.items(), key=lambda kv: -kv[1][1])]
 
@@ -119,9 +146,9 @@ TENSOR_CORE_DTYPES = ("c10::bfloat16", "c10::half", "bfloat16", "half", "c10::fl
 def _matmul_dtypes(trace: Trace) -> dict[Any, str]:
     """External id of each matmul/conv op -> its first input's dtype (lower case), where it was recorded."""
     found: dict[Any, str] = {}
-    matmuls = trace.names("cpu_ops", MATMUL_OPS)
-    for op in trace.cpu_ops:
-        if op.name in matmuls and op.external_id is not None:
+    ops = trace.columns("cpu_ops")
+    for op in ops.take(ops.named(trace.names("cpu_ops", MATMUL_OPS)) & (ops.external_id != ABSENT)):
+        if op.external_id is not None:
             types = op.a.input_type
             if types:
                 found[op.external_id] = str(types[0]).lower()
@@ -139,12 +166,17 @@ def kernel_math_of(kernel: Any, op_dtypes: dict[Any, str]) -> str:
 def tensor_core_use(trace: Trace) -> dict[str, Any]:
     """Share of compute-kernel time on Tensor Cores, TF32 told apart, judged from kernel names and, where a name
     says nothing, the launching op's input dtype."""
-    comm = communication_ids(trace)
+    kernels = trace.columns("kernels")
     op_dtypes = _matmul_dtypes(trace)
-    time = {"tf32": 0.0, "tensor_core": 0.0, "fp32_simt": 0.0, "other": 0.0}
-    for kernel in trace.kernels:
-        if not is_communication_kernel(kernel, comm):
-            time[kernel_math_of(kernel, op_dtypes)] += kernel.dur
+    kinds = ("tf32", "tensor_core", "fp32_simt", "other")
+    math = np.asarray([kinds.index(kernel_math(name or "")) for name in kernels.names] or [0], dtype=np.int64)
+    math = math[kernels.name]
+    if op_dtypes:  # a kernel whose name says nothing, launched by a matmul on 16- or 8-bit inputs
+        tensor_ids = [ext for ext, dtype in op_dtypes.items() if dtype in TENSOR_CORE_DTYPES]
+        math[(math == 3) & np.isin(kernels.external_id, np.asarray(tensor_ids, dtype=np.int64))] = 1
+    compute = ~communication_kernels(trace)
+    sums = np.bincount(math[compute], weights=kernels.dur[compute], minlength=4)
+    time = dict(zip(kinds, sums.tolist(), strict=True))
     total = sum(time.values())
     tf32, tensor, simt = time["tf32"], time["tf32"] + time["tensor_core"], time["fp32_simt"]
     if not total:
@@ -157,14 +189,13 @@ def attention_kernels(trace: Trace) -> dict[str, float]:
     """Time (µs) per attention implementation: ``flash``, ``memory_efficient``, ``cudnn`` from kernel names
     (or from op names on a CPU trace), ``math`` and ``unfused`` (softmax between batched matmuls)."""
 
-    found: dict[str, float] = {}
-    for kernel in trace.kernels:
-        kind = attention_kind(kernel.name or "")
-        if kind is not None:
-            found[kind] = found.get(kind, 0.0) + kernel.dur
+    found: dict[str, float] = {
+        kind: total for kind, (_, total) in grouped_totals(trace.columns("kernels"), lambda n: attention_kind(n or ""),
+                                                           ).items() if kind is not None}
     on_device = trace.has_gpu
     softmax_ops, bmm_ops, slow_ops = [], [], []
-    for op in trace.cpu_ops:
+    ops = trace.columns("cpu_ops")
+    for op in ops.take(ops.named((*ATTENTION_OPS, *ATTENTION_OPS_CPU, *SOFTMAX_OPS, *BATCHED_MATMUL_OPS))):
         name = op.name or ""
         kind = ATTENTION_OPS.get(name) or ATTENTION_OPS_CPU.get(name)
         if kind in ("math", "unfused"):
@@ -237,15 +268,16 @@ def attention_core(trace: Trace) -> dict[str, Any]:
     """What the hand-written attention's core holds, for its fix: ``{spans, masked, dropout}``; ``masked``: a
     mask is applied to the scores (``masked_fill``, ``where``); ``dropout``: the probabilities are dropped out in
     training. Empty where no core span is found."""
-    softmax = [op for op in trace.cpu_ops if (op.name or "") in SOFTMAX_OPS and _attention_shaped(op)]
-    matmuls = [op for op in trace.cpu_ops if (op.name or "") in BATCHED_MATMUL_OPS]
+    ops = trace.columns("cpu_ops")
+    softmax = [op for op in ops.take(ops.named(SOFTMAX_OPS)) if _attention_shaped(op)]
+    matmuls = ops.take(ops.named(BATCHED_MATMUL_OPS))
     core = attention_core_spans(softmax, matmuls)
     if not core:
         return {}
     bounds = sorted((span.pid, span.tid, span.ts, span.ts + span.dur) for span in core)
 
     def inside(names: tuple[str, ...], keep: Any = lambda op: True) -> bool:
-        return any(lo <= op.ts < hi for op in trace.cpu_ops if (op.name or "") in names and keep(op)
+        return any(lo <= op.ts < hi for op in ops.take(ops.named(names)) if keep(op)
                    for pid, tid, lo, hi in bounds if (op.pid, op.tid) == (pid, tid))
 
     return {"spans": len(core), "masked": inside(MASK_OPS), "dropout": inside(DROPOUT_OPS, drops)}
@@ -290,9 +322,8 @@ def sdpa_math_inputs(trace: Trace) -> dict[str, Any]:
     dtypes: set[str] = set()
     head_dims: set[int] = set()
     differ = False
-    for op in trace.cpu_ops:
-        if op.name != SDPA_MATH_OP:
-            continue
+    ops = trace.columns("cpu_ops")
+    for op in ops.take(ops.named((SDPA_MATH_OP,))):
         calls += 1
         dims = op.input_dims or []
         types = op.a.input_type or []
@@ -340,16 +371,26 @@ def one_time_bound(calls: list[Any]) -> float:
     return max(ONE_TIME_CALL_US, 50 * statistics.median(durations)) if durations else ONE_TIME_CALL_US
 
 
+def one_time_bound_of(durations: np.ndarray) -> float:
+    """:func:`one_time_bound` of the launch calls' durations (µs)."""
+    return max(ONE_TIME_CALL_US, 50 * float(np.median(durations))) if durations.size else ONE_TIME_CALL_US
+
+
+def launch_calls(trace: Trace) -> np.ndarray:
+    """The rows of ``trace.columns("runtimes")`` that launch (``Launch`` in the name)."""
+    return trace.columns("runtimes").name_mask(lambda name: "Launch" in (name or ""))
+
+
 def startup_calls(trace: Trace) -> list[Any]:
     """The runtime calls that are one-time start-up work (see :func:`startup_work`); computed once per trace."""
     cached = trace.__dict__.get("_startup_calls")
     if cached is not None:
         return cached
-    launches = [call for call in trace.runtimes if "Launch" in (call.name or "")]
-    bound = one_time_bound(launches)
-    found = [call for call in launches if call.dur > bound]
-    setup = trace.names("runtimes", SETUP_CALLS)
-    found += [call for call in trace.runtimes if call.name in setup and call.dur > ONE_TIME_CALL_US]
+    runtimes = trace.columns("runtimes")
+    launches = launch_calls(trace)
+    bound = one_time_bound_of(runtimes.dur[launches])
+    found = runtimes.take(launches & (runtimes.dur > bound))
+    found += runtimes.take(runtimes.named(trace.names("runtimes", SETUP_CALLS)) & (runtimes.dur > ONE_TIME_CALL_US))
     trace.__dict__["_startup_calls"] = found
     return found
 
@@ -378,25 +419,48 @@ def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]
     if not trace.kernels:
         return {}
     launch_call_share = None
-    calls = [call for call in trace.runtimes if "Launch" in (call.name or "")]
-    bound = one_time_bound(calls)
+    runtimes = trace.columns("runtimes")
+    calls = launch_calls(trace)
+    bound = one_time_bound_of(runtimes.dur[calls])
     if window:
         length = ranges.total(window)
         if length > 0:
-            typical = [call for call in calls if call.dur <= bound]  # one-time loading is not the launch rate
-            launch_call_share = spans.measure(spans.union(spans.of_events(typical)), window) / length
-    launches = trace.launch_ts
-    gaps = []
-    short = 0
-    for kernel in trace.kernels:
-        if kernel.dur < SHORT_KERNEL_US:
-            short += 1
-        launched = launches.get(kernel.correlation)
-        if launched is not None:
-            gaps.append(kernel.ts - launched)
+            typical = calls & (runtimes.dur <= bound)  # one-time loading is not the launch rate
+            launch_call_share = spans.measure(spans.union((runtimes.ts[typical], runtimes.end[typical])),
+                                              window) / length
+    kernels = trace.columns("kernels")
+    short = int(np.count_nonzero(kernels.dur < SHORT_KERNEL_US))
+    gaps = launch_gaps(trace, np.ones(len(kernels), dtype=bool))
     return {
         "kernels_per_step": len(trace.kernels) / max(steps, 1),
         "short_kernel_share": short / len(trace.kernels),
-        "median_launch_to_start_us": statistics.median(gaps) if gaps else None,
+        "median_launch_to_start_us": float(np.median(gaps)) if gaps.size else None,
         "launch_call_share": launch_call_share,
     }
+
+
+def launch_times(trace: Trace, correlations: np.ndarray) -> np.ndarray:
+    """The host time (µs) of the runtime call that launched each correlation id (the last such call, as
+    :attr:`Trace.launch_ts`); NaN where none did."""
+    cached = trace.__dict__.get("_launch_table")
+    if cached is None:
+        runtimes = trace.columns("runtimes")
+        has = np.flatnonzero(runtimes.correlation != ABSENT)[::-1]  # the last call of a correlation wins
+        ids, first = np.unique(runtimes.correlation[has], return_index=True)
+        cached = trace.__dict__["_launch_table"] = (ids, runtimes.ts[has[first]])
+    ids, times = cached
+    out = np.full(correlations.size, np.nan)
+    if ids.size:
+        slot = np.minimum(np.searchsorted(ids, correlations), ids.size - 1)
+        found = ids[slot] == correlations
+        out[found] = times[slot[found]]
+    return out
+
+
+def launch_gaps(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Launch-to-start gaps (µs) of the kernels at ``rows`` (a mask) that have a launch, in row order."""
+    kernels = trace.columns("kernels")
+    launched = launch_times(trace, kernels.correlation[rows])
+    starts = kernels.ts[rows]
+    found = ~np.isnan(launched)
+    return starts[found] - launched[found]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+import numpy as np
+
 from perfhooks.analysis import ranges
+from perfhooks.analysis.columns import ABSENT
 from perfhooks.analysis.trace import Trace
 
 #: Ops whose math Tensor Cores can run (GEMMs and convolutions, attention).
@@ -19,15 +22,37 @@ HALF_TYPES = ("c10::Half", "c10::BFloat16", "Half", "BFloat16")
 def device_time_by_op(trace: Trace) -> dict[Any, float]:
     """External id -> device µs of the kernels it launched (computed once per trace)."""
     cached = trace.__dict__.get("_device_time_by_op")
-    if cached is not None:
-        return cached
-    by_id: dict[Any, float] = {}
-    for event in trace.device_events:
-        ext = event.external_id
-        if ext is not None:
-            by_id[ext] = by_id.get(ext, 0.0) + event.dur
-    trace.__dict__["_device_time_by_op"] = by_id
-    return by_id
+    if cached is None:
+        ids, totals = _device_time_columns(trace)
+        cached = trace.__dict__["_device_time_by_op"] = dict(zip(ids.tolist(), totals.tolist(), strict=True))
+    return cached
+
+
+def _device_time_columns(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The external ids that launched device work (sorted), and each one's device µs (summed in time order)."""
+    cached = trace.__dict__.get("_device_time_columns")
+    if cached is None:
+        device = trace.columns("device_events")
+        has_id = device.external_id != ABSENT
+        ids, inverse = np.unique(device.external_id[has_id], return_inverse=True)
+        totals = np.bincount(inverse, weights=device.dur[has_id], minlength=ids.size)
+        cached = trace.__dict__["_device_time_columns"] = (ids, totals)
+    return cached
+
+
+def op_device_time(trace: Trace) -> np.ndarray:
+    """Each operator's (row of ``trace.columns("cpu_ops")``) device µs: the kernels it launched itself."""
+    cached = trace.__dict__.get("_op_device_time")
+    if cached is None:
+        ids, totals = _device_time_columns(trace)
+        external = trace.columns("cpu_ops").external_id
+        cached = np.zeros(external.size)
+        if ids.size:
+            slot = np.minimum(np.searchsorted(ids, external), ids.size - 1)
+            found = ids[slot] == external
+            cached[found] = totals[slot[found]]
+        trace.__dict__["_op_device_time"] = cached
+    return cached
 
 
 def device_time_inside(trace: Trace, ops: list[Any]) -> float:
@@ -67,14 +92,14 @@ def device_time_inside(trace: Trace, ops: list[Any]) -> float:
 def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
     """Operators by the device time of the kernels they launched; on a trace with no device, by host *self* time
     (their own time, the ops they call taken out), so a parent and its child never count the same time twice."""
-    by_id = device_time_by_op(trace)
     on_host = not trace.has_gpu
     own = host_self_times(trace.cpu_ops) if on_host else {}
+    device_time = op_device_time(trace)
+    rows = np.arange(device_time.size) if on_host else np.flatnonzero(device_time)
+    ops = trace.cpu_ops
     groups: dict[tuple[str, str], list[float]] = {}
-    for index, op in enumerate(trace.cpu_ops):
-        device = by_id.get(op.external_id, 0.0)
-        if not device and not on_host:
-            continue
+    for index, device in zip(rows.tolist(), device_time[rows].tolist(), strict=True):
+        op = ops[index]
         shapes = op.input_dims
         key = (op.name or "?", str(shapes) if shapes else "")
         entry = groups.setdefault(key, [0, 0.0, 0.0, 0.0])
@@ -114,15 +139,11 @@ def host_self_times(ops: list[Any]) -> dict[int, float]:
 
 def eligible_precision(trace: Trace) -> dict[str, float]:
     """Device time (µs) of Tensor-Core-eligible ops by input dtype: ``fp32``, ``half`` (fp16/bf16), ``unknown``."""
-    by_id = device_time_by_op(trace)
     out = {"fp32": 0.0, "half": 0.0, "unknown": 0.0}
-    eligible = trace.names("cpu_ops", TENSOR_CORE_ELIGIBLE)
-    for op in trace.cpu_ops:
-        if op.name not in eligible:
-            continue
-        device = by_id.get(op.external_id, 0.0)
-        if not device:
-            continue
+    columns = trace.columns("cpu_ops")
+    device_time = op_device_time(trace)
+    rows = np.flatnonzero(columns.named(trace.names("cpu_ops", TENSOR_CORE_ELIGIBLE)) & (device_time != 0))
+    for op, device in zip(columns.take(rows), device_time[rows].tolist(), strict=True):
         types = op.a.input_type or []
         if any(str(t) in HALF_TYPES for t in types):
             out["half"] += device
@@ -153,12 +174,12 @@ def _inner_and_output(name: str, dims: list[Any]) -> tuple[Any, Any] | None:
 def misaligned_gemms(trace: Trace) -> list[dict[str, Any]]:
     """Half-precision GEMMs whose inner (K) or output (N) dimension is not a multiple of 8: Tensor Cores pad
     or fall back. Each entry has the op with its shapes, ``count`` and ``device_us`` (its kernels' time)."""
-    by_id = device_time_by_op(trace)
+    columns = trace.columns("cpu_ops")
+    rows = np.flatnonzero(columns.named(GEMM_OPERANDS))
+    device_time = op_device_time(trace)[rows].tolist()
     found: dict[str, list[float]] = {}
-    for op in trace.cpu_ops:
+    for op, device in zip(columns.take(rows), device_time, strict=True):
         name = op.name or ""
-        if name not in GEMM_OPERANDS:
-            continue
         types = [str(t) for t in op.a.input_type or []]
         if not any(t in HALF_TYPES for t in types):
             continue
@@ -168,6 +189,6 @@ def misaligned_gemms(trace: Trace) -> list[dict[str, Any]]:
             continue
         entry = found.setdefault(f"{name} {[d for d in dims if isinstance(d, list) and d]}", [0, 0.0])
         entry[0] += 1
-        entry[1] += by_id.get(op.external_id, 0.0)
+        entry[1] += device
     ranked = sorted(found.items(), key=lambda kv: (-kv[1][1], -kv[1][0]))[:5]
     return [{"op": key, "count": count, "device_us": device} for key, (count, device) in ranked]

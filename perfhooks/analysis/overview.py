@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from perfhooks.analysis import ranges, spans
+from perfhooks.analysis.columns import ABSENT, Columns
 from perfhooks.analysis.host import SYNC_RUNTIME, unrecorded_spans
 from perfhooks.analysis.trace import Event, Trace
 
@@ -90,20 +93,35 @@ def communication_ids(trace: Trace) -> set[Any]:
     cached = trace.__dict__.get("_communication_ids")
     if cached is not None:
         return cached
-    ids = set()
-    for kind in ("cpu_ops", "annotations"):
-        collectives = trace.names(kind, COMMUNICATION_OPS)
-        for event in getattr(trace, kind):
-            if event.name in collectives:
-                ext = event.external_id
-                if ext is not None:
-                    ids.add(ext)
+    ops = trace.columns("cpu_ops")
+    found = ops.external_id[ops.named(trace.names("cpu_ops", COMMUNICATION_OPS))]
+    ids = set(found[found != ABSENT].tolist())
+    collectives = trace.names("annotations", COMMUNICATION_OPS)
+    for event in trace.annotations:
+        if event.name in collectives:
+            ext = event.external_id
+            if ext is not None:
+                ids.add(ext)
     trace.__dict__["_communication_ids"] = ids
     return ids
 
 
 def is_communication_kernel(kernel: Event, comm_ids: set[Any]) -> bool:
     return _communication_name(kernel.name or "") or (bool(comm_ids) and kernel.external_id in comm_ids)
+
+
+def communication_kernels(trace: Trace) -> np.ndarray:
+    """Which rows of ``trace.columns("kernels")`` are collectives (:func:`is_communication_kernel`); cached."""
+    cached = trace.__dict__.get("_communication_kernels")
+    if cached is not None:
+        return cached
+    kernels = trace.columns("kernels")
+    mask = kernels.name_mask(lambda name: _communication_name(name or ""))
+    ids = communication_ids(trace)
+    if ids:
+        mask |= np.isin(kernels.external_id, np.fromiter(ids, dtype=np.int64, count=len(ids)))
+    trace.__dict__["_communication_kernels"] = mask
+    return mask
 
 
 @lru_cache(maxsize=65536)
@@ -222,49 +240,49 @@ def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
     steps = list(trace.steps) or _whole_trace_step(trace)
     if not steps:
         return []
-    devices_by_correlation: dict[Any, list[Event]] = {}
-    for event in trace.device_events:
-        correlation = event.correlation
-        if correlation is not None:
-            devices_by_correlation.setdefault(correlation, []).append(event)
-    if not devices_by_correlation:
+    device = trace.columns("device_events")
+    has_correlation = device.correlation != ABSENT
+    if not has_correlation.any():
         return steps
-    # (ts, end, the devices it launched) of each launch, in time order: read once, not once a step
-    launches = sorted(((r.ts, r.ts + r.dur, devices_by_correlation[c]) for r in trace.runtimes
-                       if (c := r.correlation) in devices_by_correlation), key=lambda launch: launch[0])
+    # the device activity each correlation launched: its count, first start and last end
+    correlations, inverse = np.unique(device.correlation[has_correlation], return_inverse=True)
+    launched_count = np.bincount(inverse, minlength=correlations.size)
+    first_start = np.full(correlations.size, np.inf)
+    np.minimum.at(first_start, inverse, device.ts[has_correlation])
+    last_end = np.full(correlations.size, -np.inf)
+    np.maximum.at(last_end, inverse, device.end[has_correlation])
+    # each launch that launched device activity, in time order (equal starts in the trace's order)
+    runtimes = trace.columns("runtimes")
+    slot = np.searchsorted(correlations, runtimes.correlation)
+    slot = np.minimum(slot, correlations.size - 1)
+    launches = np.flatnonzero(correlations[slot] == runtimes.correlation)
+    launches = launches[np.argsort(runtimes.ts[launches], kind="stable")]
+    launch_ts, launch_end, launch_slot = runtimes.ts[launches], runtimes.end[launches], slot[launches]
     device_span: list[tuple[float, float] | None] = []
     launched = [0] * len(steps)
-    matched: set[int] = set()
-    count = len(launches)
+    matched = np.zeros(correlations.size, dtype=bool)
     r = 0
     for index, (_, start, end) in enumerate(steps):
-        low, high = float("inf"), float("-inf")
-        while r < count and launches[r][0] < start:
-            r += 1
-        k = r
-        while k < count and launches[k][0] < end:
-            _, launch_end, devices = launches[k]
-            if launch_end <= end:
-                for device in devices:
-                    ts = device.ts
-                    if ts < low:
-                        low = ts
-                    if ts + device.dur > high:
-                        high = ts + device.dur
-                    matched.add(id(device))
-                launched[index] += len(devices)
-            k += 1
-        r = k
-        device_span.append((low, high) if launched[index] else None)
-    if not matched:
+        low = max(r, int(np.searchsorted(launch_ts, start, side="left")))
+        high = max(low, int(np.searchsorted(launch_ts, end, side="left")))
+        r = high
+        inside = launch_slot[low:high][launch_end[low:high] <= end]
+        if inside.size:
+            matched[inside] = True
+            launched[index] = int(launched_count[inside].sum())
+            device_span.append((float(first_start[inside].min()), float(last_end[inside].max())))
+        else:
+            device_span.append(None)
+    if not matched.any():
         return steps
     previous_end = steps[0][1]
     if device_span[0] is not None:
         first_device_start = device_span[0][0]
-        for event in trace.device_events:
-            event_end = event.ts + event.dur
-            if id(event) not in matched and event_end < first_device_start:
-                previous_end = max(previous_end, event_end)
+        rows = np.zeros(len(device), dtype=bool)
+        rows[has_correlation] = matched[inverse]
+        before = device.end[~rows & (device.end < first_device_start)]
+        if before.size:
+            previous_end = max(previous_end, float(before.max()))
     adjusted = []
     for (number, start, end), span in zip(steps, device_span, strict=True):
         start = max(previous_end, start)
@@ -288,31 +306,30 @@ def role_spans(trace: Trace) -> dict[str, spans.Spans]:
     cached = trace.__dict__.get("_role_spans")
     if cached is not None:
         return cached
-    comm_ids = communication_ids(trace)
-    compute, comm = [], []
-    for kernel in trace.kernels:
-        (comm if is_communication_kernel(kernel, comm_ids) else compute).append(kernel)
-    dataloader, cpu_exec = [], []
-    fetches = {name for name in trace.names("cpu_ops", DATALOADER_PREFIX) if name.endswith("__next__")}
-    for op in trace.cpu_ops:
-        (dataloader if op.name in fetches else cpu_exec).append(op)
-    for annotation in trace.annotations:  # newer torch records the DataLoader as a user annotation
-        name = annotation.name or ""
-        if name.startswith(DATALOADER_PREFIX) and name.endswith("__next__"):
-            dataloader.append(annotation)
+    kernels, ops, runtimes = trace.columns("kernels"), trace.columns("cpu_ops"), trace.columns("runtimes")
+    comm = communication_kernels(trace)
+    fetches = ops.named(name for name in trace.names("cpu_ops", DATALOADER_PREFIX) if name.endswith("__next__"))
+    # newer torch records the DataLoader as a user annotation
+    loading = [a for a in trace.annotations if (name := a.name or "").startswith(DATALOADER_PREFIX)
+               and name.endswith("__next__")]
+    driver = runtimes.code_mask(runtimes.category, [cat == "cuda_driver" for cat in runtimes.categories])
     result = {
-        "kernel": spans.of_events(compute),
-        "memcpy": spans.of_events(trace.memcpys),
-        "memset": spans.of_events(trace.memsets),
-        "communication": spans.of_events(comm),
+        "kernel": (kernels.ts[~comm], kernels.end[~comm]),
+        "memcpy": _spans_of(trace.columns("memcpys")),
+        "memset": _spans_of(trace.columns("memsets")),
+        "communication": (kernels.ts[comm], kernels.end[comm]),
         # the plugin's runtime role has no driver calls (cuLaunchKernel, cuModuleLoad): they are left to the
         # roles below (CPU exec of the op that made them, or other); they still link launches to kernels
-        "runtime": spans.of_events([r for r in trace.runtimes if r.cat != "cuda_driver"]),
-        "dataloader": spans.of_events(dataloader),
-        "cpu_exec": spans.of_events(cpu_exec),
+        "runtime": (runtimes.ts[~driver], runtimes.end[~driver]),
+        "dataloader": spans.concat((ops.ts[fetches], ops.end[fetches]), spans.of_events(loading)),
+        "cpu_exec": (ops.ts[~fetches], ops.end[~fetches]),
     }
     trace.__dict__["_role_spans"] = result
     return result
+
+
+def _spans_of(columns: Columns) -> spans.Spans:
+    return columns.ts, columns.end
 
 
 def compute_overview(trace: Trace) -> Overview:
@@ -346,52 +363,51 @@ def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) ->
     span = last - first - hidden
     if span <= 0:
         return
-    by_device: dict[int, list[Event]] = {}
-    for kernel in trace.kernels:
-        device = kernel.device
-        if isinstance(device, int):
-            by_device.setdefault(device, []).append(kernel)
-    comm_ids = communication_ids(trace)
-    for device, kernels in sorted(by_device.items()):
-        busy = spans.measure(spans.union(spans.of_events(kernels)), [(first, last)])
+    kernels = trace.columns("kernels")
+    comm = communication_kernels(trace)
+    args = None
+    for device in sorted(set(kernels.device[kernels.device != ABSENT].tolist())):
+        rows = kernels.device == device
+        busy = spans.measure(spans.union((kernels.ts[rows], kernels.end[rows])), [(first, last)])
         overview.gpu_utilization[device] = busy / span
-        overview.sm_efficiency[device] = _sm_efficiency(kernels, first, last)
+        if args is None:
+            args = [event.a for event in kernels.events]
+        overview.sm_efficiency[device] = _sm_efficiency(kernels, rows, args, first, last)
         # collectives run a few blocks by design (NCCL reports occupancy 0): the compute kernels' occupancy
-        compute = [kernel for kernel in kernels if not is_communication_kernel(kernel, comm_ids)]
-        overview.achieved_occupancy[device] = _occupancy(compute, first, last)
+        overview.achieved_occupancy[device] = _occupancy(kernels, rows & ~comm, args, first, last)
 
 
-def _sm_efficiency(kernels: list[Event], first: float, last: float) -> float | None:
+def _numbers(values: list[Any], rows: np.ndarray) -> np.ndarray:
+    """The values at ``rows`` as floats, NaN where a value is not a number."""
+    return np.fromiter((v if type(v) in (int, float) else np.nan for v in (values[i] for i in rows.tolist())),
+                       dtype=np.float64, count=rows.size)
+
+
+def _sm_efficiency(kernels: Columns, rows: np.ndarray, args: list[Any], first: float, last: float) -> float | None:
     """Σ over time of min(Σ blocks-per-SM of running kernels, 1), clipped to the steps, ÷ steps time."""
-    edges: list[tuple[float, int, float]] = []
-    for kernel in kernels:
-        blocks = kernel.a.blocks_per_sm
-        if isinstance(blocks, (int, float)) and blocks > 0:
-            edges.append((kernel.ts, 0, blocks))
-            edges.append((kernel.ts + kernel.dur, 1, -blocks))
-    if not edges:
+    rows = np.flatnonzero(rows)
+    blocks = _numbers([a.blocks_per_sm for a in args], rows) if rows.size else np.empty(0)
+    keep = blocks > 0
+    if not keep.any():
         return None
-    edges.sort(key=lambda edge: (edge[0], edge[1]))
-    weighted = 0.0
-    level = 0.0
-    previous = edges[0][0]
-    for time, _, delta in edges:
-        if time > previous and level > 0:
-            start, end = max(previous, first), min(time, last)
-            if end > start:
-                weighted += min(level, 1.0) * (end - start)
-        previous = time
-        level += delta
+    rows, blocks = rows[keep], blocks[keep]
+    # each kernel's start (+blocks) and end (-blocks), by time, starts before ends at the same time
+    times = np.stack((kernels.ts[rows], kernels.end[rows]), axis=1).ravel()
+    kinds = np.tile(np.array([0, 1]), rows.size)
+    deltas = np.stack((blocks, -blocks), axis=1).ravel()
+    order = np.lexsort((kinds, times))
+    times, deltas = times[order], deltas[order]
+    level = np.cumsum(deltas)[:-1]  # the level from each edge to the next
+    starts, ends = np.maximum(times[:-1], first), np.minimum(times[1:], last)
+    counted = (times[1:] > times[:-1]) & (level > 0) & (ends > starts)
+    weighted = float(np.sum(np.minimum(level[counted], 1.0) * (ends[counted] - starts[counted])))
     return weighted / (last - first)
 
 
-def _occupancy(kernels: list[Event], first: float, last: float) -> float | None:
-    weighted = time = 0.0
-    for kernel in kernels:
-        occupancy = kernel.a.occupancy
-        if isinstance(occupancy, (int, float)) and occupancy >= 0:
-            start, end = max(kernel.ts, first), min(kernel.ts + kernel.dur, last)
-            if end > start:
-                weighted += occupancy * (end - start)
-                time += end - start
-    return weighted / time if time else None
+def _occupancy(kernels: Columns, rows: np.ndarray, args: list[Any], first: float, last: float) -> float | None:
+    rows = np.flatnonzero(rows)
+    occupancy = _numbers([a.occupancy for a in args], rows) if rows.size else np.empty(0)
+    starts, ends = np.maximum(kernels.ts[rows], first), np.minimum(kernels.end[rows], last)
+    counted = (occupancy >= 0) & (ends > starts)
+    time = float(np.sum(ends[counted] - starts[counted]))
+    return float(np.sum(occupancy[counted] * (ends[counted] - starts[counted]))) / time if time else None

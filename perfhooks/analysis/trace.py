@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any, Union
 
 import msgspec
+import numpy as np
 
+from perfhooks.analysis.columns import ABSENT, Columns
 from perfhooks.files.json_chunks import INFLATE, INFLATE_ERROR, InvalidText, MoreMembers, split_array, text_blocks
 
 try:  # the fallback parse: faster than the standard library
@@ -64,10 +66,11 @@ _ABSENT = msgspec.Raw()
 class Args(msgspec.Struct, frozen=True, gc=False):
     """The event arguments the analyzers read (old and new spellings)."""
 
-    correlation: int | None = None
-    external_id_new: int | None = msgspec.field(default=None, name="External id")
-    external_id_old: int | None = msgspec.field(default=None, name="external id")
-    device: int | None = None
+    # ABSENT where the event has none (None where it is written as null): the columns read these in C
+    correlation: int | None = ABSENT
+    external_id_new: int | None = msgspec.field(default=ABSENT, name="External id")
+    external_id_old: int | None = msgspec.field(default=ABSENT, name="external id")
+    device: int | None = ABSENT
     blocks_per_sm: float | None = msgspec.field(default=None, name="blocks per SM")
     occupancy: float | None = msgspec.field(default=None, name="est. achieved occupancy %")
     # Large and rarely read: kept as zero-copy slices of the input, decoded on use.
@@ -147,7 +150,8 @@ class Event(msgspec.Struct, frozen=True, gc=False, tag_field="ph", tag="X"):
     dur: float | None = None
     pid: int | str | None = None
     tid: int | str | None = None
-    args: Args | None = None
+    #: An event written without arguments has the empty ones (``None``: written as null).
+    args: Args | None = _NO_ARGS
 
     @property
     def a(self) -> Args:
@@ -155,19 +159,22 @@ class Event(msgspec.Struct, frozen=True, gc=False, tag_field="ph", tag="X"):
 
     @property
     def correlation(self) -> int | None:
-        return self.args.correlation if self.args is not None else None
+        correlation = self.args.correlation if self.args is not None else None
+        return None if correlation == ABSENT else correlation
 
     @property
     def external_id(self) -> int | None:
         args = self.args
         if args is None:
             return None
-        return args.external_id_new if args.external_id_new is not None else args.external_id_old
+        new = args.external_id_new
+        found = new if new is not None and new != ABSENT else args.external_id_old
+        return None if found == ABSENT else found
 
     @property
     def device(self) -> Any:
         device = self.args.device if self.args is not None else None
-        return self.pid if device is None else device
+        return self.pid if device is None or device == ABSENT else device
 
     @property
     def input_dims(self) -> list[Any] | None:
@@ -231,10 +238,24 @@ class Trace:
     #: Complete events of categories no analyzer reads (an accelerator perfhooks does not model), by category.
     unmodeled: dict[str, int] = field(default_factory=dict)
 
-    @cached_property
+    @property
     def device_events(self) -> list[Event]:
         """Kernels, memcpys and memsets, in time order."""
-        return sorted(self.kernels + self.memcpys + self.memsets, key=lambda e: e.ts)
+        return self.columns("device_events").events
+
+    def columns(self, kind: str) -> Columns:
+        """``kind``'s events (``"kernels"``, ``"runtimes"``, ..., or ``"device_events"``: kernels, memcpys and
+        memsets in time order, equal starts in that order) as :class:`~perfhooks.analysis.columns.Columns`, built
+        once per trace."""
+        cache = self.__dict__.setdefault("_columns", {})
+        found = cache.get(kind)
+        if found is None:
+            if kind == "device_events":
+                found = Columns.concat([self.columns(k) for k in ("kernels", "memcpys", "memsets")]).sorted_by_start()
+            else:
+                found = Columns(getattr(self, kind))
+            cache[kind] = found
+        return found
 
     @cached_property
     def launch_ts(self) -> dict[Any, float]:
@@ -256,7 +277,8 @@ class Trace:
         if found is None:
             distinct = cache.get(kind)
             if distinct is None:
-                distinct = cache[kind] = frozenset(event.name for event in getattr(self, kind))
+                distinct = cache[kind] = frozenset(self.columns(kind).names if kind in _COLUMN_KINDS
+                                                   else {event.name for event in getattr(self, kind)})
             found = cache[key] = frozenset(name for name in distinct if name and name.startswith(prefixes))
         return found
 
@@ -266,30 +288,46 @@ class Trace:
 
     def within(self, window: list[tuple[float, float]]) -> Trace:
         """The same trace with only the events that start inside ``window`` (merged, sorted spans, µs): what
-        ran in the steps, not evaluation or checkpoints between them. Step spans and metadata are kept."""
-        import bisect
+        ran in the steps, not evaluation or checkpoints between them. Step spans and metadata are kept. The lists
+        with columns keep their columns' rows (:meth:`columns`)."""
         from dataclasses import replace
 
-        starts = [start for start, _ in window]
-
-        def inside(events: list[Event]) -> list[Event]:
-            if len(window) == 1:  # the common case (steps back to back): two comparisons an event
-                low, high = window[0]
-                return [event for event in events if low <= event.ts < high]  # type: ignore[operator]
-            kept = []
-            for event in events:
-                index = bisect.bisect_right(starts, event.ts) - 1
-                if index >= 0 and event.ts < window[index][1]:
-                    kept.append(event)
-            return kept
-
-        return replace(self, kernels=inside(self.kernels), memcpys=inside(self.memcpys), memsets=inside(self.memsets),
-                       runtimes=inside(self.runtimes), cpu_ops=inside(self.cpu_ops),
-                       annotations=inside(self.annotations), gpu_annotations=inside(self.gpu_annotations),
-                       python=inside(self.python), syncs=inside(self.syncs), warnings=[])
+        lows = np.fromiter((low for low, _ in window), dtype=np.float64, count=len(window))
+        highs = np.fromiter((high for _, high in window), dtype=np.float64, count=len(window))
+        cache = self.__dict__.get("_columns", {})
+        kept: dict[str, list[Event]] = {}
+        columns: dict[str, Columns] = {}
+        for kind in _KINDS:
+            found = cache.get(kind)
+            if found is None and kind in _COLUMN_KINDS:
+                found = self.columns(kind)
+            if found is not None:
+                rows = np.flatnonzero(_starts_inside(found.ts, lows, highs))
+                columns[kind] = found.subset(rows)
+                kept[kind] = columns[kind].events
+            else:
+                events = getattr(self, kind)
+                ts = np.fromiter((event.ts for event in events), dtype=np.float64, count=len(events))
+                kept[kind] = [events[i] for i in np.flatnonzero(_starts_inside(ts, lows, highs)).tolist()]
+        inside = replace(self, **kept, warnings=[])
+        inside.__dict__["_columns"] = columns
+        return inside
 
     def device_name(self, device: int) -> str | None:
         return self.device_properties.get(device, {}).get("name")
+
+
+#: The event lists of a :class:`Trace`; those in ``_COLUMN_KINDS`` are the ones most analyzers read as columns.
+_KINDS = ("kernels", "memcpys", "memsets", "runtimes", "cpu_ops", "annotations", "gpu_annotations", "python", "syncs")
+_COLUMN_KINDS = frozenset({"kernels", "memcpys", "memsets", "runtimes", "cpu_ops"})
+
+
+def _starts_inside(ts: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """Which of the starts ``ts`` lie in one of the sorted, disjoint spans ``[lows[i], highs[i])``."""
+    if lows.size == 1:
+        return (ts >= lows[0]) & (ts < highs[0])
+    index = np.searchsorted(lows, ts, side="right") - 1
+    return (index >= 0) & (ts < highs[np.maximum(index, 0)])
 
 
 def read_trace_bytes(path: str | Path) -> bytes:
