@@ -41,9 +41,10 @@ class Columns:
     (``args.device``, else the pid; :data:`ABSENT` where not an integer), and the codes ``name``, ``category`` and
     ``thread`` (``(pid, tid)``) into the tables ``names``, ``categories`` and ``threads``."""
 
-    def __init__(self, events: list[Any]) -> None:
+    def __init__(self, events: list[Any], **known: Any) -> None:
+        """``known``: fields already read (arrays; ``(codes, table)`` for a coded one), kept as given."""
         self.events = events
-        self._fields: dict[str, Any] = {}
+        self._fields: dict[str, Any] = known
 
     def __len__(self) -> int:
         return len(self.events)

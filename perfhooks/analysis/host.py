@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from perfhooks.analysis import ranges, spans
+from perfhooks.analysis.columns import ABSENT
 from perfhooks.analysis.trace import Trace
 
 SYNC_RUNTIME = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "hipDeviceSynchronize",
@@ -41,10 +42,10 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
     candidates on one thread is counted, with its own duration. An ``.item()`` that made no sync or
     copy call (a CPU tensor's) is no sync.
     """
-    syncs = trace.names("runtimes", SYNC_RUNTIME)
-    candidates = [event for event in trace.runtimes if event.name in syncs]
+    runtimes, ops = trace.columns("runtimes"), trace.columns("cpu_ops")
+    candidates = runtimes.take(runtimes.named(trace.names("runtimes", SYNC_RUNTIME)))
     if trace.has_gpu:  # without a device, .item() waits for nothing
-        candidates += _waits_for_the_device([op for op in trace.cpu_ops if (op.name or "") in SYNC_OPS], trace)
+        candidates += _waits_for_the_device(ops.take(ops.named(SYNC_OPS)), trace)
     inside = _inside_steps(candidates, trace)
     counted = _outermost(inside)
     counts: dict[str, int] = {}
@@ -85,7 +86,8 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
 
 def _device_busy(trace: Trace) -> spans.Spans:
     """When the device was doing anything: kernels (communication included), copies and memsets, merged."""
-    return spans.union(spans.of_events([*trace.kernels, *trace.memcpys, *trace.memsets]))
+    device = trace.columns("device_events")
+    return spans.union((device.ts, device.end))
 
 
 def _idle_because_of(sync: Any, busy: spans.Spans, step_ends: list[float]) -> float:
@@ -112,8 +114,8 @@ def _inside_steps(events: list[Any], trace: Trace) -> list[Any]:
     ``cudaDeviceSynchronize`` at the top of the step, after a warm-up outside it). Without step
     markers the whole trace is one step.
     """
-    launched = _device_correlations(trace)
-    launches = sorted(runtime.ts for runtime in trace.runtimes if runtime.correlation in launched)
+    runtimes = trace.columns("runtimes")
+    launches = np.sort(runtimes.ts[np.isin(runtimes.correlation, _device_correlations(trace))]).tolist()
     spans = sorted((start, end) for _, start, end in trace.steps)
     if not spans:
         spans = [(float("-inf"), float("inf"))]
@@ -131,18 +133,22 @@ def _inside_steps(events: list[Any], trace: Trace) -> list[Any]:
     return out
 
 
-def _device_correlations(trace: Trace) -> set[Any]:
-    return {event.correlation for event in trace.device_events if event.correlation is not None}
+def _device_correlations(trace: Trace) -> np.ndarray:
+    """The correlation ids of the device activity (sorted, distinct)."""
+    correlation = trace.columns("device_events").correlation
+    return np.unique(correlation[correlation != ABSENT])
 
 
 def _waits_for_the_device(ops: list[Any], trace: Trace) -> list[Any]:
     """The ``.item()``-like ops that really waited: a sync or a copy runtime call ran inside them (a CPU
     tensor's ``.item()`` makes none)."""
     by_thread: dict[Any, list[tuple[float, float]]] = {}
-    for runtime in trace.runtimes:
-        name = runtime.name or ""
-        if name.startswith(SYNC_RUNTIME) or "Memcpy" in name:
-            by_thread.setdefault(runtime.tid, []).append((runtime.ts, runtime.ts + runtime.dur))
+    if not ops:
+        return []
+    runtimes = trace.columns("runtimes")
+    for runtime in runtimes.take(runtimes.name_mask(lambda name: (name or "").startswith(SYNC_RUNTIME)
+                                                    or "Memcpy" in (name or ""))):
+        by_thread.setdefault(runtime.tid, []).append((runtime.ts, runtime.ts + runtime.dur))
     for calls in by_thread.values():
         calls.sort()
     out = []
@@ -173,6 +179,8 @@ def _outermost(events: list[Any]) -> list[Any]:
 
 def _python_call_sites(ops: list[Any], frames: list[Any]) -> dict[str, int]:
     """Innermost user (non-torch) Python frame around each op, from ``python_function`` events (with_stack)."""
+    if not ops:
+        return {}
     by_thread: dict[Any, list[Any]] = {}
     for frame in frames:
         by_thread.setdefault(frame.tid, []).append(frame)
@@ -219,7 +227,7 @@ def is_compilation(name: str) -> bool:
 
 def compilation(trace: Trace) -> dict[str, bool]:
     """Whether a ``torch.compile``d region ran and whether compilation itself fell in the window."""
-    names = {e.name or "" for e in trace.python + trace.annotations + trace.cpu_ops}
+    names = {name or "" for kind in ("python", "annotations", "cpu_ops") for name in trace.names(kind, "")}
     return {
         "compiled_region": any(marker in name for name in names for marker in COMPILED_REGION_MARKERS),
         "compiling_in_window": any(is_compilation(name) for name in names),
@@ -251,12 +259,13 @@ def unrecorded_waits(trace: Trace) -> dict[str, Any]:
     cached = trace.__dict__.get("_unrecorded")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    names = trace.names("runtimes", WAITING_CALLS)
-    waits = sorted((call for call in trace.runtimes if call.name in names and call.dur >= UNRECORDED_MIN_US),
-                   key=lambda call: call.ts)
+    runtimes = trace.columns("runtimes")
+    waits = sorted(runtimes.take(runtimes.named(trace.names("runtimes", WAITING_CALLS))
+                                 & (runtimes.dur >= UNRECORDED_MIN_US)), key=lambda call: call.ts)
     found: dict[str, Any] = {}
     if waits:
-        busy = spans.union(spans.of_events(trace.device_events))
+        device = trace.columns("device_events")
+        busy = spans.union((device.ts, device.end))
         starts, ends = busy
         parts, wait_us, device_us = [], 0.0, 0.0
         for call in waits:
@@ -311,8 +320,9 @@ def sync_tails(trace: Trace) -> dict[str, Any]:
     cached = trace.__dict__.get("_sync_tails")
     if cached is not None:
         return cached  # type: ignore[no-any-return]
-    names = {name for name in {e.name for e in trace.python} if name and is_sync_frame(name)}
-    frames = [e for e in trace.python if e.name in names and e.dur >= UNRECORDED_MIN_US]
+    python = trace.columns("python")
+    names = {name for name in trace.names("python", "") if name and is_sync_frame(name)}
+    frames = python.take(python.named(names) & (python.dur >= UNRECORDED_MIN_US)) if names else []
     found: dict[str, Any] = {}
     if frames:
         waits = trace.names("runtimes", WAITING_CALLS)
@@ -351,10 +361,10 @@ def sync_tail_section(trace: Trace) -> dict[str, Any]:
     ``device_us`` (busy, all devices' activity as one union), ``device_span_us`` (its first start to its last end)
     and ``device_busy_share`` (their ratio). Empty when there is none."""
     found = {key: value for key, value in sync_tails(trace).items() if key != "spans"}
-    device = trace.device_events
-    if found and device:
-        first, last = min(e.ts for e in device), max(e.ts + e.dur for e in device)
-        busy, span = spans.measure(spans.union(spans.of_events(device)), [(first, last)]), last - first
+    device = trace.columns("device_events")
+    if found and len(device):
+        first, last = float(device.ts.min()), float(device.end.max())
+        busy, span = spans.measure(spans.union((device.ts, device.end)), [(first, last)]), last - first
         found.update(device_us=busy, device_span_us=span, device_busy_share=round(busy / span, 4) if span else None)
     return found
 

@@ -18,14 +18,15 @@
 
 from __future__ import annotations
 
-import bisect
-import statistics
 from typing import Any
 
+import numpy as np
+
 from perfhooks.analysis import ranges, spans
+from perfhooks.analysis.columns import ABSENT
 from perfhooks.analysis.host import is_compilation, unrecorded_spans
-from perfhooks.analysis.kernels import startup_calls
-from perfhooks.analysis.trace import Event, Trace
+from perfhooks.analysis.kernels import launch_gaps, startup_calls
+from perfhooks.analysis.trace import Trace
 
 #: Runtime calls that set a captured graph up, or load code: one-time work of any length (CUDA, the driver, HIP).
 SETUP_ANY_LENGTH = ("cudaGraphInstantiate", "cuGraphInstantiate", "hipGraphInstantiate", "cudaGraphUpload",
@@ -63,8 +64,9 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
     """Each stream capture's span (begin call's start to end call's end, µs), paired per host thread."""
     open_at: dict[Any, float] = {}
     out: list[ranges.Span] = []
-    captures = trace.names("runtimes", BEGIN_CAPTURE + END_CAPTURE)
-    for call in sorted((c for c in trace.runtimes if c.name in captures), key=lambda c: c.ts):
+    runtimes = trace.columns("runtimes")
+    for call in sorted(runtimes.take(runtimes.named(trace.names("runtimes", BEGIN_CAPTURE + END_CAPTURE))),
+                       key=lambda c: c.ts):
         thread = (call.pid, call.tid)
         if (call.name or "").startswith(BEGIN_CAPTURE):
             open_at.setdefault(thread, call.ts)
@@ -76,8 +78,10 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
 def setup_spans(trace: Trace, capturing: bool = False) -> list[ranges.Span]:
     """Spans (µs) of graph instantiation and upload and of module loads (:data:`SETUP_ANY_LENGTH`), and, in a
     window that captures graphs (``capturing``), of allocations (:data:`GRAPH_ALLOCATIONS`), merged."""
-    setup = trace.names("runtimes", SETUP_ANY_LENGTH + (GRAPH_ALLOCATIONS if capturing else ()))
-    return ranges.merge((c.ts, c.ts + c.dur) for c in trace.runtimes if c.name in setup and c.dur > 0)
+    runtimes = trace.columns("runtimes")
+    rows = runtimes.named(trace.names("runtimes", SETUP_ANY_LENGTH + (GRAPH_ALLOCATIONS if capturing else ()))) & (
+        runtimes.dur > 0)
+    return ranges.merge(zip(runtimes.ts[rows].tolist(), runtimes.end[rows].tolist(), strict=True))
 
 
 def graph_runtime_share(trace: Trace, captures: list[ranges.Span], setup: list[ranges.Span]) -> float:
@@ -95,26 +99,32 @@ def first_call_spans(trace: Trace) -> list[ranges.Span]:
     """Spans (µs) of first-call work spread over many short calls: operators making at least
     :data:`FIRST_CALL_QUERIES` kernel-attribute queries, and kernels' first launches past
     :data:`LAZY_LOAD_US` and :data:`LAZY_LOAD_RATIO` times the median launch."""
-    query_names = trace.names("runtimes", QUERY_CALLS)
-    queries = sorted(c.ts for c in trace.runtimes if c.name in query_names)
+    runtimes, ops = trace.columns("runtimes"), trace.columns("cpu_ops")
+    queries = np.sort(runtimes.ts[runtimes.named(trace.names("runtimes", QUERY_CALLS))])
     out: list[ranges.Span] = []
-    if len(queries) >= FIRST_CALL_QUERIES:
-        for op in trace.cpu_ops:
-            inside = bisect.bisect_left(queries, op.ts + op.dur) - bisect.bisect_left(queries, op.ts)
-            if inside >= FIRST_CALL_QUERIES:
-                out.append((op.ts, op.ts + op.dur))
-    launches = [c for c in trace.runtimes if "LaunchKernel" in (c.name or "")]
-    if launches:
-        bound = max(LAZY_LOAD_US, LAZY_LOAD_RATIO * statistics.median(c.dur for c in launches))
-        names = {k.correlation: k.name for k in trace.kernels if k.correlation is not None}
-        seen: set[str] = set()
-        for call in sorted(launches, key=lambda c: c.ts):
-            name = names.get(call.correlation)
-            if name is None or name in seen:
-                continue
-            seen.add(name)
-            if call.dur >= bound:
-                out.append((call.ts, call.ts + call.dur))
+    if queries.size >= FIRST_CALL_QUERIES:
+        inside = np.searchsorted(queries, ops.end) - np.searchsorted(queries, ops.ts)
+        rows = inside >= FIRST_CALL_QUERIES
+        out += zip(ops.ts[rows].tolist(), ops.end[rows].tolist(), strict=True)
+    launches = np.flatnonzero(runtimes.name_mask(lambda name: "LaunchKernel" in (name or "")))
+    if launches.size:
+        bound = max(LAZY_LOAD_US, LAZY_LOAD_RATIO * float(np.median(runtimes.dur[launches])))
+        launches = launches[np.argsort(runtimes.ts[launches], kind="stable")]
+        # the name of the kernel each launch launched (the last kernel of a correlation id, as a dict keeps it)
+        kernels = trace.columns("kernels")
+        has = np.flatnonzero(kernels.correlation != ABSENT)[::-1]
+        ids, last = np.unique(kernels.correlation[has], return_index=True)
+        names = kernels.name[has[last]]
+        if ids.size:
+            slot = np.minimum(np.searchsorted(ids, runtimes.correlation[launches]), ids.size - 1)
+            found = ids[slot] == runtimes.correlation[launches]
+            launches, name = launches[found], names[slot[found]]
+            named = np.asarray([n is not None for n in kernels.names] or [False], dtype=bool)[name]
+            launches, name = launches[named], name[named]
+            _, first = np.unique(name, return_index=True)  # each kernel's first launch
+            first = np.sort(first)
+            slow = first[runtimes.dur[launches[first]] >= bound]
+            out += zip(runtimes.ts[launches[slow]].tolist(), runtimes.end[launches[slow]].tolist(), strict=True)
     return ranges.merge(out)
 
 
@@ -155,8 +165,9 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
     utilization = None
     mostly = excluded >= MOSTLY_NOT_STEADY * length
     if device is not None and steady_us >= MIN_STEADY_SHARE * length and not mostly:
-        kernels = [k for k in trace.kernels if k.device == device]
-        utilization = spans.measure(spans.union(spans.of_events(kernels)), steady) / steady_us
+        kernels = trace.columns("kernels")
+        rows = kernels.device == device
+        utilization = spans.measure(spans.union((kernels.ts[rows], kernels.end[rows])), steady) / steady_us
     return {"excluded_us": excluded, "excluded_share": excluded / length, "captures": len(captures),
             "capture_us": ranges.total(captures), "compile_us": ranges.total(ranges.merge(compiling)),
             "first_call_us": ranges.total(ranges.merge(first_calls)), "setup_us": ranges.total(ranges.merge(setup)),
@@ -173,27 +184,22 @@ def device_queueing(trace: Trace, window: list[ranges.Span], device: int | None)
     if device is None or not window:
         return {}
     low, high = window[0][0], window[-1][1]
-    kernels = [k for k in trace.kernels if k.device == device and low <= k.ts < high]
-    if not kernels:
+    columns = trace.columns("kernels")
+    rows = (columns.device == device) & (columns.ts >= low) & (columns.ts < high)
+    if not rows.any():
         return {}
-    first = min(k.ts for k in kernels)
+    first = float(columns.ts[rows].min())
     lead = sum(max(0.0, min(end, first) - start) for start, end in window)
-    busy_spans = spans.union(spans.of_events(kernels))
+    busy_spans = spans.union((columns.ts[rows], columns.end[rows]))
     idle = ranges.total(window) - spans.measure(busy_spans, window)
     if not idle or lead < QUEUED_LEAD_OF_IDLE * idle:  # the common case, decided before the costlier figures
         return {}
-    last = max(k.ts + k.dur for k in kernels)
+    last = float(columns.end[rows].max())
     busy = spans.measure(busy_spans, [(first, last)])
-    gaps = _launch_gaps(trace, kernels)
-    if last <= first or not gaps:
+    gaps = launch_gaps(trace, rows)
+    if last <= first or not gaps.size:
         return {}
-    median_gap = statistics.median(gaps)
+    median_gap = float(np.median(gaps))
     if busy / (last - first) < QUEUED_BUSY or median_gap < QUEUED_LEAD_OF_IDLE * lead:
         return {}
     return {"lead_us": lead, "busy_share": busy / (last - first), "median_launch_to_start_us": median_gap}
-
-
-def _launch_gaps(trace: Trace, kernels: list[Event]) -> list[float]:
-    launches = trace.launch_ts
-    return [k.ts - launches[k.correlation] for k in kernels if k.correlation in launches]
-

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from perfhooks.analysis import ranges, spans
+from perfhooks.analysis.kernels import launch_times
 from perfhooks.analysis.overview import role_spans
 from perfhooks.analysis.trace import Trace
 
@@ -32,33 +35,33 @@ def idle_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:
     - ``kernel_wait``: it had, and the gap was at most ``KERNEL_WAIT_MAX_US`` (launch latency, dependencies);
     - ``other``: longer gaps with work already queued (synchronization, events, other streams).
     """
-    launches = trace.launch_ts
-    device = trace.device_events
-    if not device or not window:
+    device = trace.columns("device_events")
+    if not len(device) or not window:
         return {}
-    w = 0  # gaps come in time order: walk the window once
-    host = kernel = other = 0.0
-    busy_until = device[0].ts + device[0].dur
-    for event in device[1:]:
-        start = event.ts
-        if start > busy_until:
-            while w < len(window) and window[w][1] <= busy_until:
-                w += 1
-            gap = 0.0
-            k = w
-            while k < len(window) and window[k][0] < start:
-                gap += min(start, window[k][1]) - max(busy_until, window[k][0])
-                k += 1
-            if gap > 0:
-                launched = launches.get(event.correlation)
-                if launched is not None and launched >= busy_until:
-                    host += gap
-                elif gap <= KERNEL_WAIT_MAX_US:
-                    kernel += gap
-                else:
-                    other += gap
-        busy_until = max(busy_until, start + event.dur)
+    # each gap: from the end of all the work before an event (the latest end so far) to its start
+    busy_until = np.maximum.accumulate(device.end)[:-1]
+    starts = device.ts[1:]
+    gaps = np.flatnonzero(starts > busy_until)
+    low, high = busy_until[gaps], starts[gaps]
+    gap = _inside(high, window) - _inside(low, window)
+    counted = gap > 0
+    gaps, low, gap = gaps[counted], low[counted], gap[counted]
+    launched = launch_times(trace, device.correlation[gaps + 1])
+    host_wait = launched >= low  # NaN (no launch recorded) compares False
+    kernel_wait = ~host_wait & (gap <= KERNEL_WAIT_MAX_US)
+    host, kernel = float(gap[host_wait].sum()), float(gap[kernel_wait].sum())
+    other = float(gap[~host_wait & ~kernel_wait].sum())
     idle = host + kernel + other
     if not idle:
         return {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0, "idle_us": 0.0}
     return {"host_wait": host / idle, "kernel_wait": kernel / idle, "other": other / idle, "idle_us": idle}
+
+
+def _inside(times: np.ndarray, window: list[ranges.Span]) -> np.ndarray:
+    """For each time, how much of the (sorted, disjoint) window lies before it (µs)."""
+    lows = np.fromiter((low for low, _ in window), dtype=np.float64, count=len(window))
+    highs = np.fromiter((high for _, high in window), dtype=np.float64, count=len(window))
+    before = np.concatenate(([0.0], np.cumsum(highs - lows)))
+    index = np.searchsorted(lows, times, side="right") - 1
+    clipped = np.clip(times - lows[np.maximum(index, 0)], 0.0, (highs - lows)[np.maximum(index, 0)])
+    return np.where(index >= 0, before[np.maximum(index, 0)] + clipped, 0.0)

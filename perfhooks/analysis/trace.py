@@ -19,13 +19,14 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from functools import cached_property
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Union
 
 import msgspec
 import numpy as np
 
-from perfhooks.analysis.columns import ABSENT, Columns
+from perfhooks.analysis.columns import ABSENT, Columns, _codes
 from perfhooks.files.json_chunks import INFLATE, INFLATE_ERROR, InvalidText, MoreMembers, split_array, text_blocks
 
 try:  # the fallback parse: faster than the standard library
@@ -189,7 +190,8 @@ class Event(msgspec.Struct, frozen=True, gc=False, tag_field="ph", tag="X"):
 
 #: Every other Chrome trace phase decodes to an empty struct: flows, instants, counters and metadata
 #: (often half of a trace's events) then cost a few bytes each. An unknown phase takes the fallback path.
-_OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase_{ord(tag)}", [], tag_field="ph", tag=tag, frozen=True, gc=False)
+_OTHER_PHASES = tuple(msgspec.defstruct(f"_Phase_{ord(tag)}", [], tag_field="ph", tag=tag, frozen=True, gc=False,
+                                        namespace={"cat": None, "name": None, "ts": None, "dur": None})
                       for tag in "BEiICbnestfPNODMVvRc")
 _AnyEvent = Union[(Event, *_OTHER_PHASES)]
 
@@ -277,8 +279,13 @@ class Trace:
         if found is None:
             distinct = cache.get(kind)
             if distinct is None:
-                distinct = cache[kind] = frozenset(self.columns(kind).names if kind in _COLUMN_KINDS
-                                                   else {event.name for event in getattr(self, kind)})
+                seeded = kind in _COLUMN_KINDS or kind in self.__dict__.get("_columns", {})
+                if seeded:  # the names present in the kind (its code table may be shared with other kinds)
+                    columns = self.columns(kind)
+                    distinct = frozenset(columns.names[code] for code in np.unique(columns.name).tolist())
+                else:
+                    distinct = frozenset({event.name for event in getattr(self, kind)})
+                cache[kind] = distinct
             found = cache[key] = frozenset(name for name in distinct if name and name.startswith(prefixes))
         return found
 
@@ -694,58 +701,85 @@ def _convert_fields(raw: dict[str, Any]) -> tuple[Event, int]:
     return _to_event(kept), lost
 
 
+_CAT, _NAME, _TS, _DUR = (attrgetter(field) for field in ("cat", "name", "ts", "dur"))
+#: The kinds' lists on a :class:`Trace`, by kind.
+_LISTS = {KERNEL: "kernels", MEMCPY: "memcpys", MEMSET: "memsets", RUNTIME: "runtimes", CPU_OP: "cpu_ops",
+          ANNOTATION: "annotations", GPU_ANNOTATION: "gpu_annotations", PYTHON: "python", SYNC: "syncs"}
+
+
+def _times(events: list[Any], field: Any) -> np.ndarray:
+    """A time field of every event as floats, NaN where it has none."""
+    values = list(map(field, events))
+    try:
+        return np.array(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        return np.fromiter((np.nan if type(v) not in (int, float) else v for v in values), dtype=np.float64,
+                           count=len(values))
+
+
 def _sort_events(trace: Trace, events: list[Event]) -> Trace:
-    """Complete events by kind, in one pass; ``ProfilerStep#N`` spans go to ``trace.steps``."""
+    """Complete events by kind, over columns of the whole list (their category, name, start and duration, which
+    the kinds' :class:`Columns` then start from); ``ProfilerStep#N`` spans go to ``trace.steps``."""
     path = trace.path
     if not trace.events:
         trace.warnings.append("the trace has no events")
-    buckets = {KERNEL: trace.kernels, MEMCPY: trace.memcpys, MEMSET: trace.memsets, RUNTIME: trace.runtimes,
-               CPU_OP: trace.cpu_ops, ANNOTATION: trace.annotations, GPU_ANNOTATION: trace.gpu_annotations,
-               PYTHON: trace.python, SYNC: trace.syncs}
-    # per category, the bucket's append (one lookup an event), and the categories whose events may be steps
-    appends = {cat: buckets[kind].append for cat, kind in CATEGORIES.items()}
-    step_categories = frozenset(cat for cat, kind in CATEGORIES.items() if kind in (CPU_OP, ANNOTATION))
-    unmodeled: dict[str, int] = {}
-    skipped = 0
-    implausible: list[Event] = []
+    category, categories = _codes(list(map(_CAT, events)))
+    kind_of = [CATEGORIES.get(cat) if cat is not None else None for cat in categories]
+    kinds = list(_LISTS)
+    kind = np.asarray([kinds.index(k) if k is not None else -1 for k in kind_of] or [-1], dtype=np.int64)[category]
+    modeled = kind >= 0
+    # from here on, the events of the categories perfhooks models (flows, metadata and counters are left)
+    source = events
+    events = [source[i] for i in np.flatnonzero(modeled).tolist()]
+    kind = kind[modeled]
+    name, names = _codes(list(map(_NAME, events)))
+    ts, dur = _times(events, _TS), _times(events, _DUR)
+    usable = ~np.isnan(ts) & ~np.isnan(dur) & (dur >= 0)
+    skipped = int(np.count_nonzero(~usable))
+    with np.errstate(invalid="ignore"):
+        corrupt = usable & ((ts >= 2.0**63) | (dur >= 2.0**63) | (ts <= -(2.0**63)))
+    if corrupt.any():
+        # JSON parsers read integers past 64 bits as floats instead of failing; times that large are corrupt
+        raise TraceError(f"{path}: integer beyond int64 (ts/dur of {events[int(np.argmax(corrupt))].name!r})")
+    step_names = np.asarray([isinstance(n, str) and n.startswith(STEP_PREFIX) and n[len(STEP_PREFIX):].isdigit()
+                             for n in names] or [False], dtype=bool)[name]
+    step_kinds = (kind == kinds.index(CPU_OP)) | (kind == kinds.index(ANNOTATION))
+    is_step = usable & step_names & step_kinds
     steps = trace.steps
-    for event in events:
-        if type(event) is not Event:
+    for row in np.flatnonzero(is_step).tolist():
+        event = events[row]
+        steps.append((int(event.name[len(STEP_PREFIX):]), event.ts, event.ts + event.dur))
+    sorted_rows = usable & ~is_step
+    columns = trace.__dict__.setdefault("_columns", {})
+    for index, kind_name in enumerate(kinds):
+        rows = np.flatnonzero(sorted_rows & (kind == index))
+        if not rows.size:
             continue
-        cat = event.cat
-        append = appends.get(cat)  # type: ignore[arg-type]
-        if append is None:
-            if cat not in IGNORED_CATEGORIES:
-                unmodeled[str(cat)] = unmodeled.get(str(cat), 0) + 1
-            continue
-        ts, dur = event.ts, event.dur
-        if ts is None or dur is None or dur < 0:
-            skipped += 1
-            continue
-        if ts > _INT64_MAX or dur > _INT64_MAX or ts < -_INT64_MAX:
-            # JSON parsers read integers past 64 bits as floats instead of failing; times that large are corrupt
-            raise TraceError(f"{path}: integer beyond int64 (ts/dur of {event.name!r})")
-        if dur > IMPLAUSIBLE_US:
-            implausible.append(event)
-        if cat in step_categories:
-            name = event.name
-            if name is not None and name.startswith(STEP_PREFIX):
-                number = name[len(STEP_PREFIX):]
-                if number.isdigit():
-                    steps.append((int(number), ts, ts + dur))
-                    continue
-        append(event)
+        listed = [events[i] for i in rows.tolist()]
+        attribute = _LISTS[kind_name]
+        getattr(trace, attribute).extend(listed)
+        columns[attribute] = Columns(getattr(trace, attribute), ts=ts[rows], dur=dur[rows],
+                                     name=(name[rows], names))
+    unknown = [cat for cat, k in zip(categories, kind_of, strict=True) if k is None]
+    if unknown:
+        counts = np.bincount(category[~modeled], minlength=len(categories))
+        unmodeled = {str(cat): int(counts[code]) for code, cat in enumerate(categories)
+                     if kind_of[code] is None and cat not in IGNORED_CATEGORIES and counts[code]}
+    else:
+        unmodeled = {}
     if skipped:
         trace.warnings.append(f"{skipped} events without a numeric ts/dur were skipped")
     if unmodeled:
         trace.unmodeled = dict(sorted(unmodeled.items(), key=lambda item: -item[1]))
-        listed = ", ".join(f"{cat} ({count})" for cat, count in trace.unmodeled.items())
+        listed_cats = ", ".join(f"{cat} ({count})" for cat, count in trace.unmodeled.items())
         trace.warnings.append(f"{sum(unmodeled.values())} events of categories perfhooks does not model were left "
-                              f"out of every figure: {listed}")
-    if implausible:
-        longest = max(implausible, key=lambda event: event.dur)  # type: ignore[arg-type,return-value]
+                              f"out of every figure: {listed_cats}")
+    implausible = usable & (dur > IMPLAUSIBLE_US)
+    if implausible.any():
+        rows = np.flatnonzero(implausible)
+        longest = events[int(rows[np.argmax(dur[rows])])]
         trace.warnings.append(
-            f"{len(implausible)} events last longer than {IMPLAUSIBLE_US / 3.6e9:.0f} h (the longest, "
+            f"{rows.size} events last longer than {IMPLAUSIBLE_US / 3.6e9:.0f} h (the longest, "
             f"{longest.name!r}, {longest.dur / 1e6:.3g} s): their timestamps are corrupt, and every figure "
             f"over the time they cover is wrong")
     steps.sort(key=lambda step: step[1])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from perfhooks.analysis import ranges, spans
-from perfhooks.analysis.overview import communication_ids, is_communication_kernel, role_spans
+from perfhooks.analysis.overview import communication_kernels, role_spans
 from perfhooks.analysis.trace import Trace
 
 DIRECTIONS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
@@ -42,12 +44,12 @@ def communication_summary(trace: Trace, window: list[ranges.Span]) -> dict[str, 
     if not length:
         return {}
     roles = role_spans(trace)
-    comm_ids = communication_ids(trace)
-    libraries = set()
-    for kernel in trace.kernels:
-        if is_communication_kernel(kernel, comm_ids):
-            libraries.add("rccl" if "rccl" in (kernel.name or "").lower() else "nccl")
-    gloo = [op for op in trace.cpu_ops + trace.annotations if (op.name or "").startswith("gloo:")]
+    kernels = trace.columns("kernels")
+    libraries = {"rccl" if "rccl" in (kernels.names[code] or "").lower() else "nccl"
+                 for code in np.unique(kernels.name[communication_kernels(trace)]).tolist()}
+    ops = trace.columns("cpu_ops")
+    gloo = ops.take(ops.named(trace.names("cpu_ops", "gloo:"))) + [
+        op for op in trace.annotations if (op.name or "").startswith("gloo:")]
     if gloo:
         libraries.add("gloo")
     comm = spans.union(spans.concat(roles["communication"], spans.of_events(gloo)))
@@ -64,4 +66,4 @@ def communication_summary(trace: Trace, window: list[ranges.Span]) -> dict[str, 
 def _has_backward(trace: Trace) -> bool:
     """Whether the window ran autograd's backward (its engine's ``evaluate_function`` ops): without one, the
     collectives are not a gradient all-reduce (tensor or pipeline parallel forward, inference)."""
-    return any((op.name or "").startswith("autograd::engine::evaluate_function") for op in trace.cpu_ops)
+    return bool(trace.names("cpu_ops", "autograd::engine::evaluate_function"))
