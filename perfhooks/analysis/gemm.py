@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from perfhooks.analysis.columns import ABSENT
 from perfhooks.analysis.kernels import TF32_KERNEL
 from perfhooks.analysis.peaks import find_peak
 from perfhooks.analysis.trace import Trace
@@ -45,15 +48,17 @@ def gemm_flops(name: str, dims: Any) -> float | None:
 def gemm_efficiency(trace: Trace) -> dict[str, Any]:
     """``{gemms, flops, device_us, achieved_tflops, device, top: [...]}`` plus, where the device's peak for the
     GEMMs' dtype is known, ``peak_tflops`` and ``efficiency`` (0..1); empty when no GEMM launched a kernel."""
+    ops, all_kernels = trace.columns("cpu_ops"), trace.columns("kernels")
+    gemms = ops.named(GEMM_OPERANDS)
+    ids = ops.external_id[gemms]
     kernels_by_op: dict[Any, list[Any]] = {}
-    for event in trace.kernels:
-        if event.external_id is not None:
-            kernels_by_op.setdefault(event.external_id, []).append(event)
+    for event in all_kernels.take(np.isin(all_kernels.external_id, ids[ids != ABSENT])):
+        kernels_by_op.setdefault(event.external_id, []).append(event)
     groups: dict[tuple[str, str, str], list[float]] = {}
     devices: dict[Any, float] = {}
-    for op in trace.cpu_ops:
+    for op in ops.take(gemms):
         name = op.name or ""
-        kernels = kernels_by_op.get(op.external_id) if name in GEMM_OPERANDS else None
+        kernels = kernels_by_op.get(op.external_id)
         if not kernels:
             continue
         flops = gemm_flops(name, op.input_dims)

@@ -14,7 +14,7 @@ import numpy as np
 from perfhooks.analysis import ranges, spans
 from perfhooks.analysis.columns import ABSENT, Columns
 from perfhooks.analysis.operators import device_time_inside
-from perfhooks.analysis.overview import communication_kernels
+from perfhooks.analysis.overview import communication_kernels, launch_table
 from perfhooks.analysis.trace import Event, Trace
 
 #: Kernel-name fragments of Tensor Core (NVIDIA) and matrix-core (AMD MFMA) kernels. A family name alone
@@ -442,13 +442,7 @@ def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]
 def launch_times(trace: Trace, correlations: np.ndarray) -> np.ndarray:
     """The host time (µs) of the runtime call that launched each correlation id (the last such call, as
     :attr:`Trace.launch_ts`); NaN where none did."""
-    cached = trace.__dict__.get("_launch_table")
-    if cached is None:
-        runtimes = trace.columns("runtimes")
-        has = np.flatnonzero(runtimes.correlation != ABSENT)[::-1]  # the last call of a correlation wins
-        ids, first = np.unique(runtimes.correlation[has], return_index=True)
-        cached = trace.__dict__["_launch_table"] = (ids, runtimes.ts[has[first]])
-    ids, times = cached
+    ids, times = launch_table(trace)
     out = np.full(correlations.size, np.nan)
     if ids.size:
         slot = np.minimum(np.searchsorted(ids, correlations), ids.size - 1)

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import bisect
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -158,6 +157,27 @@ def _is_profiler_teardown(name: str) -> bool:
     return "torch/profiler/profiler.py(" in name and name.endswith(PROFILER_TEARDOWN)
 
 
+#: A set of host events as ``(starts, ends)`` arrays (µs).
+HostSpans = tuple[np.ndarray, np.ndarray]
+
+
+def _host_spans(trace: Trace) -> list[HostSpans]:
+    """The host events of a step-less window, by kind: operators, Python frames, annotations, and runtime calls
+    less synchronizations (all runtime calls where the trace has nothing else)."""
+    runtimes = trace.columns("runtimes")
+    calls = ~_synchronizations(trace)
+    host = [(c.ts, c.end) for c in (trace.columns("cpu_ops"), trace.columns("python"), trace.columns("annotations"))
+            if len(c)]
+    if calls.any():
+        host.append((runtimes.ts[calls], runtimes.end[calls]))
+    return host or [(runtimes.ts, runtimes.end)]
+
+
+def _synchronizations(trace: Trace) -> np.ndarray:
+    """Which runtime calls synchronize (:data:`~perfhooks.analysis.host.SYNC_RUNTIME`)."""
+    return trace.columns("runtimes").name_mask(lambda name: (name or "").startswith(SYNC_RUNTIME))
+
+
 def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
     """One step over the host events (the device side is added by the launches, as for any step), or over
     the device events when the trace has no host side."""
@@ -165,37 +185,42 @@ def _whole_trace_step(trace: Trace) -> list[tuple[int, float, float]]:
     if rule == "host_window":
         # a synchronization at either edge (the profiler's own at stop: torch.autograd.profiler's __exit__ calls
         # the device's synchronize()) waits for the window's work: it is not work of its own
-        runtimes = [r for r in trace.runtimes if not (r.name or "").startswith(SYNC_RUNTIME)]
-        host = [events for events in (trace.cpu_ops, trace.python, trace.annotations, runtimes) if events]
-        if not host:
-            host = [trace.runtimes]
+        host = _host_spans(trace)
         # the profiler's own stop (and what runs inside it: a synchronize, the trace's collection) is teardown,
         # not the window's work: recorded with stacks it can outlast the last kernel by most of a second
-        names = {name for name in {e.name for e in trace.python} if name and _is_profiler_teardown(name)}
-        teardown = [(e.ts, e.ts + e.dur) for e in trace.python if e.name in names] if names else []
-        if teardown:
-            first = min(lo for lo, _ in teardown)
-            kept = [[e for e in events if e.ts < first
-                     or not any(lo <= e.ts and e.ts + e.dur <= hi for lo, hi in teardown)] for events in host]
-            host = [events for events in kept if events] or host
-        start = activity_start(trace, runtimes) or min(e.ts for events in host for e in events)
-        return [(0, start, _teardown_cut(trace, host) or max(e.ts + e.dur for events in host for e in events))]
+        python = trace.columns("python")
+        teardown = python.name_mask(lambda name: bool(name) and _is_profiler_teardown(name)) if len(python) else None
+        if teardown is not None and teardown.any():
+            lows, highs = python.ts[teardown], python.end[teardown]
+            first = float(lows.min())
+            kept = []
+            for starts, ends in host:
+                inside = np.zeros(starts.size, dtype=bool)
+                for low, high in zip(lows.tolist(), highs.tolist(), strict=True):
+                    inside |= (starts >= low) & (ends <= high)
+                keep = (starts < first) | ~inside
+                if keep.any():
+                    kept.append((starts[keep], ends[keep]))
+            host = kept or host
+        start = activity_start(trace) or min(float(starts.min()) for starts, _ in host)
+        return [(0, start, _teardown_cut(trace, host) or max(float(ends.max()) for _, ends in host))]
     if rule == "device_only":
-        device = trace.device_events
-        return [(0, device[0].ts, max(e.ts + e.dur for e in device))]
+        device = trace.columns("device_events")
+        return [(0, float(device.ts[0]), float(device.end.max()))]
     return []
 
 
-def activity_start(trace: Trace, runtimes: list[Event] | None = None) -> float | None:
+def activity_start(trace: Trace) -> float | None:
     """Where a step-less window's activity starts: its first operator or runtime call (a synchronization left
     out; its first device activity where it has neither). Python frames and annotations before it (the
     profiler's start, a script's idle lead-in) are the capture's lead-in, not the program's work. None where
     there is none of those."""
-    if runtimes is None:
-        runtimes = [r for r in trace.runtimes if not (r.name or "").startswith(SYNC_RUNTIME)]
-    firsts = [min(e.ts for e in events) for events in (trace.cpu_ops, runtimes) if events]
-    if not firsts and trace.device_events:  # device work that starts before any host call was queued before it
-        firsts.append(trace.device_events[0].ts)
+    ops, runtimes = trace.columns("cpu_ops"), trace.columns("runtimes")
+    calls = runtimes.ts[~_synchronizations(trace)]
+    firsts = [float(times.min()) for times in (ops.ts, calls) if times.size]
+    device = trace.columns("device_events")
+    if not firsts and len(device):  # device work that starts before any host call was queued before it
+        firsts.append(float(device.ts[0]))
     return min(firsts) if firsts else None
 
 
@@ -204,32 +229,44 @@ def lead_in_us(trace: Trace) -> float:
     if step_rule(trace) != "host_window":
         return 0.0
     start = activity_start(trace)
-    host = [min(e.ts for e in events) for events in (trace.cpu_ops, trace.python, trace.annotations, trace.runtimes)
-            if events]
+    host = [float(trace.columns(kind).ts.min()) for kind in ("cpu_ops", "python", "annotations", "runtimes")
+            if getattr(trace, kind)]
     return max(0.0, start - min(host)) if start is not None and host else 0.0
 
 
-def _teardown_cut(trace: Trace, host: list[list[Event]]) -> float | None:
+def _teardown_cut(trace: Trace, host: list[HostSpans]) -> float | None:
     """The end of a step-less window whose host outlives its device work: its last device activity, or its host
     tail, whichever ends later. The tail is the host events that end before the first Python frame that starts
     after the last device activity and launches nothing (a ``synchronize`` that waits on an idle device, the
     profiler's exit): those frames, and the enclosing frames they stretch, are teardown. None where there is no
     such frame (the window's host end stands)."""
-    device = trace.device_events
-    if not device or not trace.python:
+    device = trace.columns("device_events")
+    python = trace.columns("python")
+    if not len(device) or not len(python):
         return None
-    device_end = max(e.ts + e.dur for e in device)
-    launches = sorted(trace.launch_ts.values())
-    cut = None
-    for frame in trace.python:
-        if frame.ts >= device_end and (cut is None or frame.ts < cut):
-            first_launch = bisect.bisect_left(launches, frame.ts)
-            if first_launch == len(launches) or launches[first_launch] > frame.ts + frame.dur:
-                cut = frame.ts
-    if cut is None:
+    device_end = float(device.end.max())
+    launches = np.sort(launch_table(trace)[1])
+    after = python.ts >= device_end
+    first_launch = np.searchsorted(launches, python.ts[after], side="left")
+    bare = first_launch == launches.size
+    bare[~bare] = launches[first_launch[~bare]] > python.end[after][~bare]
+    if not bare.any():
         return None
-    tail = [e.ts + e.dur for events in host for e in events if e.ts + e.dur <= cut]
+    cut = float(python.ts[after][bare].min())
+    tail = [float(ends[ends <= cut].max()) for _, ends in host if (ends <= cut).any()]
     return max([device_end, *tail])
+
+
+def launch_table(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """The correlation ids that runtime calls carry (sorted, distinct) and the host time (µs) of the last call
+    of each (what :attr:`Trace.launch_ts` holds); cached."""
+    cached = trace.__dict__.get("launch_table")
+    if cached is None:
+        runtimes = trace.columns("runtimes")
+        has = np.flatnonzero(runtimes.correlation != ABSENT)[::-1]  # the last call of a correlation wins
+        ids, first = np.unique(runtimes.correlation[has], return_index=True)
+        cached = trace.__dict__["launch_table"] = (ids, runtimes.ts[has[first]])
+    return cached
 
 
 def device_steps(trace: Trace) -> list[tuple[int, float, float]]:
