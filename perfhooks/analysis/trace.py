@@ -480,13 +480,13 @@ def _decode_in_pieces(path: str | Path) -> tuple[list[Any], _Document | None] | 
         array = start == b"["
         for last, piece in split_array(itertools.chain((first,), blocks), None if array else b"traceEvents"):
             if not last:
-                events += _own_raw_fields(_ARRAY_DECODER.decode(piece), piece)
+                events += _ARRAY_DECODER.decode(piece)
             elif array:
-                events += _own_raw_fields(_ARRAY_DECODER.decode(piece), piece)
+                events += _ARRAY_DECODER.decode(piece)
                 return events, None
             else:
                 document = _DECODER.decode(piece)
-                events += _own_raw_fields(document.traceEvents, piece)
+                events += document.traceEvents
                 document.traceEvents = []
                 return events, document
     except (OSError, EOFError, zlib.error, MoreMembers, InvalidText, msgspec.DecodeError, msgspec.ValidationError):
@@ -494,26 +494,6 @@ def _decode_in_pieces(path: str | Path) -> tuple[list[Any], _Document | None] | 
     finally:
         _SHARED.clear()  # the strings stay shared in this trace's events; the next trace starts its own table
     return None
-
-
-_RAW_FIELDS = ("input_dims_new", "input_dims_old", "input_type_raw", "concrete_inputs_raw", "call_stack_raw")
-_RAW_KEYS = (b'"Input Dims"', b'"Input dims"', b'"Input type"', b'"Concrete Inputs"', b'"Call stack"')
-_FORCE_SETATTR = msgspec.structs.force_setattr
-
-
-def _own_raw_fields(events: list[Any], piece: bytes | bytearray) -> list[Any]:
-    """``events`` with their raw fields (shapes, types, stacks) copied out of the piece they were decoded from: a
-    raw field is a view of its piece, and would keep the whole piece (half a MB of text) alive for a few bytes."""
-    if not any(key in piece for key in _RAW_KEYS):
-        return events
-    for event in events:
-        args = event.args if type(event) is Event else None
-        if args is not None and args is not _NO_ARGS:
-            for field in _RAW_FIELDS:
-                raw = getattr(args, field)
-                if raw:
-                    _FORCE_SETATTR(args, field, raw.copy())
-    return events
 
 
 def split_document(document: Any, path: str) -> list[Trace]:
