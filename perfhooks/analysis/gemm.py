@@ -56,15 +56,18 @@ def gemm_efficiency(trace: Trace) -> dict[str, Any]:
         kernels_by_op.setdefault(event.external_id, []).append(event)
     groups: dict[tuple[str, str, str], list[float]] = {}
     devices: dict[Any, float] = {}
+    dims_memo: dict[bytes, Any] = {}
+    types_memo: dict[bytes, Any] = {}
     for op in ops.take(gemms):
         name = op.name or ""
         kernels = kernels_by_op.get(op.external_id)
         if not kernels:
             continue
-        flops = gemm_flops(name, op.input_dims)
+        dims = op.input_dims_as(dims_memo)
+        flops = gemm_flops(name, dims)
         if flops is None:
             continue
-        types = op.a.input_type or []
+        types = op.input_type_as(types_memo) or []
         first = GEMM_OPERANDS[name][0]
         dtype = _DTYPES.get(str(types[first]).lower(), "unknown") if len(types) > first else "unknown"
         if dtype == "fp32" and all(TF32_KERNEL.search(k.name or "") for k in kernels):
@@ -72,7 +75,7 @@ def gemm_efficiency(trace: Trace) -> dict[str, Any]:
         device_us = sum(k.dur for k in kernels)
         for kernel in kernels:
             devices[kernel.device] = devices.get(kernel.device, 0.0) + kernel.dur
-        entry = groups.setdefault((name, str(op.input_dims), dtype), [0, 0.0, 0.0])
+        entry = groups.setdefault((name, str(dims), dtype), [0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += flops
         entry[2] += device_us

@@ -67,7 +67,7 @@ def host_synchronizations(trace: Trace, steps: int) -> dict[str, Any]:
             site = _user_frame(stack)
             sites[site] = sites.get(site, 0) + 1
     if not sites and trace.python:
-        sites = _python_call_sites([event for event in counted if event.name in SYNC_OPS], trace.python)
+        sites = _python_call_sites([event for event in counted if event.name in SYNC_OPS], trace)
     syncs = sum(counts.values())
     per_step = max(steps, 1)
     return {
@@ -177,25 +177,26 @@ def _outermost(events: list[Any]) -> list[Any]:
     return out
 
 
-def _python_call_sites(ops: list[Any], frames: list[Any]) -> dict[str, int]:
+def _python_call_sites(ops: list[Any], trace: Trace) -> dict[str, int]:
     """Innermost user (non-torch) Python frame around each op, from ``python_function`` events (with_stack)."""
     if not ops:
         return {}
-    by_thread: dict[Any, list[Any]] = {}
-    for frame in frames:
-        by_thread.setdefault(frame.tid, []).append(frame)
-    starts = {}
-    for tid, thread_frames in by_thread.items():
-        thread_frames.sort(key=lambda f: f.ts)
-        starts[tid] = [f.ts for f in thread_frames]
+    python = trace.columns("python")
+    tid, tids = python._get("tid")
+    order = np.lexsort((python.ts, tid))  # by thread, then start (equal starts in the trace's order)
+    bounds = np.searchsorted(tid[order], np.arange(len(tids) + 1), side="left").tolist()
+    starts, frames = python.ts[order], python.events
+    thread_of = {value: code for code, value in enumerate(tids)}
     sites: dict[str, int] = {}
     for op in ops:
-        thread_frames = by_thread.get(op.tid)
-        if not thread_frames:
+        code = thread_of.get(op.tid)
+        if code is None:
             continue
-        index = bisect.bisect_right(starts[op.tid], op.ts)
+        low, high = bounds[code], bounds[code + 1]
+        index = low + int(np.searchsorted(starts[low:high], op.ts, side="right"))
         best = None
-        for frame in reversed(thread_frames[max(0, index - 200):index]):  # nearest enclosing frames first
+        for row in reversed(order[max(low, index - 200):index].tolist()):  # nearest enclosing frames first
+            frame = frames[row]
             name = frame.name or ""
             if (frame.ts + frame.dur >= op.ts and "torch/" not in name and "site-packages" not in name
                     and not name.startswith("<built-in")):  # the call itself (".item"), not a place in the code
@@ -325,26 +326,32 @@ def sync_tails(trace: Trace) -> dict[str, Any]:
     frames = python.take(python.named(names) & (python.dur >= UNRECORDED_MIN_US)) if names else []
     found: dict[str, Any] = {}
     if frames:
-        waits = trace.names("runtimes", WAITING_CALLS)
-        calls = sorted((call.ts, call.ts + call.dur) for call in trace.runtimes if call.name in waits)
-        device_ends = sorted(e.ts + e.dur for e in trace.device_events)
-        others = sorted((e.ts, e.dur) for events in (trace.cpu_ops, trace.runtimes, trace.python) for e in events
-                        if e.name not in names)
-        starts = [ts for ts, _ in others]
+        runtimes = trace.columns("runtimes")
+        waiting = runtimes.named(trace.names("runtimes", WAITING_CALLS))
+        call_starts, call_ends = runtimes.ts[waiting], runtimes.end[waiting]
+        device_ends = np.sort(trace.columns("device_events").end)
+        # every other host event, by start (then length)
+        host = [trace.columns(kind) for kind in ("cpu_ops", "runtimes", "python")]
+        kept = [~c.named(names) for c in host]
+        starts = np.concatenate([c.ts[k] for c, k in zip(host, kept, strict=True)])
+        durations = np.concatenate([c.dur[k] for c, k in zip(host, kept, strict=True)])
+        order = np.lexsort((durations, starts))
+        starts, ends = starts[order], (starts + durations)[order]
         parts = []
         for frame in frames:
             start, end = frame.ts, frame.ts + frame.dur
-            inside = [call_end for call_start, call_end in calls if start <= call_start and call_end <= end]
-            if not inside:
+            inside = call_ends[(call_starts >= start) & (call_ends <= end)]
+            if not inside.size:
                 continue
-            done = max(inside)
-            last = bisect.bisect_right(device_ends, end) - 1
+            done = float(inside.max())
+            last = int(np.searchsorted(device_ends, end, side="right")) - 1
             if last >= 0 and device_ends[last] > done:
-                done = device_ends[last]
+                done = float(device_ends[last])
             tail = end - done
-            first = bisect.bisect_left(starts, start)  # the frame's own children and what starts after it
-            ran = sum(max(0.0, min(ts + dur, end) - max(ts, done))
-                      for ts, dur in others[first:bisect.bisect_left(starts, end, lo=first)])
+            first = int(np.searchsorted(starts, start, side="left"))  # the frame's own children and what follows
+            stop = max(first, int(np.searchsorted(starts, end, side="left")))
+            overlap = np.minimum(ends[first:stop], end) - np.maximum(starts[first:stop], done)
+            ran = float(overlap[overlap > 0].sum())
             if ran > BOOKKEEPING_SHARE * tail:
                 continue  # something ran after the call returned: not a bare tail
             if tail >= UNRECORDED_MIN_US and tail >= UNRECORDED_SHARE * frame.dur:

@@ -147,9 +147,10 @@ def _matmul_dtypes(trace: Trace) -> dict[Any, str]:
     """External id of each matmul/conv op -> its first input's dtype (lower case), where it was recorded."""
     found: dict[Any, str] = {}
     ops = trace.columns("cpu_ops")
+    memo: dict[bytes, Any] = {}
     for op in ops.take(ops.named(trace.names("cpu_ops", MATMUL_OPS)) & (ops.external_id != ABSENT)):
         if op.external_id is not None:
-            types = op.a.input_type
+            types = op.input_type_as(memo)
             if types:
                 found[op.external_id] = str(types[0]).lower()
     return found

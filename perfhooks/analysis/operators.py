@@ -98,10 +98,10 @@ def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
     rows = np.arange(device_time.size) if on_host else np.flatnonzero(device_time)
     ops = trace.cpu_ops
     groups: dict[tuple[str, str], list[float]] = {}
+    texts: dict[bytes, str] = {}
     for index, device in zip(rows.tolist(), device_time[rows].tolist(), strict=True):
         op = ops[index]
-        shapes = op.input_dims
-        key = (op.name or "?", str(shapes) if shapes else "")
+        key = (op.name or "?", op.input_dims_as(texts, _shapes_text))
         entry = groups.setdefault(key, [0, 0.0, 0.0, 0.0])
         entry[0] += 1
         entry[1] += device
@@ -113,6 +113,10 @@ def top_operators(trace: Trace, top: int = 10) -> list[dict[str, Any]]:
     return [{"name": name, "input_shapes": shapes, "count": count, "device_self_us": device, "host_us": host,
              "time_us": round(host_self, 3) if on_host else device}
             for (name, shapes), (count, device, host, host_self) in ranked]
+
+
+def _shapes_text(shapes: Any) -> str:
+    return str(shapes) if shapes else ""
 
 
 def host_self_times(ops: list[Any]) -> dict[int, float]:
@@ -143,8 +147,9 @@ def eligible_precision(trace: Trace) -> dict[str, float]:
     columns = trace.columns("cpu_ops")
     device_time = op_device_time(trace)
     rows = np.flatnonzero(columns.named(trace.names("cpu_ops", TENSOR_CORE_ELIGIBLE)) & (device_time != 0))
+    memo: dict[bytes, Any] = {}
     for op, device in zip(columns.take(rows), device_time[rows].tolist(), strict=True):
-        types = op.a.input_type or []
+        types = op.input_type_as(memo) or []
         if any(str(t) in HALF_TYPES for t in types):
             out["half"] += device
         elif any(str(t) in FP32_TYPES for t in types):
@@ -178,12 +183,14 @@ def misaligned_gemms(trace: Trace) -> list[dict[str, Any]]:
     rows = np.flatnonzero(columns.named(GEMM_OPERANDS))
     device_time = op_device_time(trace)[rows].tolist()
     found: dict[str, list[float]] = {}
+    types_memo: dict[bytes, Any] = {}
+    dims_memo: dict[bytes, Any] = {}
     for op, device in zip(columns.take(rows), device_time, strict=True):
         name = op.name or ""
-        types = [str(t) for t in op.a.input_type or []]
+        types = [str(t) for t in op.input_type_as(types_memo) or []]
         if not any(t in HALF_TYPES for t in types):
             continue
-        dims = op.input_dims or []
+        dims = op.input_dims_as(dims_memo) or []
         sizes = _inner_and_output(name, dims)
         if sizes is None or not any(isinstance(size, int) and size % 8 for size in sizes):
             continue

@@ -182,6 +182,25 @@ class Event(msgspec.Struct, frozen=True, gc=False, tag_field="ph", tag="X"):
         args = self.a
         return _decode_raw(args.input_dims_new if args.input_dims_new else args.input_dims_old)
 
+    def input_dims_as(self, memo: dict[bytes, Any], convert: Any = None) -> Any:
+        """:attr:`input_dims` (passed through ``convert``), decoded once per distinct text in ``memo``: ops with
+        the same shapes share the decoded (read-only) value."""
+        args = self.a
+        raw = args.input_dims_new if args.input_dims_new else args.input_dims_old
+        key = bytes(raw)
+        if key not in memo:
+            value = _decode_raw(raw)
+            memo[key] = convert(value) if convert is not None else value
+        return memo[key]
+
+    def input_type_as(self, memo: dict[bytes, Any]) -> list[Any] | None:
+        """``args.input_type``, decoded once per distinct text in ``memo`` (read-only)."""
+        raw = self.a.input_type_raw
+        key = bytes(raw)
+        if key not in memo:
+            memo[key] = _decode_raw(raw)
+        return memo[key]
+
 
     @property
     def ph(self) -> str:
