@@ -18,6 +18,8 @@ import numpy as np
 ABSENT = -(2**62)
 
 _TS, _DUR, _NAME, _CAT, _PID, _TID = (attrgetter(name) for name in ("ts", "dur", "name", "cat", "pid", "tid"))
+#: Numeric arguments read as float columns (:meth:`Columns.argument`).
+_FLOAT_ARGUMENTS = {name: attrgetter(f"args.{name}") for name in ("blocks_per_sm", "occupancy", "bytes")}
 _CORRELATION, _EXTERNAL_ID_NEW, _EXTERNAL_ID_OLD, _DEVICE = (
     attrgetter(f"args.{name}") for name in ("correlation", "external_id_new", "external_id_old", "device"))
 
@@ -78,6 +80,8 @@ class Columns:
             return device
         if field == "correlation":
             return self._args_ints(_CORRELATION, lambda a: a.correlation)
+        if field in _FLOAT_ARGUMENTS:
+            return self._args_floats(field)
         if field == "external_id":
             new = self._args_ints(_EXTERNAL_ID_NEW, lambda a: a.external_id_new)
             if (new == ABSENT).any():
@@ -93,6 +97,20 @@ class Columns:
             return np.fromiter(map(getter, events), dtype=np.int64, count=count)
         except (AttributeError, TypeError, ValueError, OverflowError):
             return _ints((None if event.args is None else slow(event.args) for event in events), count)
+
+    def _args_floats(self, field: str) -> np.ndarray:
+        """A numeric argument of every event as floats, NaN where absent or not a number."""
+        events = self.events
+        try:
+            return np.array(list(map(_FLOAT_ARGUMENTS[field], events)), dtype=np.float64)
+        except (AttributeError, TypeError, ValueError):
+            values = (getattr(event.args, field, None) if event.args is not None else None for event in events)
+            return np.fromiter((v if type(v) in (int, float) else np.nan for v in values), dtype=np.float64,
+                               count=len(events))
+
+    def argument(self, field: str) -> np.ndarray:
+        """A numeric argument (``blocks_per_sm``, ``occupancy``, ``bytes``) as floats, NaN where it has none."""
+        return self._get(field)
 
     ts = property(lambda self: self._get("ts"))
     dur = property(lambda self: self._get("dur"))

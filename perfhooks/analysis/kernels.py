@@ -124,13 +124,15 @@ def stream_breakdown(trace: Trace) -> list[dict[str, Any]]:
             entry[1] += event.dur
     else:
         tid, tids = device._get("tid")
-        keys, group = np.unique(np.stack((device.device, tid.astype(np.int64))), axis=1, return_inverse=True)
+        devices, device_code = np.unique(device.device, return_inverse=True)
+        keys, group = np.unique(device_code.ravel() * max(len(tids), 1) + tid, return_inverse=True)
         group = group.ravel()
-        counts = np.bincount(group, minlength=keys.shape[1])
-        sums = np.bincount(group, weights=device.dur, minlength=keys.shape[1])
+        counts = np.bincount(group, minlength=keys.size)
+        sums = np.bincount(group, weights=device.dur, minlength=keys.size)
         present, first = np.unique(group, return_index=True)
         for g in present[np.argsort(first, kind="stable")].tolist():
-            totals[(int(keys[0, g]), tids[keys[1, g]])] = [int(counts[g]), float(sums[g])]
+            code, stream = divmod(int(keys[g]), max(len(tids), 1))
+            totals[(int(devices[code]), tids[stream])] = [int(counts[g]), float(sums[g])]
     return [{"device": device, "stream": stream, "events": count, "busy_us": busy}
             for (device, stream), (count, busy) in sorted(totals.items(), key=lambda kv: -kv[1][1])]
 

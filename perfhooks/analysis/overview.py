@@ -402,28 +402,19 @@ def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) ->
         return
     kernels = trace.columns("kernels")
     comm = communication_kernels(trace)
-    args = None
     for device in sorted(set(kernels.device[kernels.device != ABSENT].tolist())):
         rows = kernels.device == device
         busy = spans.measure(spans.union((kernels.ts[rows], kernels.end[rows])), [(first, last)])
         overview.gpu_utilization[device] = busy / span
-        if args is None:
-            args = [event.a for event in kernels.events]
-        overview.sm_efficiency[device] = _sm_efficiency(kernels, rows, args, first, last)
+        overview.sm_efficiency[device] = _sm_efficiency(kernels, rows, first, last)
         # collectives run a few blocks by design (NCCL reports occupancy 0): the compute kernels' occupancy
-        overview.achieved_occupancy[device] = _occupancy(kernels, rows & ~comm, args, first, last)
+        overview.achieved_occupancy[device] = _occupancy(kernels, rows & ~comm, first, last)
 
 
-def _numbers(values: list[Any], rows: np.ndarray) -> np.ndarray:
-    """The values at ``rows`` as floats, NaN where a value is not a number."""
-    return np.fromiter((v if type(v) in (int, float) else np.nan for v in (values[i] for i in rows.tolist())),
-                       dtype=np.float64, count=rows.size)
-
-
-def _sm_efficiency(kernels: Columns, rows: np.ndarray, args: list[Any], first: float, last: float) -> float | None:
+def _sm_efficiency(kernels: Columns, rows: np.ndarray, first: float, last: float) -> float | None:
     """Σ over time of min(Σ blocks-per-SM of running kernels, 1), clipped to the steps, ÷ steps time."""
     rows = np.flatnonzero(rows)
-    blocks = _numbers([a.blocks_per_sm for a in args], rows) if rows.size else np.empty(0)
+    blocks = kernels.argument("blocks_per_sm")[rows]
     keep = blocks > 0
     if not keep.any():
         return None
@@ -441,9 +432,9 @@ def _sm_efficiency(kernels: Columns, rows: np.ndarray, args: list[Any], first: f
     return weighted / (last - first)
 
 
-def _occupancy(kernels: Columns, rows: np.ndarray, args: list[Any], first: float, last: float) -> float | None:
+def _occupancy(kernels: Columns, rows: np.ndarray, first: float, last: float) -> float | None:
     rows = np.flatnonzero(rows)
-    occupancy = _numbers([a.occupancy for a in args], rows) if rows.size else np.empty(0)
+    occupancy = kernels.argument("occupancy")[rows]
     starts, ends = np.maximum(kernels.ts[rows], first), np.minimum(kernels.end[rows], last)
     counted = (occupancy >= 0) & (ends > starts)
     time = float(np.sum(ends[counted] - starts[counted]))

@@ -15,19 +15,22 @@ DIRECTIONS = ("HtoD", "DtoH", "DtoD", "HtoH", "PtoP")
 
 def memcpy_summary(trace: Trace, steps: int) -> dict[str, Any]:
     """Per direction: count, bytes and µs per step; plus the pageable share of host-device copies."""
+    copies = trace.columns("memcpys")
+    directions = [next((d for d in DIRECTIONS if d in (name or "")), "other") for name in copies.names]
+    direction = np.asarray([*map(list(dict.fromkeys(directions)).index, directions)] or [0], dtype=np.int64)
+    direction = direction[copies.name]
+    table = list(dict.fromkeys(directions))
+    moved = np.nan_to_num(copies.argument("bytes"))  # a copy that does not say its bytes moved none
     by_direction: dict[str, list[float]] = {}
-    pageable_us = host_device_us = 0.0
-    for copy in trace.memcpys:
-        name = copy.name or ""
-        direction = next((d for d in DIRECTIONS if d in name), "other")
-        entry = by_direction.setdefault(direction, [0, 0.0, 0.0])
-        entry[0] += 1
-        entry[1] += copy.a.bytes or 0
-        entry[2] += copy.dur
-        if direction in ("HtoD", "DtoH"):
-            host_device_us += copy.dur
-            if "Pageable" in name:
-                pageable_us += copy.dur
+    present, first = np.unique(direction, return_index=True)
+    counts = np.bincount(direction, minlength=len(table))
+    sizes = np.bincount(direction, weights=moved, minlength=len(table))
+    times = np.bincount(direction, weights=copies.dur, minlength=len(table))
+    for code in present[np.argsort(first, kind="stable")].tolist():
+        by_direction[table[code]] = [int(counts[code]), float(sizes[code]), float(times[code])]
+    host_device = np.isin(direction, [table.index(d) for d in ("HtoD", "DtoH") if d in table])
+    pageable = host_device & copies.name_mask(lambda name: "Pageable" in (name or ""))
+    host_device_us, pageable_us = float(copies.dur[host_device].sum()), float(copies.dur[pageable].sum())
     per_step = max(steps, 1)
     return {
         "by_direction": {
