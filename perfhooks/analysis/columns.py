@@ -24,7 +24,7 @@ _CORRELATION, _EXTERNAL_ID_NEW, _EXTERNAL_ID_OLD, _DEVICE = (
     attrgetter(f"args.{name}") for name in ("correlation", "external_id_new", "external_id_old", "device"))
 
 
-def _codes(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
+def distinct_codes(values: list[Any]) -> tuple[np.ndarray, list[Any]]:
     """Each value's index in the list of distinct values (in first-seen order), and that list."""
     distinct = list(dict.fromkeys(values))
     index = {value: code for code, value in enumerate(distinct)}
@@ -41,7 +41,7 @@ class Columns:
     """One event list as arrays, each read from the events the first time it is asked for; ``events[i]`` is row
     ``i``. Fields: ``ts``, ``dur``, ``end`` (``ts + dur``), ``correlation``, ``external_id`` and ``device``
     (``args.device``, else the pid; :data:`ABSENT` where not an integer), and the codes ``name``, ``category`` and
-    ``thread`` (``(pid, tid)``) into the tables ``names``, ``categories`` and ``threads``."""
+    ``thread`` (``(pid, tid)``) and ``tid`` into the tables ``names``, ``categories``, ``threads`` and ``tids``."""
 
     def __init__(self, events: list[Any], **known: Any) -> None:
         """``known``: fields already read (arrays; ``(codes, table)`` for a coded one), kept as given."""
@@ -65,7 +65,7 @@ class Columns:
         if field == "end":
             return self.ts + self.dur
         if field in ("name", "category", "pid", "tid"):
-            return _codes(list(map({"name": _NAME, "category": _CAT, "pid": _PID, "tid": _TID}[field], events)))
+            return distinct_codes(list(map({"name": _NAME, "category": _CAT, "pid": _PID, "tid": _TID}[field], events)))
         if field == "thread":
             pid, pids = self._get("pid")
             tid, tids = self._get("tid")
@@ -122,6 +122,8 @@ class Columns:
     names = property(lambda self: self._get("name")[1])
     category = property(lambda self: self._get("category")[0])
     categories = property(lambda self: self._get("category")[1])
+    tid = property(lambda self: self._get("tid")[0])
+    tids = property(lambda self: self._get("tid")[1])
     thread = property(lambda self: self._get("thread")[0])
     threads = property(lambda self: self._get("thread")[1])
 

@@ -182,7 +182,7 @@ def _python_call_sites(ops: list[Any], trace: Trace) -> dict[str, int]:
     if not ops:
         return {}
     python = trace.columns("python")
-    tid, tids = python._get("tid")
+    tid, tids = python.tid, python.tids
     order = np.lexsort((python.ts, tid))  # by thread, then start (equal starts in the trace's order)
     bounds = np.searchsorted(tid[order], np.arange(len(tids) + 1), side="left").tolist()
     starts, frames = python.ts[order], python.events

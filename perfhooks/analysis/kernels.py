@@ -123,7 +123,7 @@ def stream_breakdown(trace: Trace) -> list[dict[str, Any]]:
             entry[0] += 1
             entry[1] += event.dur
     else:
-        tid, tids = device._get("tid")
+        tid, tids = device.tid, device.tids
         devices, device_code = np.unique(device.device, return_inverse=True)
         keys, group = np.unique(device_code.ravel() * max(len(tids), 1) + tid, return_inverse=True)
         group = group.ravel()

@@ -26,7 +26,7 @@ from typing import Any, Union
 import msgspec
 import numpy as np
 
-from perfhooks.analysis.columns import ABSENT, Columns, _codes
+from perfhooks.analysis.columns import ABSENT, Columns, distinct_codes
 from perfhooks.files.json_chunks import INFLATE, INFLATE_ERROR, InvalidText, MoreMembers, split_array, text_blocks
 
 try:  # the fallback parse: faster than the standard library
@@ -742,7 +742,7 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
     path = trace.path
     if not trace.events:
         trace.warnings.append("the trace has no events")
-    category, categories = _codes(list(map(_CAT, events)))
+    category, categories = distinct_codes(list(map(_CAT, events)))
     kind_of = [CATEGORIES.get(cat) if cat is not None else None for cat in categories]
     kinds = list(_LISTS)
     kind = np.asarray([kinds.index(k) if k is not None else -1 for k in kind_of] or [-1], dtype=np.int64)[category]
@@ -751,7 +751,7 @@ def _sort_events(trace: Trace, events: list[Event]) -> Trace:
     source = events
     events = [source[i] for i in np.flatnonzero(modeled).tolist()]
     kind = kind[modeled]
-    name, names = _codes(list(map(_NAME, events)))
+    name, names = distinct_codes(list(map(_NAME, events)))
     ts, dur = _times(events, _TS), _times(events, _DUR)
     usable = ~np.isnan(ts) & ~np.isnan(dur) & (dur >= 0)
     skipped = int(np.count_nonzero(~usable))
