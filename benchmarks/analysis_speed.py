@@ -1,6 +1,7 @@
 """Speed and memory of ``perfhooks analyze`` on real traces, next to the standard library and the peers.
 
     python benchmarks/analysis_speed.py [TRACE ...]     # default: the traces in tests/data/traces
+    python benchmarks/analysis_speed.py --ranks 8 [TRACE]   # a folder of 8 ranks: the cores against one process
 
 Per trace it prints:
 - the time of ``perfhooks analyze`` (read, gunzip, parse, every analyzer, diagnoses) ÷ the time of
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: The trace ``--ranks`` copies by default: one rank of a two-rank NCCL job (40k events).
+RANK_TRACE = REPO / "tests" / "data" / "traces" / "hta" / "a100_nccl_rank0_of2.json.gz"
 
 # VmHWM (the peak RSS of this address space) is reset by exec; ru_maxrss is not: it would carry the
 # parent's peak into the child.
@@ -142,6 +145,39 @@ def measure_trace(path: Path, peers: bool = False, peers_python: str | None = No
     return result
 
 
+def write_ranks(trace: Path, folder: Path, ranks: int) -> None:
+    document = json.loads(gzip.decompress(trace.read_bytes()) if trace.name.endswith(".gz") else trace.read_bytes())
+    for rank in range(ranks):
+        document["distributedInfo"] = {**(document.get("distributedInfo") or {}), "rank": rank, "world_size": ranks}
+        (folder / f"rank{rank}.trace.json.gz").write_bytes(gzip.compress(json.dumps(document).encode(), 1))
+
+
+def verdicts(report: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [(d.get("rule"), d.get("severity"), d.get("title"), d.get("ranks")) for d in report.get("diagnoses", [])]
+
+
+def measure_ranks(trace: Path, ranks: int, repeats: int) -> dict[str, Any]:
+    """``perfhooks analyze`` over a folder of ``ranks`` copies of ``trace`` (each saying its own rank), one process
+    against the machine's cores, interleaved ``repeats`` times (best kept): seconds, ratio, same verdicts."""
+    from perfhooks.offline.analyze import analyze_paths
+
+    with tempfile.TemporaryDirectory() as name:
+        folder = Path(name)
+        write_ranks(trace, folder, ranks)
+        times: dict[str, float] = {}
+        reports: dict[str, dict[str, Any]] = {}
+        for _ in range(repeats):  # interleaved, so that a slow spell of the machine weighs on both
+            for way, workers in (("serial", 1), ("parallel", None)):
+                start = time.perf_counter()
+                reports[way] = analyze_paths([folder], workers=workers)
+                elapsed = time.perf_counter() - start
+                times[way] = min(times.get(way, elapsed), elapsed)
+    return {"trace": trace.name, "ranks": ranks, "cores": os.cpu_count(), "serial_s": times["serial"],
+            "parallel_s": times["parallel"], "ratio": times["parallel"] / times["serial"],
+            "same_verdicts": verdicts(reports["serial"]) == verdicts(reports["parallel"]),
+            "verdicts": len(verdicts(reports["serial"]))}
+
+
 def format_row(r: dict[str, Any]) -> str:
     line = (f"{r['trace'][:46]:<46} {r['events']:>7} {r['json_bytes'] / 1e6:>5.1f} {r['json_loads_s']:>9.3f}s "
             f"{r['load_s']:>6.3f}s {r['analyze_s']:>6.3f}s {r['ratio_to_json_loads']:>6.2f} {r['rss_over_json']:>8.2f}")
@@ -165,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers-python", help="an interpreter with the peers installed (default: this one)")
     parser.add_argument("--peer-repeats", type=int, default=2, help="runs of each peer, the best kept (default 2)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--ranks", type=int, help="instead: a folder of this many copies of the (first) trace, "
+                        "one process against the cores (target: at most 0.6 of the serial time, same verdicts)")
     parser.add_argument("--peer", choices=("hta", "tb_plugin"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.peer:
@@ -172,6 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from perfhooks.device.describe import cpu_model
 
+    if args.ranks:
+        trace = args.traces[0] if args.traces else RANK_TRACE
+        r = measure_ranks(trace, args.ranks, 3)
+        print(f"machine: {cpu_model()}, {r['cores']} cores; {r['ranks']} ranks of {r['trace']}: serial "
+              f"{r['serial_s']:.3f}s parallel {r['parallel_s']:.3f}s ratio {r['ratio']:.2f}, same verdicts: "
+              f"{r['same_verdicts']} ({r['verdicts']} verdicts)")
+        return 0 if r["same_verdicts"] else 1
     traces = args.traces or sorted((REPO / "tests" / "data" / "traces").rglob("*.json.gz"))
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(HEADER)

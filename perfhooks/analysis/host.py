@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from perfhooks.analysis import ranges, spans
+from perfhooks.analysis import spans
 from perfhooks.analysis.columns import ABSENT
 from perfhooks.analysis.trace import Trace
 
@@ -116,19 +116,19 @@ def _inside_steps(events: list[Any], trace: Trace) -> list[Any]:
     """
     runtimes = trace.columns("runtimes")
     launches = np.sort(runtimes.ts[np.isin(runtimes.correlation, _device_correlations(trace))]).tolist()
-    spans = sorted((start, end) for _, start, end in trace.steps)
-    if not spans:
-        spans = [(float("-inf"), float("inf"))]
-    starts = [start for start, _ in spans]
+    steps = sorted((start, end) for _, start, end in trace.steps)
+    if not steps:
+        steps = [(float("-inf"), float("inf"))]
+    starts = [start for start, _ in steps]
     first_launch = []
-    for start, end in spans:
+    for start, end in steps:
         index = bisect.bisect_left(launches, start)
         # a step with no launch recorded (no runtime events in the trace): from its start
         first_launch.append(launches[index] if index < len(launches) and launches[index] < end else start)
     out = []
     for event in events:
         index = bisect.bisect_right(starts, event.ts) - 1
-        if index >= 0 and first_launch[index] <= event.ts < spans[index][1]:
+        if index >= 0 and first_launch[index] <= event.ts < steps[index][1]:
             out.append(event)
     return out
 
@@ -281,18 +281,18 @@ def unrecorded_waits(trace: Trace) -> dict[str, Any]:
                 wait_us += call.dur
                 device_us += recorded
         if parts:
-            merged = ranges.merge(parts)
+            merged = spans.merge(parts)
             found = {"syncs": len(parts), "wait_us": wait_us, "device_us": device_us,
-                     "unrecorded_us": ranges.total(merged), "spans": merged}
+                     "unrecorded_us": spans.total(merged), "spans": merged}
     trace.__dict__["_unrecorded"] = found
     return found
 
 
-def unrecorded_spans(trace: Trace) -> list[ranges.Span]:
+def unrecorded_spans(trace: Trace) -> list[spans.Span]:
     """The spans (µs) the device's utilization is not judged over: device time the trace does not record (see
     :func:`unrecorded_waits`) and the host's time inside a synchronize frame after its device call returned (see
     :func:`sync_tails`)."""
-    return ranges.merge([*(unrecorded_waits(trace).get("spans") or []), *(sync_tails(trace).get("spans") or [])])
+    return spans.merge([*(unrecorded_waits(trace).get("spans") or []), *(sync_tails(trace).get("spans") or [])])
 
 
 # ----------------------------------------------------------------------------- a synchronize frame's host tail
@@ -357,8 +357,8 @@ def sync_tails(trace: Trace) -> dict[str, Any]:
             if tail >= UNRECORDED_MIN_US and tail >= UNRECORDED_SHARE * frame.dur:
                 parts.append((done, end))
         if parts:
-            merged = ranges.merge(parts)
-            found = {"frames": len(merged), "tail_us": ranges.total(merged), "spans": merged}
+            merged = spans.merge(parts)
+            found = {"frames": len(merged), "tail_us": spans.total(merged), "spans": merged}
     trace.__dict__["_sync_tails"] = found
     return found
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from perfhooks.analysis import ranges, spans
+from perfhooks.analysis import spans
 from perfhooks.analysis.columns import ABSENT, Columns
 from perfhooks.analysis.operators import device_time_inside
 from perfhooks.analysis.overview import communication_kernels, launch_table
@@ -244,7 +244,7 @@ def attention_core_spans(softmax_ops: list[Any], matmul_ops: list[Any]) -> list[
     for ops in by_thread.values():
         ops.sort(key=lambda op: op.ts)
     starts = {thread: [op.ts for op in ops] for thread, ops in by_thread.items()}
-    spans: dict[Any, list[tuple[float, float]]] = {}
+    found_spans: dict[Any, list[tuple[float, float]]] = {}
     for softmax in softmax_ops:
         thread = (softmax.pid, softmax.tid)
         ops = by_thread.get(thread)
@@ -262,9 +262,9 @@ def attention_core_spans(softmax_ops: list[Any], matmul_ops: list[Any]) -> list[
         low, high = around[0].ts, around[-1].ts + around[-1].dur
         if high - low > CORE_SPAN_BOUND * (softmax.dur + sum(op.dur for op in around)):
             continue
-        spans.setdefault(thread, []).append((low, high))
+        found_spans.setdefault(thread, []).append((low, high))
     return [Event(cat="cpu_op", name="attention core", ts=low, dur=high - low, pid=thread[0], tid=thread[1])
-            for thread, found in spans.items() for low, high in ranges.merge(found)]
+            for thread, found in found_spans.items() for low, high in spans.merge(found)]
 
 
 def attention_core(trace: Trace) -> dict[str, Any]:
@@ -309,7 +309,7 @@ def _time_of(trace: Trace, ops: list[Any], on_device: bool) -> float:
     by_thread: dict[Any, list[tuple[float, float]]] = {}
     for op in ops:
         by_thread.setdefault((op.pid, op.tid), []).append((op.ts, op.ts + op.dur))
-    return sum(ranges.total(ranges.merge(found)) for found in by_thread.values())
+    return sum(spans.total(spans.merge(found)) for found in by_thread.values())
 
 
 #: The op SDPA's math path runs as; its arguments are SDPA's own: q, k, v, attn_mask, dropout_p, is_causal, ...
@@ -409,7 +409,7 @@ def startup_work(trace: Trace, window: list[tuple[float, float]] | None = None) 
     for call in found:
         by_name[call.name or "?"] = by_name.get(call.name or "?", 0.0) + call.dur
     time_us = spans.measure(spans.union(spans.of_events(found)), window) if window else sum(by_name.values())
-    length = ranges.total(window) if window else 0.0
+    length = spans.total(window) if window else 0.0
     return {"calls": len(found), "time_us": time_us, "share": time_us / length if length else None,
             "by_name": dict(sorted(by_name.items(), key=lambda item: -item[1])[:5])}
 
@@ -426,7 +426,7 @@ def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]
     calls = launch_calls(trace)
     bound = one_time_bound_of(runtimes.dur[calls])
     if window:
-        length = ranges.total(window)
+        length = spans.total(window)
         if length > 0:
             typical = calls & (runtimes.dur <= bound)  # one-time loading is not the launch rate
             launch_call_share = spans.measure(spans.union((runtimes.ts[typical], runtimes.end[typical])),

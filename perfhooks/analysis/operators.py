@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from perfhooks.analysis import ranges
+from perfhooks.analysis import spans
 from perfhooks.analysis.columns import ABSENT
 from perfhooks.analysis.trace import Trace
 
@@ -84,7 +84,7 @@ def device_time_inside(trace: Trace, ops: list[Any]) -> float:
         if thread not in cached:
             continue
         times, sums = cached[thread]
-        for start, end in ranges.merge(found):
+        for start, end in spans.merge(found):
             total += sums[bisect.bisect_left(times, end)] - sums[bisect.bisect_left(times, start)]
     return total
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from perfhooks.analysis import ranges, spans
+from perfhooks.analysis import spans
 from perfhooks.analysis.columns import ABSENT, Columns
 from perfhooks.analysis.host import SYNC_RUNTIME, unrecorded_spans
 from perfhooks.analysis.trace import Event, Trace
@@ -373,7 +373,7 @@ def compute_overview(trace: Trace) -> Overview:
     steps = device_steps(trace)
     if not steps:
         return Overview(steps=[], breakdown_us={role: 0.0 for role in ROLES}, step_us=0.0)
-    windows = ranges.merge((start, end) for _, start, end in steps)
+    windows = spans.merge((start, end) for _, start, end in steps)
     # A role gets the step time it covers that no earlier role covers: |U_r ∩ steps| - |U_(r-1) ∩ steps|.
     covered_before = 0.0
     so_far = spans.EMPTY
@@ -384,7 +384,7 @@ def compute_overview(trace: Trace) -> Overview:
         totals[role] = covered - covered_before
         covered_before = covered
     step_total = sum(end - start for _, start, end in steps)
-    totals["other"] = ranges.total(windows) - covered_before
+    totals["other"] = spans.total(windows) - covered_before
     count = len(steps)
     overview = Overview(steps=steps, breakdown_us={role: totals[role] / count for role in ROLES},
                         step_us=step_total / count)
@@ -395,7 +395,7 @@ def compute_overview(trace: Trace) -> Overview:
 def _gpu_metrics(trace: Trace, overview: Overview, first: float, last: float) -> None:
     """Each device's utilization, SM efficiency and occupancy over ``first`` .. ``last``, less the device time the
     trace does not record (a synchronize's wait on work it does not show: :func:`unrecorded_spans`)."""
-    hidden = ranges.total([(max(lo, first), min(hi, last)) for lo, hi in unrecorded_spans(trace)
+    hidden = spans.total([(max(lo, first), min(hi, last)) for lo, hi in unrecorded_spans(trace)
                            if lo < last and hi > first])
     span = last - first - hidden
     if span <= 0:

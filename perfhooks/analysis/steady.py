@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from perfhooks.analysis import ranges, spans
+from perfhooks.analysis import spans
 from perfhooks.analysis.columns import ABSENT
 from perfhooks.analysis.host import is_compilation, unrecorded_spans
 from perfhooks.analysis.kernels import launch_gaps, startup_calls
@@ -60,10 +60,10 @@ QUEUED_BUSY = 0.90
 QUEUED_LEAD_OF_IDLE = 0.50
 
 
-def graph_captures(trace: Trace) -> list[ranges.Span]:
+def graph_captures(trace: Trace) -> list[spans.Span]:
     """Each stream capture's span (begin call's start to end call's end, µs), paired per host thread."""
     open_at: dict[Any, float] = {}
-    out: list[ranges.Span] = []
+    out: list[spans.Span] = []
     runtimes = trace.columns("runtimes")
     for call in sorted(runtimes.take(runtimes.named(trace.names("runtimes", BEGIN_CAPTURE + END_CAPTURE))),
                        key=lambda c: c.ts):
@@ -72,36 +72,36 @@ def graph_captures(trace: Trace) -> list[ranges.Span]:
             open_at.setdefault(thread, call.ts)
         elif thread in open_at:
             out.append((open_at.pop(thread), call.ts + call.dur))
-    return ranges.merge(out)
+    return spans.merge(out)
 
 
-def setup_spans(trace: Trace, capturing: bool = False) -> list[ranges.Span]:
+def setup_spans(trace: Trace, capturing: bool = False) -> list[spans.Span]:
     """Spans (µs) of graph instantiation and upload and of module loads (:data:`SETUP_ANY_LENGTH`), and, in a
     window that captures graphs (``capturing``), of allocations (:data:`GRAPH_ALLOCATIONS`), merged."""
     runtimes = trace.columns("runtimes")
     rows = runtimes.named(trace.names("runtimes", SETUP_ANY_LENGTH + (GRAPH_ALLOCATIONS if capturing else ()))) & (
         runtimes.dur > 0)
-    return ranges.merge(zip(runtimes.ts[rows].tolist(), runtimes.end[rows].tolist(), strict=True))
+    return spans.merge(zip(runtimes.ts[rows].tolist(), runtimes.end[rows].tolist(), strict=True))
 
 
-def graph_runtime_share(trace: Trace, captures: list[ranges.Span], setup: list[ranges.Span]) -> float:
+def graph_runtime_share(trace: Trace, captures: list[spans.Span], setup: list[spans.Span]) -> float:
     """The share 0..1 of the runtime calls' time that is graph capture (calls inside a capture) and graph set-up
     (:func:`setup_spans`): why a capturing window's host is busy while its device idles."""
     calls = [(c.ts, c.ts + c.dur) for c in trace.runtimes if c.dur > 0]
     total = sum(end - start for start, end in calls)
     if not total:
         return 0.0
-    graph = ranges.merge(captures + setup)
-    return sum(ranges.total(ranges.subtract([call], ranges.subtract([call], graph))) for call in calls) / total
+    graph = spans.merge(captures + setup)
+    return sum(spans.total(spans.subtract([call], spans.subtract([call], graph))) for call in calls) / total
 
 
-def first_call_spans(trace: Trace) -> list[ranges.Span]:
+def first_call_spans(trace: Trace) -> list[spans.Span]:
     """Spans (µs) of first-call work spread over many short calls: operators making at least
     :data:`FIRST_CALL_QUERIES` kernel-attribute queries, and kernels' first launches past
     :data:`LAZY_LOAD_US` and :data:`LAZY_LOAD_RATIO` times the median launch."""
     runtimes, ops = trace.columns("runtimes"), trace.columns("cpu_ops")
     queries = np.sort(runtimes.ts[runtimes.named(trace.names("runtimes", QUERY_CALLS))])
-    out: list[ranges.Span] = []
+    out: list[spans.Span] = []
     if queries.size >= FIRST_CALL_QUERIES:
         inside = np.searchsorted(queries, ops.end) - np.searchsorted(queries, ops.ts)
         rows = inside >= FIRST_CALL_QUERIES
@@ -125,30 +125,30 @@ def first_call_spans(trace: Trace) -> list[ranges.Span]:
             first = np.sort(first)
             slow = first[runtimes.dur[launches[first]] >= bound]
             out += zip(runtimes.ts[launches[slow]].tolist(), runtimes.end[launches[slow]].tolist(), strict=True)
-    return ranges.merge(out)
+    return spans.merge(out)
 
 
-def compilation_spans(trace: Trace) -> list[ranges.Span]:
+def compilation_spans(trace: Trace) -> list[spans.Span]:
     """Spans (µs) of compiler frames and phases (dynamo, inductor) in the trace, merged."""
     host = (trace.python, trace.annotations, trace.cpu_ops)
     names = {name for events in host for name in {e.name for e in events} if name and is_compilation(name)}
     if not names:
         return []
-    return ranges.merge((e.ts, e.ts + e.dur) for events in host for e in events if e.name in names and e.dur > 0)
+    return spans.merge((e.ts, e.ts + e.dur) for events in host for e in events if e.name in names and e.dur > 0)
 
 
-def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: int | None) -> dict[str, Any]:
+def steady_state(trace: Trace, window: list[spans.Span], steps: int, device: int | None) -> dict[str, Any]:
     """The window less start-up work, graph captures and compilation: ``{excluded_us, excluded_share, captures,
     capture_us, compile_us, first_call_us, mostly_not_steady, step_us, gpu_utilization}`` (µs per step;
     utilization 0..1 of the steady time, ``None`` when less than :data:`MIN_STEADY_SHARE` of the window is left or
     :data:`MOSTLY_NOT_STEADY` of it is excluded). Empty when nothing is excluded. The window is the recorded one:
     device time the trace does not record (a synchronize's wait on work it does not show) is taken out first."""
-    window = ranges.subtract(window, unrecorded_spans(trace))
-    length = ranges.total(window)
+    window = spans.subtract(window, unrecorded_spans(trace))
+    length = spans.total(window)
     if not length or steps <= 0:
         return {}
 
-    def clipped(found: list[ranges.Span]) -> list[ranges.Span]:
+    def clipped(found: list[spans.Span]) -> list[spans.Span]:
         return [(max(s, lo), min(e, hi)) for s, e in found for lo, hi in window if s < hi and e > lo]
 
     captures = clipped(graph_captures(trace))
@@ -156,9 +156,9 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
     first_calls = clipped(first_call_spans(trace))
     setup = clipped(setup_spans(trace, capturing=bool(captures)))
     startup = [(c.ts, c.ts + c.dur) for c in startup_calls(trace)]
-    holes = ranges.merge([(s, e) for s, e in startup if e > s] + captures + compiling + first_calls + setup)
-    steady = ranges.subtract(window, holes)
-    steady_us = ranges.total(steady)
+    holes = spans.merge([(s, e) for s, e in startup if e > s] + captures + compiling + first_calls + setup)
+    steady = spans.subtract(window, holes)
+    steady_us = spans.total(steady)
     excluded = length - steady_us
     if excluded <= 0:
         return {}
@@ -169,14 +169,14 @@ def steady_state(trace: Trace, window: list[ranges.Span], steps: int, device: in
         rows = kernels.device == device
         utilization = spans.measure(spans.union((kernels.ts[rows], kernels.end[rows])), steady) / steady_us
     return {"excluded_us": excluded, "excluded_share": excluded / length, "captures": len(captures),
-            "capture_us": ranges.total(captures), "compile_us": ranges.total(ranges.merge(compiling)),
-            "first_call_us": ranges.total(ranges.merge(first_calls)), "setup_us": ranges.total(ranges.merge(setup)),
+            "capture_us": spans.total(captures), "compile_us": spans.total(spans.merge(compiling)),
+            "first_call_us": spans.total(spans.merge(first_calls)), "setup_us": spans.total(spans.merge(setup)),
             "mostly_not_steady": mostly,
             "graph_runtime_share": graph_runtime_share(trace, captures, setup) if captures else 0.0,
             "step_us": steady_us / steps, "gpu_utilization": utilization}
 
 
-def device_queueing(trace: Trace, window: list[ranges.Span], device: int | None) -> dict[str, Any]:
+def device_queueing(trace: Trace, window: list[spans.Span], device: int | None) -> dict[str, Any]:
     """Device work that queued behind work the trace did not record: the device busy at least
     :data:`QUEUED_BUSY` from its first kernel to its last, most of the window's idle time before the first kernel,
     and kernels starting a median of at least half that lead after their launch. ``{lead_us, busy_share,
@@ -191,7 +191,7 @@ def device_queueing(trace: Trace, window: list[ranges.Span], device: int | None)
     first = float(columns.ts[rows].min())
     lead = sum(max(0.0, min(end, first) - start) for start, end in window)
     busy_spans = spans.union((columns.ts[rows], columns.end[rows]))
-    idle = ranges.total(window) - spans.measure(busy_spans, window)
+    idle = spans.total(window) - spans.measure(busy_spans, window)
     if not idle or lead < QUEUED_LEAD_OF_IDLE * idle:  # the common case, decided before the costlier figures
         return {}
     last = float(columns.end[rows].max())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfhooks.analysis import ranges, spans
+from perfhooks.analysis import spans
 from perfhooks.analysis.kernels import launch_times
 from perfhooks.analysis.overview import role_spans
 from perfhooks.analysis.trace import Trace
@@ -13,10 +13,10 @@ from perfhooks.analysis.trace import Trace
 KERNEL_WAIT_MAX_US = 50.0
 
 
-def temporal_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:
+def temporal_breakdown(trace: Trace, window: list[spans.Span]) -> dict[str, float]:
     """Fractions 0..1 of the steps' time: ``idle``, ``compute`` (compute kernels), ``non_compute``
     (communication kernels, memcpy, memset), each counted once (compute first)."""
-    length = ranges.total(window)
+    length = spans.total(window)
     if not length or not trace.has_gpu:
         return {}
     roles = role_spans(trace)
@@ -28,7 +28,7 @@ def temporal_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, flo
             "non_compute": (busy_time - compute_time) / length}
 
 
-def idle_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:
+def idle_breakdown(trace: Trace, window: list[spans.Span]) -> dict[str, float]:
     """The GPU's idle time inside the steps, split (fractions 0..1 of idle time) into:
 
     - ``host_wait``: the next device activity had not been launched yet when the GPU went idle;
@@ -57,7 +57,7 @@ def idle_breakdown(trace: Trace, window: list[ranges.Span]) -> dict[str, float]:
     return {"host_wait": host / idle, "kernel_wait": kernel / idle, "other": other / idle, "idle_us": idle}
 
 
-def _inside(times: np.ndarray, window: list[ranges.Span]) -> np.ndarray:
+def _inside(times: np.ndarray, window: list[spans.Span]) -> np.ndarray:
     """For each time, how much of the (sorted, disjoint) window lies before it (µs)."""
     lows = np.fromiter((low for low, _ in window), dtype=np.float64, count=len(window))
     highs = np.fromiter((high for _, high in window), dtype=np.float64, count=len(window))

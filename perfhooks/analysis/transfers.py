@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from perfhooks.analysis import ranges, spans
+from perfhooks.analysis import spans
 from perfhooks.analysis.overview import communication_kernels, role_spans
 from perfhooks.analysis.trace import Trace
 
@@ -41,9 +41,9 @@ def memcpy_summary(trace: Trace, steps: int) -> dict[str, Any]:
     }
 
 
-def communication_summary(trace: Trace, window: list[ranges.Span]) -> dict[str, Any]:
+def communication_summary(trace: Trace, window: list[spans.Span]) -> dict[str, Any]:
     """Communication kernel time as a share of step time, and the fraction of it hidden under compute."""
-    length = ranges.total(window)
+    length = spans.total(window)
     if not length:
         return {}
     roles = role_spans(trace)

@@ -12,7 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from perfhooks.analysis import ranges
+from perfhooks.analysis import spans
 from perfhooks.analysis.gemm import gemm_efficiency
 from perfhooks.analysis.host import compilation, host_synchronizations, sync_tail_section, unrecorded_section
 from perfhooks.analysis.kernels import (
@@ -46,7 +46,7 @@ def trace_metrics(trace: Trace, overview: Overview | None = None) -> dict[str, A
     """Every analyzer's output for one trace (the ``metrics`` section of the report)."""
     overview = overview or compute_overview(trace)
     steps = overview.step_count or len(overview.steps)  # a partial last step weighs its recorded micro-batches
-    window = ranges.merge((start, end) for _, start, end in overview.steps)
+    window = spans.merge((start, end) for _, start, end in overview.steps)
     devices = sorted(overview.gpu_utilization)
     first = devices[0] if devices else None
     step_spans = [end - start for _, start, end in overview.steps]
