@@ -6,7 +6,9 @@ fraction of its memory. Numbers written as strings (ROCm's ``args.bytes``) are r
 that path (msgspec's non-strict mode), and the January 2021 format (a top-level array of events)
 decodes there too. A document that still does not fit falls back to a generic parse that converts
 event by event; a field of an unexpected type costs that field, never the event (with a warning).
-Complete events (``ph == "X"``) are then sorted into lists by kind. Times are microseconds.
+Complete events (``ph == "X"``) are then sorted into lists by kind, over arrays of the whole list (category,
+name, start, duration), which seed each kind's :class:`~perfhooks.analysis.columns.Columns`: the analyzers read the
+events as those columns. Times are microseconds.
 """
 
 from __future__ import annotations
@@ -237,7 +239,8 @@ class NotATrace(TraceError):
 
 @dataclass
 class Trace:
-    """A parsed trace. Event lists hold the trace's own dicts; times are µs."""
+    """A parsed trace: its events by kind (lists of :class:`Event`, each also readable as columns with
+    :meth:`columns`); times are µs."""
 
     path: str
     rank: int | None = None
