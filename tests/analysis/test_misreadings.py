@@ -363,17 +363,28 @@ def test_the_profilers_own_closing_sync_does_not_stretch_a_window_without_step_m
     assert "low_gpu_utilization" not in [d["id"] for d in report["diagnoses"]]
 
 
+def attention_burst(op: str, ops: tuple[float, float, float], launch: tuple[float, float],
+                    kernels: tuple[float, float, float], count: int = 10) -> list[dict[str, Any]]:
+    """``count`` attention operators (``ops``: first start, gap, duration; µs), each launching one ``attn_fwd``
+    kernel through ``hipLaunchKernel`` (``launch``: offset into the op, duration) with correlation 1..count;
+    ``kernels``: first start, gap, duration."""
+    events = []
+    for index in range(count):
+        t = ops[0] + index * ops[1]
+        events.append(x("cpu_op", op, t, ops[2]))
+        events.append(x("cuda_runtime", "hipLaunchKernel", t + launch[0], launch[1], correlation=index + 1))
+        events.append(kernel("attn_fwd", kernels[0] + index * kernels[1], kernels[2], index + 1))
+    return events
+
+
 def lead_in_trace(tmp_path: Path) -> Path:
     """A short inference capture on an MI300X without step markers (issue 66): the profiler starts (its Python
     frames and the script's, from 0), and 320 ms later 10 attention operators each launch a kernel of 80 µs, 100 µs
     apart; then the profiler's exit."""
     events = [x("python_function", "infer.py(12): <module>", 0.0, 322_000.0),
               x("python_function", "torch/profiler/profiler.py(790): __enter__", 0.0, 300.0)]
-    for index in range(10):
-        t = 320_000.0 + index * 100.0
-        events.append(x("cpu_op", "aten::scaled_dot_product_attention", t, 20.0))
-        events.append(x("cuda_runtime", "hipLaunchKernel", t + 5.0, 5.0, correlation=index + 1))
-        events.append(kernel("attn_fwd", t + 15.0, 80.0, index + 1))
+    events += attention_burst("aten::scaled_dot_product_attention", ops=(320_000.0, 100.0, 20.0), launch=(5.0, 5.0),
+                              kernels=(320_015.0, 100.0, 80.0))
     events.append(x("python_function", "torch/profiler/profiler.py(801): __exit__", 321_500.0, 400.0))
     return write_trace(tmp_path, events, name="lead_in.json", devices=[{"id": 0, "name": "AMD Instinct MI300X"}])
 

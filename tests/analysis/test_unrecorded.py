@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from test_misreadings import kernel, write_trace, x
+from test_misreadings import attention_burst, kernel, write_trace, x
 
 from perfhooks.offline.analyze import analyze_paths
+
+FLASH = "aten::_scaled_dot_product_flash_attention"
 
 MI300X = [{"id": 0, "name": "AMD Instinct MI300X"}]
 
@@ -23,11 +25,7 @@ def burst_then_sync_trace(tmp_path: Path) -> Path:
     device activity recorded after the burst; the script's next line, then the profiler's exit 335 ms later."""
     events = [x("python_function", "infer.py(12): <module>", 0.0, 659_000.0),
               x("python_function", "torch/profiler/profiler.py(790): __enter__", 0.0, 300.0)]
-    for index in range(10):
-        t = 1_000.0 + index * 10.0
-        events.append(x("cpu_op", "aten::_scaled_dot_product_flash_attention", t, 8.0))
-        events.append(x("cuda_runtime", "hipLaunchKernel", t + 2.0, 5.0, correlation=index + 1))
-        events.append(kernel("attn_fwd", 1_015.0 + index * 137.0, 108.0, index + 1))
+    events += attention_burst(FLASH, ops=(1_000.0, 10.0, 8.0), launch=(2.0, 5.0), kernels=(1_015.0, 137.0, 108.0))
     events.append(x("python_function", "torch/cuda/__init__.py(1040): synchronize", 1_120.0, 323_610.0))
     events.append(x("cuda_runtime", "hipDeviceSynchronize", 1_125.0, 323_600.0))
     events.append(x("python_function", "infer.py(13): <module>", 324_800.0, 50.0))
@@ -126,11 +124,7 @@ def python_sync_tail_trace(tmp_path: Path) -> Path:
     device activity. The profiler stops 335 ms later."""
     events = [x("python_function", "run_case.py(40): run_case", 0.0, 324_100.0),
               x("python_function", "torch/profiler/profiler.py(790): __enter__", 0.0, 50.0)]
-    for index in range(10):
-        t = 60.0 + index * 20.0
-        events.append(x("cpu_op", "aten::_scaled_dot_product_flash_attention", t, 15.0))
-        events.append(x("cuda_runtime", "hipLaunchKernel", t + 3.0, 8.0, correlation=index + 1))
-        events.append(kernel("attn_fwd", 500.0 + index * 137.0, 108.0, index + 1))
+    events += attention_burst(FLASH, ops=(60.0, 20.0, 15.0), launch=(3.0, 8.0), kernels=(500.0, 137.0, 108.0))
     events.append(x("python_function", "torch/cuda/__init__.py(1040): synchronize", 350.0, 323_650.0))
     events.append(x("python_function", "<built-in method _cuda_synchronize of PyCapsule object at 0x7f>", 360.0,
                     323_630.0))
