@@ -147,8 +147,10 @@ def test_a_busy_host_that_polls_late_does_not_fail_a_healthy_device(monkeypatch:
     with simulated_cuda():
         check = _by_name(doctor("cuda:0"))["device timing"]
     assert check["status"] == "pass", check
-    # the simulated events run on the host's clock: one recorded a few µs late read 50.013 ms once
-    assert check["figure"]["host_ms"] >= 1.4 * 50.0 and check["figure"]["event_ms"] == pytest.approx(50.0, abs=0.5)
+    # the simulated events run on the host's clock, so a busy host lengthens them by its delay before the launch (one
+    # read 50.013 ms): they read at least the kernel's 50 ms, and no more than the host's (late) reading of the run
+    figure = check["figure"]
+    assert figure["host_ms"] >= 1.4 * 50.0 and 50.0 <= figure["event_ms"] <= figure["host_ms"]
 
 
 def test_a_torch_without_memory_history_fails_that_check_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
