@@ -5,7 +5,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import re
-import statistics
 from functools import lru_cache
 from typing import Any
 
@@ -156,14 +155,6 @@ def _matmul_dtypes(trace: Trace) -> dict[Any, str]:
             if types:
                 found[op.external_id] = str(types[0]).lower()
     return found
-
-
-def kernel_math_of(kernel: Any, op_dtypes: dict[Any, str]) -> str:
-    """:func:`kernel_math`, and for a kernel whose name says nothing, its launching op's input dtype."""
-    math = kernel_math(kernel.name or "")
-    if math == "other" and op_dtypes.get(kernel.external_id) in TENSOR_CORE_DTYPES:
-        return "tensor_core"
-    return math
 
 
 def tensor_core_use(trace: Trace) -> dict[str, Any]:
@@ -368,14 +359,9 @@ SETUP_CALLS = ("cudaStreamCreate", "cudaEventCreate", "cudaFree", "cuModuleLoad"
                "cudaFuncGetAttributes", "cuModuleGetFunction", "hipModuleGetFunction")
 
 
-def one_time_bound(calls: list[Any]) -> float:
-    """The duration (µs) past which a launch call is one-time loading rather than a launch."""
-    durations = [call.dur for call in calls]
-    return max(ONE_TIME_CALL_US, 50 * statistics.median(durations)) if durations else ONE_TIME_CALL_US
-
-
-def one_time_bound_of(durations: np.ndarray) -> float:
-    """:func:`one_time_bound` of the launch calls' durations (µs)."""
+def one_time_bound(durations: np.ndarray) -> float:
+    """The duration (µs) past which a launch call is one-time loading rather than a launch, from the launch calls'
+    durations (µs)."""
     return max(ONE_TIME_CALL_US, 50 * float(np.median(durations))) if durations.size else ONE_TIME_CALL_US
 
 
@@ -391,7 +377,7 @@ def startup_calls(trace: Trace) -> list[Any]:
         return cached
     runtimes = trace.columns("runtimes")
     launches = launch_calls(trace)
-    bound = one_time_bound_of(runtimes.dur[launches])
+    bound = one_time_bound(runtimes.dur[launches])
     found = runtimes.take(launches & (runtimes.dur > bound))
     found += runtimes.take(runtimes.named(trace.names("runtimes", SETUP_CALLS)) & (runtimes.dur > ONE_TIME_CALL_US))
     trace.__dict__["_startup_calls"] = found
@@ -424,7 +410,7 @@ def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]
     launch_call_share = None
     runtimes = trace.columns("runtimes")
     calls = launch_calls(trace)
-    bound = one_time_bound_of(runtimes.dur[calls])
+    bound = one_time_bound(runtimes.dur[calls])
     if window:
         length = spans.total(window)
         if length > 0:
@@ -444,7 +430,7 @@ def launch_statistics(trace: Trace, steps: int, window: list[tuple[float, float]
 
 def launch_times(trace: Trace, correlations: np.ndarray) -> np.ndarray:
     """The host time (µs) of the runtime call that launched each correlation id (the last such call, as
-    :attr:`Trace.launch_ts`); NaN where none did."""
+    :func:`~perfhooks.analysis.overview.launch_table`); NaN where none did."""
     ids, times = launch_table(trace)
     out = np.full(correlations.size, np.nan)
     if ids.size:

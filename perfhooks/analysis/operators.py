@@ -19,15 +19,6 @@ FP32_TYPES = ("float", "Float", "float32")
 HALF_TYPES = ("c10::Half", "c10::BFloat16", "Half", "BFloat16")
 
 
-def device_time_by_op(trace: Trace) -> dict[Any, float]:
-    """External id -> device µs of the kernels it launched (computed once per trace)."""
-    cached = trace.__dict__.get("_device_time_by_op")
-    if cached is None:
-        ids, totals = _device_time_columns(trace)
-        cached = trace.__dict__["_device_time_by_op"] = dict(zip(ids.tolist(), totals.tolist(), strict=True))
-    return cached
-
-
 def _device_time_columns(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """The external ids that launched device work (sorted), and each one's device µs (summed in time order)."""
     cached = trace.__dict__.get("_device_time_columns")

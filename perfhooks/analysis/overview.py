@@ -259,7 +259,7 @@ def _teardown_cut(trace: Trace, host: list[HostSpans]) -> float | None:
 
 def launch_table(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
     """The correlation ids that runtime calls carry (sorted, distinct) and the host time (µs) of the last call
-    of each (what :attr:`Trace.launch_ts` holds); cached."""
+    of each; cached."""
     cached = trace.__dict__.get("launch_table")
     if cached is None:
         runtimes = trace.columns("runtimes")

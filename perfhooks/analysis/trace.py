@@ -20,7 +20,6 @@ import json
 import re
 import zlib
 from dataclasses import dataclass, field
-from functools import cached_property
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Union
@@ -280,16 +279,6 @@ class Trace:
                 found = Columns(getattr(self, kind))
             cache[kind] = found
         return found
-
-    @cached_property
-    def launch_ts(self) -> dict[Any, float]:
-        """Correlation id -> host time (µs) of the runtime call that launched it."""
-        out = {}
-        for runtime in self.runtimes:
-            correlation = runtime.correlation
-            if correlation is not None:
-                out[correlation] = runtime.ts
-        return out
 
     def names(self, kind: str, prefixes: str | tuple[str, ...]) -> frozenset[str]:
         """The distinct names of the ``kind`` events (``"cpu_ops"``, ``"runtimes"``, ...) that start with
